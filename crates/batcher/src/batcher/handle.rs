@@ -1,0 +1,272 @@
+//! The caller-facing handle of a batcher.
+
+use std::fmt;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use tokio::sync::mpsc::{self, error::TrySendError};
+use tokio::sync::oneshot;
+use tokio::time::{timeout_at, Instant};
+use tokio_util::sync::CancellationToken;
+
+use super::builder::{BatcherBuilder, Config, Overflow};
+use super::loader::Loader;
+use super::message::{Message, Reply, Rx};
+use super::worker::Worker;
+use crate::stats::{Stats, StatsSnapshot};
+use crate::Error;
+
+/// State shared by every handle and the worker.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) config: Config,
+    pub(crate) stats: Stats,
+    /// Cancelled by [`Batcher::shutdown`]; the worker then stops taking new
+    /// requests and answers the queued ones.
+    pub(crate) shutdown: CancellationToken,
+    /// Cancelled when the worker is gone (finished, or dropped unrun), so
+    /// `shutdown` can wait for it without a handle to the task.
+    pub(crate) done: CancellationToken,
+}
+
+/// Coalesces concurrent single-key lookups into batched loads.
+///
+/// A `Batcher` is a cheap handle (`Clone + Send + Sync`): clone it into every
+/// task that needs lookups. Each [`load`](Self::load) sends its key over a
+/// bounded channel to one worker task, which groups keys into batches,
+/// hands each batch to the [`Loader`], and routes every value back to the
+/// callers that asked for it.
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::convert::Infallible;
+/// use batcher::{loader_fn, Batcher};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), batcher::Error> {
+/// // In real use this is one `SELECT ... WHERE key = ANY($1)`.
+/// let loader = loader_fn(|keys: Vec<u64>| async move {
+///     Ok::<_, Infallible>(
+///         keys.into_iter()
+///             .filter(|k| k % 2 == 0)
+///             .map(|k| (k, format!("row {k}")))
+///             .collect::<HashMap<_, _>>(),
+///     )
+/// });
+/// let batcher = Batcher::new(loader);
+///
+/// // Concurrent lookups are served by as few loader calls as possible.
+/// let (a, b) = tokio::join!(batcher.load(2), batcher.load(3));
+/// assert_eq!(a?, Some("row 2".to_string()));
+/// assert_eq!(b?, None); // not found
+///
+/// batcher.shutdown().await;
+/// # Ok(()) }
+/// ```
+///
+/// The worker stops when [`shutdown`](Self::shutdown) is called or the last
+/// handle is dropped; requests already queued are still loaded and
+/// answered, and later ones fail with [`Error::Closed`].
+pub struct Batcher<K, V> {
+    tx: mpsc::Sender<Message<K, V>>,
+    shared: Arc<Shared>,
+}
+
+impl<K, V> Clone for Batcher<K, V> {
+    fn clone(&self) -> Self {
+        Self {
+            tx: self.tx.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<K, V> fmt::Debug for Batcher<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batcher")
+            .field("name", &self.shared.config.name)
+            .field("closed", &self.tx.is_closed())
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn pair<K, V, L>(config: Config, loader: L) -> (Batcher<K, V>, Worker<K, V>)
+where
+    K: Clone + Eq + Hash + Send + 'static,
+    V: Clone + Send + 'static,
+    L: Loader<K, V>,
+{
+    let (tx, rx) = mpsc::channel(config.channel_capacity);
+    let shared = Arc::new(Shared {
+        config,
+        stats: Stats::new(),
+        shutdown: CancellationToken::new(),
+        done: CancellationToken::new(),
+    });
+    let worker = Worker::new(rx, loader, Arc::clone(&shared));
+    (Batcher { tx, shared }, worker)
+}
+
+impl<K, V> Batcher<K, V>
+where
+    K: Clone + Eq + Hash + Send + 'static,
+    V: Clone + Send + 'static,
+{
+    /// A batcher with the default settings, its worker spawned on the
+    /// current Tokio runtime. Use [`builder`](Self::builder) to configure.
+    ///
+    /// # Panics
+    ///
+    /// When called outside a Tokio runtime, like [`tokio::spawn`].
+    /// [`BatcherBuilder::build`] reports that as an error instead.
+    pub fn new<L: Loader<K, V>>(loader: L) -> Self {
+        let (batcher, worker) = Self::pair(loader);
+        tokio::spawn(worker.run());
+        batcher
+    }
+
+    /// A batcher with the default settings and its worker, not spawned:
+    /// the batcher answers nothing until [`Worker::run`] is polled.
+    pub fn pair<L: Loader<K, V>>(loader: L) -> (Self, Worker<K, V>) {
+        pair(Config::default(), loader)
+    }
+
+    /// Starts configuring a batcher.
+    pub fn builder() -> BatcherBuilder<K, V> {
+        BatcherBuilder::default()
+    }
+
+    /// Looks up one key: `Ok(Some(value))` if the loader returned it,
+    /// `Ok(None)` if the loader was asked and did not return it.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Overloaded`] at once when the queue is full and the overflow
+    ///   policy is [`Overflow::Reject`] (the default);
+    /// - [`Error::Timeout`] when the [`timeout`](BatcherBuilder::timeout)
+    ///   passes first;
+    /// - [`Error::Load`], [`Error::LoaderPanicked`] or [`Error::LoadTimeout`]
+    ///   when this key's batch failed (every caller in it gets the same
+    ///   error);
+    /// - [`Error::Closed`] after shutdown.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future is safe. Dropped before its batch is dispatched,
+    /// the key is not loaded unless another caller also wants it; dropped
+    /// later, the load goes on for the other callers of the batch, which are
+    /// not affected.
+    pub async fn load(&self, key: K) -> Result<Option<V>, Error> {
+        let now = Instant::now();
+        let deadline = self.deadline(now);
+        let rx = self.enqueue(key, now, deadline).await?;
+        self.wait(rx, deadline).await
+    }
+
+    /// Looks up several keys, returning one result per key in the order
+    /// given. All keys are queued before any answer is awaited, so they
+    /// share batches; one deadline covers the whole call.
+    ///
+    /// Each result is what [`load`](Self::load) would have returned for that
+    /// key; with [`Overflow::Reject`], keys that found the queue full get
+    /// [`Error::Overloaded`] while the others are still loaded.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`load`](Self::load).
+    pub async fn load_many<I>(&self, keys: I) -> Vec<Result<Option<V>, Error>>
+    where
+        I: IntoIterator<Item = K>,
+    {
+        let now = Instant::now();
+        let deadline = self.deadline(now);
+        let keys = keys.into_iter();
+        let mut queued = Vec::with_capacity(keys.size_hint().0);
+        for key in keys {
+            queued.push(self.enqueue(key, now, deadline).await);
+        }
+        let mut out = Vec::with_capacity(queued.len());
+        for rx in queued {
+            out.push(match rx {
+                Ok(rx) => self.wait(rx, deadline).await,
+                Err(e) => Err(e),
+            });
+        }
+        out
+    }
+
+    /// Stops the worker and waits for it to finish: requests already queued
+    /// are loaded and answered, new ones fail with [`Error::Closed`].
+    ///
+    /// Every handle sees the shutdown. Returns at once if the worker has
+    /// already stopped; for a worker from [`pair`](Self::pair), only
+    /// returns once that worker has run to completion or been dropped.
+    pub async fn shutdown(&self) {
+        self.shared.shutdown.cancel();
+        self.shared.done.cancelled().await;
+    }
+
+    /// Whether the worker no longer accepts requests (shut down or gone).
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// A snapshot of this batcher's counters and histograms.
+    pub fn stats(&self) -> StatsSnapshot {
+        let queued = self.tx.max_capacity() - self.tx.capacity();
+        self.shared.stats.snapshot(queued)
+    }
+
+    fn deadline(&self, now: Instant) -> Option<Instant> {
+        // A timeout too large to add is no deadline at all.
+        self.shared.config.timeout.and_then(|t| now.checked_add(t))
+    }
+
+    fn timed_out(&self) -> Error {
+        Stats::incr(&self.shared.stats.timed_out, 1);
+        Error::Timeout(self.shared.config.timeout.unwrap_or_default())
+    }
+
+    async fn enqueue(
+        &self,
+        key: K,
+        now: Instant,
+        deadline: Option<Instant>,
+    ) -> Result<Rx<V>, Error> {
+        let (tx, rx) = oneshot::channel();
+        let msg = Message {
+            key,
+            tx,
+            enqueued_at: now,
+            span: tracing::Span::current(),
+        };
+        match self.shared.config.overflow {
+            Overflow::Reject => self.tx.try_send(msg).map_err(|e| match e {
+                TrySendError::Full(_) => {
+                    Stats::incr(&self.shared.stats.overloaded, 1);
+                    Error::Overloaded
+                }
+                TrySendError::Closed(_) => Error::Closed,
+            })?,
+            Overflow::Wait => {
+                let sent = match deadline {
+                    Some(d) => timeout_at(d, self.tx.send(msg))
+                        .await
+                        .map_err(|_| self.timed_out())?,
+                    None => self.tx.send(msg).await,
+                };
+                sent.map_err(|_| Error::Closed)?;
+            }
+        }
+        Ok(rx)
+    }
+
+    async fn wait(&self, rx: Rx<V>, deadline: Option<Instant>) -> Result<Option<V>, Error> {
+        let reply: Result<Reply<V>, _> = match deadline {
+            Some(d) => timeout_at(d, rx).await.map_err(|_| self.timed_out())?,
+            None => rx.await,
+        };
+        // The worker dropped our sender without answering: it is gone.
+        reply.unwrap_or(Err(Error::Closed))
+    }
+}

@@ -1,0 +1,40 @@
+//! What travels from a [`Batcher`](super::Batcher) handle to its worker.
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::Error;
+
+/// What one caller eventually receives: the value, "not found", or why not.
+pub(crate) type Reply<V> = Result<Option<V>, Error>;
+/// The worker's half of a caller's reply channel.
+pub(crate) type Tx<V> = oneshot::Sender<Reply<V>>;
+/// The caller's half of its reply channel.
+pub(crate) type Rx<V> = oneshot::Receiver<Reply<V>>;
+
+/// One caller's request for one key.
+#[derive(Debug)]
+pub(crate) struct Message<K, V> {
+    pub(crate) key: K,
+    pub(crate) tx: Tx<V>,
+    /// When the caller enqueued it, for the queue-wait histogram.
+    pub(crate) enqueued_at: Instant,
+    /// The caller's span, linked from the batch span so a trace shows which
+    /// requests a batch served.
+    pub(crate) span: tracing::Span,
+}
+
+/// A caller waiting for a key, as the worker keeps it.
+#[derive(Debug)]
+pub(crate) struct Waiter<V> {
+    pub(crate) tx: Tx<V>,
+    pub(crate) enqueued_at: Instant,
+    pub(crate) span: tracing::Span,
+}
+
+impl<V> Waiter<V> {
+    /// Whether the caller dropped its future (cancelled or timed out).
+    pub(crate) fn is_abandoned(&self) -> bool {
+        self.tx.is_closed()
+    }
+}

@@ -1,0 +1,127 @@
+//! The crate's error types.
+//!
+//! [`Error`] is what a single lookup can end with; [`BuildError`] is what an
+//! invalid configuration is rejected with before anything is spawned.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A boxed loader error, shared between every waiter of the failed batch.
+pub type SharedError = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a lookup through a [`Batcher`](crate::Batcher) produced no value.
+///
+/// A key that the loader simply did not return is *not* an error: it is
+/// reported as `Ok(None)`. Every variant here is cheap to clone, because a
+/// single batch failure is delivered to every caller that was in that batch.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The loader returned an error for the batch this key was in. Every
+    /// waiter of that batch receives a clone of the same error.
+    #[error("batch load failed")]
+    Load(#[source] SharedError),
+
+    /// The loader panicked while loading the batch this key was in. The
+    /// worker caught the panic and keeps serving other batches.
+    #[error("batch loader panicked: {0}")]
+    LoaderPanicked(Arc<str>),
+
+    /// The loader did not finish within the configured
+    /// [`load_timeout`](crate::BatcherBuilder::load_timeout); the load was
+    /// abandoned and its slot freed.
+    #[error("batch load timed out after {0:?}")]
+    LoadTimeout(Duration),
+
+    /// The caller's own deadline
+    /// ([`timeout`](crate::BatcherBuilder::timeout)) passed before an answer
+    /// arrived.
+    #[error("request timed out after {0:?}")]
+    Timeout(Duration),
+
+    /// The request queue was full and the batcher is configured to reject
+    /// rather than wait ([`Overflow::Reject`](crate::Overflow::Reject)).
+    /// Callers should shed load (for example answer HTTP 503) and retry later.
+    #[error("batcher queue is full")]
+    Overloaded,
+
+    /// The batcher was shut down, or its worker stopped, before this request
+    /// could be answered.
+    #[error("batcher worker closed")]
+    Closed,
+}
+
+impl Error {
+    /// Returns `true` if the request was rejected because the queue was full.
+    pub fn is_overloaded(&self) -> bool {
+        matches!(self, Error::Overloaded)
+    }
+
+    /// Returns `true` if the caller's deadline or the batch's load timeout
+    /// passed.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Timeout(_) | Error::LoadTimeout(_))
+    }
+
+    /// Returns `true` if the batcher is shut down or its worker is gone.
+    pub fn is_closed(&self) -> bool {
+        matches!(self, Error::Closed)
+    }
+
+    /// Returns the loader's own error if this is [`Error::Load`] and the
+    /// loader's error type is `E`.
+    ///
+    /// ```
+    /// # use batcher::Error;
+    /// # use std::sync::Arc;
+    /// let err = Error::Load(Arc::new(std::io::Error::other("db down")));
+    /// assert!(err.load_error::<std::io::Error>().is_some());
+    /// assert!(err.load_error::<std::fmt::Error>().is_none());
+    /// ```
+    pub fn load_error<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            Error::Load(e) => e.downcast_ref::<E>(),
+            _ => None,
+        }
+    }
+}
+
+/// An invalid [`BatcherBuilder`](crate::BatcherBuilder) setting, reported by
+/// `build` before anything is spawned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A numeric setting is below its minimum.
+    #[error("`{setting}` must be at least {min}, got {value}")]
+    TooSmall {
+        /// The builder method that was given the value.
+        setting: &'static str,
+        /// The smallest accepted value.
+        min: usize,
+        /// The value that was given.
+        value: usize,
+    },
+
+    /// A numeric setting is above its maximum.
+    #[error("`{setting}` must be at most {max}, got {value}")]
+    TooLarge {
+        /// The builder method that was given the value.
+        setting: &'static str,
+        /// The largest accepted value.
+        max: usize,
+        /// The value that was given.
+        value: usize,
+    },
+
+    /// A duration that must be positive was zero.
+    #[error("`{setting}` must be greater than zero")]
+    ZeroDuration {
+        /// The builder method that was given the value.
+        setting: &'static str,
+    },
+
+    /// `build` was called outside a Tokio runtime, so the worker task could
+    /// not be spawned. Use `build_pair` to run the worker yourself.
+    #[error("no Tokio runtime to spawn the batcher worker on")]
+    NoRuntime,
+}

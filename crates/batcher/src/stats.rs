@@ -1,0 +1,281 @@
+//! Counters and histograms a batcher keeps about itself.
+//!
+//! They live in the batcher's shared state (no global registry), are updated
+//! with relaxed atomics by the worker, and are read with
+//! [`Batcher::stats`](crate::Batcher::stats) as a [`StatsSnapshot`], which an
+//! exporter (Prometheus, logs) can turn into its own format.
+//!
+//! Counters that the hot path would otherwise bump from every caller
+//! (requests) are counted by the worker when it receives a message, so
+//! callers on different cores never contend on one cache line.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Upper bounds of the batch-size histogram buckets.
+const SIZE_BOUNDS: [u64; 12] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096];
+
+/// Upper bounds, in nanoseconds, of the duration histogram buckets:
+/// 1 µs, 2 µs, 4 µs, … up to about 8.4 s, doubling each time.
+const DURATION_BOUNDS: [u64; 24] = {
+    let mut b = [0u64; 24];
+    let mut i = 0;
+    while i < 24 {
+        b[i] = 1_000 << i;
+        i += 1;
+    }
+    b
+};
+
+/// A fixed-bucket histogram that can be updated concurrently.
+///
+/// Hand-written rather than taken from a metrics crate because the batcher
+/// must not require a global recorder, and a dozen atomics is all it needs.
+#[derive(Debug)]
+pub(crate) struct Histogram<const N: usize> {
+    bounds: &'static [u64; N],
+    /// One more than `bounds`: the last bucket counts values above every bound.
+    buckets: [AtomicU64; N],
+    overflow: AtomicU64,
+    sum: AtomicU64,
+    count: AtomicU64,
+}
+
+impl<const N: usize> Histogram<N> {
+    const fn new(bounds: &'static [u64; N]) -> Self {
+        Self {
+            bounds,
+            buckets: [const { AtomicU64::new(0) }; N],
+            overflow: AtomicU64::new(0),
+            sum: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn record(&self, value: u64) {
+        let idx = self.bounds.partition_point(|&b| b < value);
+        match self.buckets.get(idx) {
+            Some(bucket) => bucket.fetch_add(1, Relaxed),
+            None => self.overflow.fetch_add(1, Relaxed),
+        };
+        self.sum.fetch_add(value, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+    }
+
+    fn snapshot(&self) -> HistogramSnapshot {
+        let mut buckets: Vec<(u64, u64)> = self
+            .bounds
+            .iter()
+            .zip(&self.buckets)
+            .map(|(&b, c)| (b, c.load(Relaxed)))
+            .collect();
+        buckets.push((u64::MAX, self.overflow.load(Relaxed)));
+        HistogramSnapshot {
+            buckets,
+            sum: self.sum.load(Relaxed),
+            count: self.count.load(Relaxed),
+        }
+    }
+}
+
+/// A point-in-time copy of one histogram.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistogramSnapshot {
+    /// `(upper_bound, count)` per bucket, not cumulative, in ascending order
+    /// of bound. The last bucket has bound `u64::MAX` and counts everything
+    /// above the previous bound. Durations are in nanoseconds.
+    pub buckets: Vec<(u64, u64)>,
+    /// The sum of all recorded values (nanoseconds for durations).
+    pub sum: u64,
+    /// How many values were recorded.
+    pub count: u64,
+}
+
+impl HistogramSnapshot {
+    /// The mean of the recorded values, or `None` if nothing was recorded.
+    pub fn mean(&self) -> Option<f64> {
+        (self.count > 0).then(|| self.sum as f64 / self.count as f64)
+    }
+
+    /// An upper bound of the `q`-quantile (`0.0..=1.0`): the bound of the
+    /// bucket that holds it. `None` if nothing was recorded.
+    pub fn quantile_upper_bound(&self, q: f64) -> Option<u64> {
+        if self.count == 0 {
+            return None;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * self.count as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for &(bound, n) in &self.buckets {
+            seen += n;
+            if seen >= rank {
+                return Some(bound);
+            }
+        }
+        self.buckets.last().map(|b| b.0)
+    }
+}
+
+/// The live counters of one batcher.
+#[derive(Debug)]
+pub(crate) struct Stats {
+    pub(crate) requests: AtomicU64,
+    pub(crate) deduplicated: AtomicU64,
+    pub(crate) joined_in_flight: AtomicU64,
+    pub(crate) abandoned: AtomicU64,
+    pub(crate) overloaded: AtomicU64,
+    pub(crate) timed_out: AtomicU64,
+    pub(crate) batches: AtomicU64,
+    pub(crate) found: AtomicU64,
+    pub(crate) not_found: AtomicU64,
+    pub(crate) failed_batches: AtomicU64,
+    pub(crate) failed_keys: AtomicU64,
+    pub(crate) panicked_batches: AtomicU64,
+    pub(crate) timed_out_batches: AtomicU64,
+    pub(crate) pending_keys: AtomicU64,
+    pub(crate) in_flight_batches: AtomicU64,
+    pub(crate) batch_size: Histogram<12>,
+    pub(crate) queue_wait: Histogram<24>,
+    pub(crate) load_duration: Histogram<24>,
+}
+
+impl Stats {
+    pub(crate) const fn new() -> Self {
+        Self {
+            requests: AtomicU64::new(0),
+            deduplicated: AtomicU64::new(0),
+            joined_in_flight: AtomicU64::new(0),
+            abandoned: AtomicU64::new(0),
+            overloaded: AtomicU64::new(0),
+            timed_out: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            found: AtomicU64::new(0),
+            not_found: AtomicU64::new(0),
+            failed_batches: AtomicU64::new(0),
+            failed_keys: AtomicU64::new(0),
+            panicked_batches: AtomicU64::new(0),
+            timed_out_batches: AtomicU64::new(0),
+            pending_keys: AtomicU64::new(0),
+            in_flight_batches: AtomicU64::new(0),
+            batch_size: Histogram::new(&SIZE_BOUNDS),
+            queue_wait: Histogram::new(&DURATION_BOUNDS),
+            load_duration: Histogram::new(&DURATION_BOUNDS),
+        }
+    }
+
+    pub(crate) fn incr(counter: &AtomicU64, by: u64) {
+        counter.fetch_add(by, Relaxed);
+    }
+
+    pub(crate) fn record_duration<const N: usize>(h: &Histogram<N>, d: Duration) {
+        h.record(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    }
+
+    pub(crate) fn snapshot(&self, queued: usize) -> StatsSnapshot {
+        StatsSnapshot {
+            requests: self.requests.load(Relaxed),
+            deduplicated: self.deduplicated.load(Relaxed),
+            joined_in_flight: self.joined_in_flight.load(Relaxed),
+            abandoned: self.abandoned.load(Relaxed),
+            overloaded: self.overloaded.load(Relaxed),
+            timed_out: self.timed_out.load(Relaxed),
+            batches: self.batches.load(Relaxed),
+            found: self.found.load(Relaxed),
+            not_found: self.not_found.load(Relaxed),
+            failed_batches: self.failed_batches.load(Relaxed),
+            failed_keys: self.failed_keys.load(Relaxed),
+            panicked_batches: self.panicked_batches.load(Relaxed),
+            timed_out_batches: self.timed_out_batches.load(Relaxed),
+            queued: queued as u64,
+            pending_keys: self.pending_keys.load(Relaxed),
+            in_flight_batches: self.in_flight_batches.load(Relaxed),
+            batch_size: self.batch_size.snapshot(),
+            queue_wait: self.queue_wait.snapshot(),
+            load_duration: self.load_duration.snapshot(),
+        }
+    }
+}
+
+/// A point-in-time copy of a batcher's counters, from
+/// [`Batcher::stats`](crate::Batcher::stats).
+///
+/// Counters only grow; `queued`, `pending_keys` and `in_flight_batches` are
+/// gauges. Failed, panicked and timed-out batches are counted separately;
+/// `failed_keys` counts the distinct keys of all three kinds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StatsSnapshot {
+    /// Requests the worker received (one per key, duplicates included).
+    pub requests: u64,
+    /// Requests merged into a key already waiting in the same batch.
+    pub deduplicated: u64,
+    /// Requests attached to a load already running for the same key.
+    pub joined_in_flight: u64,
+    /// Requests whose caller went away before dispatch, so they were never
+    /// loaded.
+    pub abandoned: u64,
+    /// Requests rejected because the queue was full.
+    pub overloaded: u64,
+    /// Requests whose caller's deadline passed.
+    pub timed_out: u64,
+    /// Batches handed to the loader.
+    pub batches: u64,
+    /// Distinct keys the loader returned a value for.
+    pub found: u64,
+    /// Distinct keys the loader was asked for and did not return.
+    pub not_found: u64,
+    /// Batches whose load returned an error.
+    pub failed_batches: u64,
+    /// Distinct keys in failed, panicked or timed-out batches.
+    pub failed_keys: u64,
+    /// Batches whose loader panicked.
+    pub panicked_batches: u64,
+    /// Batches abandoned after the load timeout.
+    pub timed_out_batches: u64,
+    /// Requests sitting in the channel, not yet seen by the worker.
+    pub queued: u64,
+    /// Distinct keys the worker holds for the next batch.
+    pub pending_keys: u64,
+    /// Loads running now.
+    pub in_flight_batches: u64,
+    /// Distinct keys per dispatched batch.
+    pub batch_size: HistogramSnapshot,
+    /// Time from a request's enqueue to its batch's dispatch, in nanoseconds.
+    pub queue_wait: HistogramSnapshot,
+    /// Time from dispatch to the loader's completion, in nanoseconds.
+    pub load_duration: HistogramSnapshot,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_values_by_upper_bound() {
+        static BOUNDS: [u64; 3] = [1, 4, 16];
+        let h = Histogram::new(&BOUNDS);
+        for v in [0, 1, 2, 4, 5, 16, 17, 1000] {
+            h.record(v);
+        }
+        let s = h.snapshot();
+        assert_eq!(s.buckets, vec![(1, 2), (4, 2), (16, 2), (u64::MAX, 2)]);
+        assert_eq!(s.count, 8);
+        assert_eq!(s.sum, 1045);
+        assert_eq!(s.quantile_upper_bound(0.5), Some(4));
+        assert_eq!(s.quantile_upper_bound(1.0), Some(u64::MAX));
+        assert_eq!(s.quantile_upper_bound(0.0), Some(1));
+    }
+
+    #[test]
+    fn empty_histogram_has_no_mean_or_quantile() {
+        let s = Stats::new().snapshot(0);
+        assert_eq!(s.batch_size.mean(), None);
+        assert_eq!(s.queue_wait.quantile_upper_bound(0.99), None);
+    }
+
+    #[test]
+    fn duration_bounds_double_from_one_microsecond() {
+        assert_eq!(DURATION_BOUNDS[0], 1_000);
+        assert_eq!(DURATION_BOUNDS[1], 2_000);
+        assert_eq!(DURATION_BOUNDS[23], 1_000 << 23);
+    }
+}

@@ -1,0 +1,588 @@
+//! Black-box tests of the batcher's behaviour, on virtual time.
+
+mod support;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use batcher::{loader_fn, Batcher, BatcherBuilder, BuildError, Error, FlushPolicy, Overflow};
+use support::{settle, value_of, TestError, TestLoader, FAIL_KEY, MISSING_FROM, PANIC_KEY};
+use tokio::task::JoinHandle;
+use tokio::time::{advance, Instant};
+use tokio_test::{assert_pending, assert_ready};
+
+type B = Batcher<u64, String>;
+type Reply = Result<Option<String>, Error>;
+
+fn builder() -> BatcherBuilder<u64, String> {
+    Batcher::builder()
+}
+
+fn spawn_load(b: &B, key: u64) -> JoinHandle<Reply> {
+    let b = b.clone();
+    tokio::spawn(async move { b.load(key).await })
+}
+
+async fn ok(h: JoinHandle<Reply>) -> Option<String> {
+    h.await.expect("caller task panicked").expect("load failed")
+}
+
+#[tokio::test(start_paused = true)]
+async fn flushes_when_batch_reaches_max_size() {
+    let loader = TestLoader::new();
+    let b = builder()
+        .policy(FlushPolicy::FixedDelay)
+        .max_batch_size(4)
+        .max_delay(Duration::from_secs(3600))
+        .build(loader.clone())
+        .unwrap();
+
+    let first: Vec<_> = (1..=3).map(|k| spawn_load(&b, k)).collect();
+    settle().await;
+    assert!(
+        loader.calls().is_empty(),
+        "3 of 4 keys must wait for the delay"
+    );
+
+    let fourth = spawn_load(&b, 4);
+    settle().await;
+    assert_eq!(loader.calls(), vec![vec![1, 2, 3, 4]]);
+    for (k, h) in (1..).zip(first.into_iter().chain([fourth])) {
+        assert_eq!(ok(h).await, Some(value_of(k)));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn fixed_delay_flushes_max_delay_after_first_key() {
+    let loader = TestLoader::new();
+    let b = builder()
+        .policy(FlushPolicy::FixedDelay)
+        .max_batch_size(100)
+        .max_delay(Duration::from_millis(10))
+        .build(loader.clone())
+        .unwrap();
+
+    let h1 = spawn_load(&b, 1);
+    settle().await;
+    advance(Duration::from_millis(6)).await;
+    let h2 = spawn_load(&b, 2);
+    settle().await;
+    advance(Duration::from_millis(3)).await;
+    settle().await;
+    assert!(loader.calls().is_empty(), "flushed before max_delay");
+
+    // 10 ms after the first key, not after the last one.
+    advance(Duration::from_millis(1)).await;
+    settle().await;
+    assert_eq!(loader.calls(), vec![vec![1, 2]]);
+    assert_eq!(ok(h1).await, Some(value_of(1)));
+    assert_eq!(ok(h2).await, Some(value_of(2)));
+
+    // The timer is disarmed after a flush: an idle batcher stays idle.
+    advance(Duration::from_secs(60)).await;
+    settle().await;
+    assert_eq!(loader.calls().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn eager_policy_adds_no_delay_when_a_slot_is_free() {
+    let loader = TestLoader::new();
+    let b = builder()
+        .policy(FlushPolicy::Eager)
+        .max_delay(Duration::from_secs(3600))
+        .build(loader.clone())
+        .unwrap();
+
+    let start = Instant::now();
+    assert_eq!(b.load(7).await.unwrap(), Some(value_of(7)));
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "virtual time must not move"
+    );
+    assert_eq!(loader.calls(), vec![vec![7]]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn eager_policy_accumulates_only_while_all_slots_are_busy() {
+    let loader = TestLoader::gated();
+    let b = builder()
+        .max_concurrent_batches(1)
+        .build(loader.clone())
+        .unwrap();
+
+    let h1 = spawn_load(&b, 1);
+    settle().await;
+    assert_eq!(loader.calls(), vec![vec![1]], "first key goes out alone");
+
+    let rest: Vec<_> = (2..=4).map(|k| spawn_load(&b, k)).collect();
+    settle().await;
+    assert_eq!(loader.calls().len(), 1, "no free slot: keys must wait");
+
+    loader.open(2);
+    assert_eq!(ok(h1).await, Some(value_of(1)));
+    for h in rest {
+        assert!(ok(h).await.is_some());
+    }
+    assert_eq!(loader.calls(), vec![vec![1], vec![2, 3, 4]]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_most_max_concurrent_batches_run_at_once() {
+    let loader = TestLoader::gated();
+    let b = builder()
+        .max_concurrent_batches(3)
+        .max_batch_size(1)
+        .build(loader.clone())
+        .unwrap();
+
+    let handles: Vec<_> = (0..20).map(|k| spawn_load(&b, k)).collect();
+    settle().await;
+    assert_eq!(loader.running(), 3);
+    assert_eq!(b.stats().in_flight_batches, 3);
+
+    loader.open(20);
+    for (k, h) in (0..).zip(handles) {
+        assert_eq!(ok(h).await, Some(value_of(k)));
+    }
+    assert_eq!(loader.max_running(), 3);
+    assert_eq!(loader.calls().len(), 20);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_key_asked_twice_in_one_batch_is_loaded_once() {
+    let loader = TestLoader::gated();
+    let b = builder()
+        .max_concurrent_batches(1)
+        .build(loader.clone())
+        .unwrap();
+
+    let busy = spawn_load(&b, 0);
+    settle().await;
+    let dup = [spawn_load(&b, 5), spawn_load(&b, 5), spawn_load(&b, 6)];
+    settle().await;
+    loader.open(2);
+    ok(busy).await;
+    let [a, b2, c] = dup;
+    assert_eq!(ok(a).await, Some(value_of(5)));
+    assert_eq!(ok(b2).await, Some(value_of(5)));
+    assert_eq!(ok(c).await, Some(value_of(6)));
+    assert_eq!(loader.calls(), vec![vec![0], vec![5, 6]]);
+    assert_eq!(b.stats().deduplicated, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn join_in_flight_attaches_to_the_running_load_when_enabled() {
+    for join in [false, true] {
+        let loader = TestLoader::gated();
+        let b = builder()
+            .join_in_flight(join)
+            .build(loader.clone())
+            .unwrap();
+
+        let first = spawn_load(&b, 5);
+        settle().await;
+        let second = spawn_load(&b, 5);
+        settle().await;
+        loader.open(2);
+        assert_eq!(ok(first).await, Some(value_of(5)));
+        assert_eq!(ok(second).await, Some(value_of(5)));
+
+        let expected_calls = if join { 1 } else { 2 };
+        assert_eq!(
+            loader.calls().len(),
+            expected_calls,
+            "join_in_flight={join}"
+        );
+        assert_eq!(b.stats().joined_in_flight, u64::from(join));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_key_gets_its_value_or_not_found() {
+    let loader = TestLoader::new();
+    let b = builder().build(loader.clone()).unwrap();
+
+    let results = b.load_many([3, MISSING_FROM + 1, 3, 5]).await;
+    let results: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+    assert_eq!(
+        results,
+        vec![
+            Some(value_of(3)),
+            None,
+            Some(value_of(3)),
+            Some(value_of(5))
+        ]
+    );
+    let loaded: usize = loader.calls().iter().map(Vec::len).sum();
+    assert_eq!(loaded, 3, "distinct keys only: {:?}", loader.calls());
+    let stats = b.stats();
+    assert_eq!((stats.found, stats.not_found), (2, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_load_gives_every_waiter_of_its_batch_the_same_error() {
+    let loader = TestLoader::new();
+    let b = builder()
+        .policy(FlushPolicy::FixedDelay)
+        .max_batch_size(3)
+        .build(loader.clone())
+        .unwrap();
+
+    let results = b.load_many([1, FAIL_KEY, 2]).await;
+    assert_eq!(loader.calls(), vec![vec![1, 2, FAIL_KEY]]);
+    for r in &results {
+        let err = r.as_ref().unwrap_err();
+        assert!(matches!(err, Error::Load(_)), "{err:?}");
+        let cause = err.load_error::<TestError>().expect("loader's own error");
+        assert_eq!(cause.0, format!("{:?}", [1, 2, FAIL_KEY]));
+        assert_eq!(err.to_string(), "batch load failed");
+    }
+    // The error is shared, not copied per waiter.
+    let (Err(Error::Load(a)), Err(Error::Load(c))) = (&results[0], &results[2]) else {
+        unreachable!()
+    };
+    assert!(std::sync::Arc::ptr_eq(a, c));
+
+    // Errors are not sticky: the next batch loads normally.
+    assert_eq!(b.load(1).await.unwrap(), Some(value_of(1)));
+    assert_eq!(b.stats().failed_batches, 1);
+    assert_eq!(b.stats().failed_keys, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_loader_fails_its_waiters_and_the_worker_keeps_serving() {
+    let loader = TestLoader::new();
+    let b = builder()
+        .policy(FlushPolicy::FixedDelay)
+        .max_batch_size(2)
+        .build(loader.clone())
+        .unwrap();
+
+    let results = b.load_many([PANIC_KEY, 4]).await;
+    for r in results {
+        match r {
+            Err(Error::LoaderPanicked(msg)) => assert_eq!(&*msg, "loader panicked on purpose"),
+            other => panic!("expected LoaderPanicked, got {other:?}"),
+        }
+    }
+    let again = b.load_many([4, 5]).await;
+    assert_eq!(again[0].as_ref().unwrap(), &Some(value_of(4)));
+    assert_eq!(b.stats().panicked_batches, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_deadline_times_out_and_leaves_nothing_behind() {
+    let loader = TestLoader::gated();
+    let b = builder()
+        .max_concurrent_batches(1)
+        .timeout(Duration::from_millis(100))
+        .build(loader.clone())
+        .unwrap();
+
+    // Key 1 is dispatched and hangs; key 2 waits behind it.
+    let h1 = spawn_load(&b, 1);
+    settle().await;
+    let h2 = spawn_load(&b, 2);
+    let start = Instant::now();
+    assert!(matches!(h1.await.unwrap(), Err(Error::Timeout(d)) if d == Duration::from_millis(100)));
+    assert!(matches!(h2.await.unwrap(), Err(Error::Timeout(_))));
+    assert_eq!(start.elapsed(), Duration::from_millis(100));
+
+    // When the hung load finishes, the abandoned key 2 is not loaded, and
+    // the worker holds nothing.
+    loader.open(10);
+    settle().await;
+    assert_eq!(loader.calls(), vec![vec![1]]);
+    let stats = b.stats();
+    assert_eq!(stats.timed_out, 2);
+    assert_eq!(stats.abandoned, 1);
+    assert_eq!((stats.pending_keys, stats.in_flight_batches), (0, 0));
+
+    // And it still serves.
+    assert_eq!(b.load(3).await.unwrap(), Some(value_of(3)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_load_timeout_frees_the_slot_of_a_hung_load() {
+    let loader = TestLoader::gated();
+    let b = builder()
+        .max_concurrent_batches(1)
+        .load_timeout(Duration::from_millis(50))
+        .build(loader.clone())
+        .unwrap();
+
+    let err = b.load(1).await.unwrap_err();
+    assert!(matches!(err, Error::LoadTimeout(_)), "{err:?}");
+    assert!(err.is_timeout());
+    settle().await;
+    assert_eq!(loader.running(), 0, "the hung load was dropped");
+
+    loader.open(1);
+    assert_eq!(b.load(2).await.unwrap(), Some(value_of(2)));
+    assert_eq!(b.stats().timed_out_batches, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_dropped_before_dispatch_is_not_loaded_unless_another_wants_the_key() {
+    let loader = TestLoader::gated();
+    let b = builder()
+        .max_concurrent_batches(1)
+        .build(loader.clone())
+        .unwrap();
+
+    let busy = spawn_load(&b, 0);
+    settle().await;
+    let gone = spawn_load(&b, 7);
+    let kept = spawn_load(&b, 8);
+    let gone_dup = spawn_load(&b, 9);
+    let kept_dup = spawn_load(&b, 9);
+    settle().await;
+    gone.abort();
+    gone_dup.abort();
+    settle().await;
+
+    loader.open(2);
+    ok(busy).await;
+    assert_eq!(ok(kept).await, Some(value_of(8)));
+    assert_eq!(ok(kept_dup).await, Some(value_of(9)));
+    assert_eq!(loader.calls(), vec![vec![0], vec![8, 9]]);
+    assert_eq!(b.stats().abandoned, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_dropped_after_dispatch_affects_nobody_else() {
+    let loader = TestLoader::gated();
+    let b = builder()
+        .policy(FlushPolicy::FixedDelay)
+        .max_batch_size(2)
+        .build(loader.clone())
+        .unwrap();
+
+    let dropped = spawn_load(&b, 3);
+    let kept = spawn_load(&b, 4);
+    settle().await;
+    assert_eq!(loader.calls(), vec![vec![3, 4]]);
+    dropped.abort();
+    settle().await;
+
+    loader.open(1);
+    assert_eq!(ok(kept).await, Some(value_of(4)));
+    let stats = b.stats();
+    assert_eq!((stats.found, stats.failed_keys), (2, 0));
+}
+
+#[tokio::test]
+async fn a_full_queue_rejects_at_once() {
+    let loader = TestLoader::new();
+    let (b, worker) = builder()
+        .channel_capacity(2)
+        .build_pair(loader.clone())
+        .unwrap();
+
+    // Nothing drains the queue yet: two requests fill it.
+    let mut first = tokio_test::task::spawn(b.load(1));
+    let mut second = tokio_test::task::spawn(b.load(2));
+    assert_pending!(first.poll());
+    assert_pending!(second.poll());
+    let mut third = tokio_test::task::spawn(b.load(3));
+    let rejected = assert_ready!(third.poll());
+    assert!(matches!(rejected, Err(Error::Overloaded)), "{rejected:?}");
+    assert!(rejected.unwrap_err().is_overloaded());
+    assert_eq!(b.stats().queued, 2);
+
+    tokio::spawn(worker.run());
+    assert_eq!(first.await.unwrap(), Some(value_of(1)));
+    assert_eq!(second.await.unwrap(), Some(value_of(2)));
+    assert_eq!(b.stats().overloaded, 1);
+}
+
+#[tokio::test]
+async fn overflow_wait_waits_for_room_in_the_queue() {
+    let loader = TestLoader::new();
+    let (b, worker) = builder()
+        .channel_capacity(1)
+        .overflow(Overflow::Wait)
+        .build_pair(loader.clone())
+        .unwrap();
+
+    let mut first = tokio_test::task::spawn(b.load(1));
+    let mut second = tokio_test::task::spawn(b.load(2));
+    assert_pending!(first.poll());
+    assert_pending!(second.poll());
+
+    tokio::spawn(worker.run());
+    assert_eq!(first.await.unwrap(), Some(value_of(1)));
+    assert_eq!(second.await.unwrap(), Some(value_of(2)));
+    assert_eq!(b.stats().overloaded, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn overflow_wait_is_bounded_by_the_deadline() {
+    let (b, _worker) = builder()
+        .channel_capacity(1)
+        .overflow(Overflow::Wait)
+        .timeout(Duration::from_millis(20))
+        .build_pair(TestLoader::new())
+        .unwrap();
+    let queued = spawn_load(&b, 1);
+    settle().await;
+    // The worker never runs: the second request waits for room, then times out.
+    assert!(matches!(b.load(2).await, Err(Error::Timeout(_))));
+    assert!(matches!(queued.await.unwrap(), Err(Error::Timeout(_))));
+}
+
+#[tokio::test]
+async fn an_idle_worker_stays_pending_and_a_dropped_one_yields_closed() {
+    let (b, worker) = builder().build_pair(TestLoader::new()).unwrap();
+    let mut worker = tokio_test::task::spawn(worker.run());
+    assert_pending!(worker.poll());
+    assert_pending!(worker.poll());
+
+    let mut waiting = tokio_test::task::spawn(b.load(1));
+    assert_pending!(waiting.poll());
+    drop(worker);
+    assert!(waiting.is_woken());
+    assert!(matches!(assert_ready!(waiting.poll()), Err(Error::Closed)));
+    assert!(b.is_closed());
+    assert!(matches!(b.load(2).await, Err(Error::Closed)));
+    // Shutdown of a gone worker returns at once.
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutdown_answers_queued_requests_then_closes() {
+    let loader = TestLoader::new();
+    let (b, worker) = builder()
+        .policy(FlushPolicy::FixedDelay)
+        .max_delay(Duration::from_secs(3600))
+        .build_pair(loader.clone())
+        .unwrap();
+
+    let queued: Vec<_> = (0..5).map(|k| spawn_load(&b, k)).collect();
+    settle().await;
+    let shutdown = tokio::spawn({
+        let b = b.clone();
+        async move { b.shutdown().await }
+    });
+    settle().await;
+    let worker = tokio::spawn(worker.run());
+
+    // Shutdown flushes at once instead of waiting an hour for the delay.
+    for (k, h) in (0..).zip(queued) {
+        assert_eq!(ok(h).await, Some(value_of(k)));
+    }
+    shutdown.await.unwrap();
+    worker.await.unwrap();
+    assert!(b.is_closed());
+    assert!(matches!(b.load(9).await, Err(Error::Closed)));
+}
+
+#[tokio::test]
+async fn dropping_the_last_handle_stops_the_worker_after_answering() {
+    let loader = TestLoader::gated();
+    let (b, worker) = builder()
+        .max_concurrent_batches(1)
+        .build_pair(loader.clone())
+        .unwrap();
+    let worker = tokio::spawn(worker.run());
+
+    let handles: Vec<_> = (0..4).map(|k| spawn_load(&b, k)).collect();
+    drop(b);
+    settle().await;
+    assert!(!worker.is_finished(), "requests are still in flight");
+    loader.open(10);
+    for (k, h) in (0..).zip(handles) {
+        assert_eq!(ok(h).await, Some(value_of(k)));
+    }
+    worker.await.unwrap();
+}
+
+#[tokio::test]
+async fn aborting_the_worker_task_answers_every_waiter_with_closed() {
+    let loader = TestLoader::gated();
+    let (b, worker) = builder()
+        .max_concurrent_batches(1)
+        .no_timeout()
+        .build_pair(loader.clone())
+        .unwrap();
+    let worker = tokio::spawn(worker.run());
+
+    let in_flight = spawn_load(&b, 1);
+    settle().await;
+    let pending = spawn_load(&b, 2);
+    settle().await;
+    worker.abort();
+
+    assert!(matches!(in_flight.await.unwrap(), Err(Error::Closed)));
+    assert!(matches!(pending.await.unwrap(), Err(Error::Closed)));
+    settle().await;
+    assert_eq!(
+        loader.running(),
+        0,
+        "the load task was aborted with the worker"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn stats_report_batches_sizes_waits_and_durations() {
+    let loader = TestLoader::new();
+    let b = builder()
+        .policy(FlushPolicy::FixedDelay)
+        .max_batch_size(4)
+        .max_delay(Duration::from_millis(2))
+        .build(loader.clone())
+        .unwrap();
+
+    b.load_many([1, 2, 3, 4]).await; // full batch, no wait
+    b.load_many([5, MISSING_FROM]).await; // waits 2 ms
+
+    let s = b.stats();
+    assert_eq!(s.requests, 6);
+    assert_eq!(s.batches, 2);
+    assert_eq!((s.found, s.not_found), (5, 1));
+    assert_eq!(s.batch_size.count, 2);
+    assert_eq!(s.batch_size.sum, 6);
+    assert_eq!(s.queue_wait.count, 6);
+    assert_eq!(s.queue_wait.sum, 2 * 2_000_000, "two keys waited 2 ms each");
+    assert_eq!(s.load_duration.count, 2);
+    assert_eq!((s.queued, s.pending_keys, s.in_flight_batches), (0, 0, 0));
+}
+
+#[tokio::test]
+async fn a_loader_can_be_a_closure() {
+    let b: Batcher<u32, u32> = Batcher::new(loader_fn(|keys: Vec<u32>| async move {
+        Ok::<_, Infallible>(
+            keys.into_iter()
+                .map(|k| (k, k + 1))
+                .collect::<HashMap<_, _>>(),
+        )
+    }));
+    assert_eq!(b.load(41).await.unwrap(), Some(42));
+}
+
+#[tokio::test]
+async fn invalid_settings_are_rejected_with_the_setting_named() {
+    let err = builder()
+        .max_batch_size(0)
+        .build(TestLoader::new())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "`max_batch_size` must be at least 1, got 0"
+    );
+    let err = builder()
+        .timeout(Duration::ZERO)
+        .build(TestLoader::new())
+        .unwrap_err();
+    assert_eq!(err, BuildError::ZeroDuration { setting: "timeout" });
+}
+
+#[test]
+fn build_outside_a_runtime_is_an_error_not_a_panic() {
+    let err = builder().build(TestLoader::new()).unwrap_err();
+    assert_eq!(err, BuildError::NoRuntime);
+    // build_pair needs no runtime.
+    let (_b, _worker) = builder().build_pair(TestLoader::new()).unwrap();
+}
