@@ -1,1 +1,180 @@
-//! Benchmarks.
+//! Shared pieces of the benchmarks: an in-memory [`Loader`] and a
+//! closed-loop workload runner that records every request's latency.
+//!
+//! The criterion benches (`cargo bench -p benches`) measure the batcher's own
+//! overhead with these; the load generator against Postgres reuses the
+//! runner.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use batcher::Loader;
+use hdrhistogram::Histogram;
+
+/// A loader over an in-memory table: as cheap as a loader can be, so a
+/// benchmark through it measures the batcher itself.
+#[derive(Debug, Clone)]
+pub struct MemLoader {
+    table: Arc<HashMap<u64, u64>>,
+}
+
+impl MemLoader {
+    /// A table of keys `0..rows`, each mapped to `key * 2`.
+    pub fn new(rows: u64) -> Self {
+        Self {
+            table: Arc::new((0..rows).map(|k| (k, k * 2)).collect()),
+        }
+    }
+
+    /// The lookup the loader does per key, for calling without a batcher.
+    pub fn get(&self, key: u64) -> Option<u64> {
+        self.table.get(&key).copied()
+    }
+}
+
+impl Loader<u64, u64> for MemLoader {
+    type Error = Infallible;
+
+    async fn load(&self, keys: Vec<u64>) -> Result<HashMap<u64, u64>, Infallible> {
+        Ok(keys
+            .into_iter()
+            .filter_map(|k| self.get(k).map(|v| (k, v)))
+            .collect())
+    }
+}
+
+/// What a closed-loop run measured.
+#[derive(Debug)]
+pub struct RunReport {
+    /// Requests completed.
+    pub requests: u64,
+    /// Wall time of the run.
+    pub elapsed: Duration,
+    /// Per-request latency in nanoseconds.
+    pub latency: Histogram<u64>,
+}
+
+impl RunReport {
+    /// Completed requests per second.
+    pub fn per_sec(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// The `q`-quantile (`0.0..=1.0`) of latency.
+    pub fn quantile(&self, q: f64) -> Duration {
+        Duration::from_nanos(self.latency.value_at_quantile(q))
+    }
+
+    /// The mean latency.
+    pub fn mean(&self) -> Duration {
+        Duration::from_nanos(self.latency.mean() as u64)
+    }
+
+    /// The largest latency seen.
+    pub fn max(&self) -> Duration {
+        Duration::from_nanos(self.latency.max())
+    }
+}
+
+/// xorshift64*: a fast per-caller key stream; benchmark keys need to be
+/// spread, not unpredictable.
+#[derive(Debug, Clone)]
+pub struct KeyStream(u64);
+
+impl KeyStream {
+    /// A stream seeded from `seed` (any value, zero included).
+    pub fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    /// The next key in `0..range`.
+    pub fn next_below(&mut self, range: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % range
+    }
+}
+
+/// Runs `callers` tasks, each calling `request(key)` back to back with
+/// random keys in `0..key_range` until `duration` has passed, and records
+/// every request's latency. Must be called inside a multi-thread runtime.
+pub async fn closed_loop<F, Fut>(
+    callers: usize,
+    duration: Duration,
+    key_range: u64,
+    request: F,
+) -> RunReport
+where
+    F: Fn(u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let start = Instant::now();
+    let stop = start + duration;
+    let tasks: Vec<_> = (0..callers)
+        .map(|i| {
+            let request = request.clone();
+            tokio::spawn(async move {
+                let mut keys = KeyStream::new(i as u64);
+                let mut hist = new_histogram();
+                let mut n = 0u64;
+                loop {
+                    let t0 = Instant::now();
+                    if t0 >= stop {
+                        break;
+                    }
+                    request(keys.next_below(key_range)).await;
+                    let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    hist.saturating_record(ns);
+                    n += 1;
+                }
+                (n, hist)
+            })
+        })
+        .collect();
+    let mut latency = new_histogram();
+    let mut requests = 0;
+    for t in tasks {
+        let (n, hist) = t.await.expect("benchmark caller panicked");
+        requests += n;
+        latency.add(hist).expect("histograms have the same bounds");
+    }
+    RunReport {
+        requests,
+        elapsed: start.elapsed(),
+        latency,
+    }
+}
+
+fn new_histogram() -> Histogram<u64> {
+    // 1 ns to 60 s at 3 significant digits.
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid histogram bounds")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_stream_stays_in_range_and_spreads() {
+        let mut s = KeyStream::new(0);
+        let keys: Vec<u64> = (0..1000).map(|_| s.next_below(100)).collect();
+        assert!(keys.iter().all(|&k| k < 100));
+        let distinct: std::collections::HashSet<_> = keys.iter().collect();
+        assert!(distinct.len() > 90, "{}", distinct.len());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn closed_loop_counts_and_records_every_request() {
+        let r = closed_loop(4, Duration::from_millis(50), 10, |_| async {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        })
+        .await;
+        assert!(r.requests > 0);
+        assert_eq!(r.latency.len(), r.requests);
+        assert!(r.quantile(0.5) >= Duration::from_millis(1));
+    }
+}

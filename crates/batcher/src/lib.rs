@@ -47,3 +47,8 @@ pub use crate::batcher::{
 };
 pub use crate::error::{BuildError, Error, SharedError};
 pub use crate::stats::StatsSnapshot;
+
+// The project README's examples are compiled and run as doc tests.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -1,0 +1,82 @@
+//! Latency percentiles and throughput of the batcher against calling the
+//! loader directly, measured in the same run, printed as a Markdown table.
+//!
+//! `cargo bench -p benches --bench batcher_latency` (add `-- --test` for a
+//! seconds-long smoke run). Criterion reports means; this reports the tail.
+
+use std::time::Duration;
+
+use batcher::{Batcher, FlushPolicy, Loader};
+use benches::{closed_loop, MemLoader, RunReport};
+
+const ROWS: u64 = 100_000;
+
+fn us(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1e6)
+}
+
+fn main() {
+    let smoke = std::env::args().any(|a| a == "--test");
+    let duration = Duration::from_millis(if smoke { 100 } else { 3_000 });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let loader = MemLoader::new(ROWS);
+
+    println!(
+        "| callers | path | keys/s | × direct | p50 µs | p99 µs | p99.9 µs | max µs | mean batch |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    for callers in [1usize, 16, 300] {
+        let direct = rt.block_on({
+            let l = loader.clone();
+            closed_loop(callers, duration, ROWS, move |k| {
+                let l = l.clone();
+                async move {
+                    std::hint::black_box(l.load(vec![k]).await.ok());
+                }
+            })
+        });
+        row(callers, "direct", &direct, &direct, None);
+        for (name, policy) in [
+            ("batcher eager", FlushPolicy::Eager),
+            ("batcher fixed 0.5 ms", FlushPolicy::FixedDelay),
+        ] {
+            let b: Batcher<u64, u64> = {
+                let _guard = rt.enter();
+                Batcher::builder()
+                    .policy(policy)
+                    .build(loader.clone())
+                    .expect("valid config")
+            };
+            let report = rt.block_on({
+                let b = b.clone();
+                closed_loop(callers, duration, ROWS, move |k| {
+                    let b = b.clone();
+                    async move {
+                        std::hint::black_box(b.load(k).await.ok());
+                    }
+                })
+            });
+            let stats = b.stats();
+            assert_eq!(stats.failed_keys + stats.timed_out + stats.overloaded, 0);
+            row(callers, name, &report, &direct, stats.batch_size.mean());
+            rt.block_on(b.shutdown());
+        }
+    }
+}
+
+fn row(callers: usize, name: &str, r: &RunReport, base: &RunReport, batch: Option<f64>) {
+    println!(
+        "| {callers} | {name} | {:.0} | {:.2} | {} | {} | {} | {} | {} |",
+        r.per_sec(),
+        r.per_sec() / base.per_sec(),
+        us(r.quantile(0.5)),
+        us(r.quantile(0.99)),
+        us(r.quantile(0.999)),
+        us(r.max()),
+        batch.map_or("-".to_owned(), |m| format!("{m:.1}")),
+    );
+}
