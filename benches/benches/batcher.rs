@@ -114,6 +114,26 @@ fn throughput(c: &mut Criterion) {
     g.finish();
 }
 
+/// Times `iters` sequential requests made from inside a spawned task, so
+/// they run on a runtime worker, where real request handlers run.
+fn time_sequential<F, Fut>(rt: &Runtime, iters: u64, request: F) -> Duration
+where
+    F: Fn(u64) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    rt.block_on(async move {
+        tokio::spawn(async move {
+            let start = Instant::now();
+            for k in 0..iters {
+                request(k % ROWS).await;
+            }
+            start.elapsed()
+        })
+        .await
+        .expect("bench task")
+    })
+}
+
 /// One caller, one request at a time: the latency the batcher adds.
 fn single_caller_latency(c: &mut Criterion) {
     let rt = runtime();
@@ -124,38 +144,26 @@ fn single_caller_latency(c: &mut Criterion) {
     g.warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
     g.throughput(Throughput::Elements(1));
-    // Run the timed loop inside a spawned task so it is measured from a
-    // runtime worker, where real request handlers run.
     let l = loader.clone();
     g.bench_function("direct", |b| {
         b.iter_custom(|iters| {
             let l = l.clone();
-            rt.block_on(async move {
-                tokio::spawn(async move {
-                    let start = Instant::now();
-                    for k in 0..iters {
-                        black_box(l.load(vec![k % ROWS]).await.ok());
-                    }
-                    start.elapsed()
-                })
-                .await
-                .expect("bench task")
+            time_sequential(&rt, iters, move |k| {
+                let l = l.clone();
+                async move {
+                    black_box(l.load(vec![k]).await.ok());
+                }
             })
         });
     });
     g.bench_function("batcher-eager", |b| {
         b.iter_custom(|iters| {
             let b8r = eager.clone();
-            rt.block_on(async move {
-                tokio::spawn(async move {
-                    let start = Instant::now();
-                    for k in 0..iters {
-                        black_box(b8r.load(k % ROWS).await.ok());
-                    }
-                    start.elapsed()
-                })
-                .await
-                .expect("bench task")
+            time_sequential(&rt, iters, move |k| {
+                let b8r = b8r.clone();
+                async move {
+                    black_box(b8r.load(k).await.ok());
+                }
             })
         });
     });

@@ -230,10 +230,6 @@ where
         &self.shared.config
     }
 
-    fn stats(&self) -> &Stats {
-        &self.shared.stats
-    }
-
     /// Takes whatever is already queued, without waiting, so one wake-up
     /// serves a whole burst.
     fn accept_queued(&mut self) {
@@ -246,10 +242,10 @@ where
     }
 
     fn accept(&mut self, msg: Message<K, V>) {
-        Stats::incr(&self.stats().requests, 1);
+        Stats::incr(&self.shared.stats.requests, 1);
         if msg.tx.is_closed() {
             // Timed out or cancelled while still in the channel.
-            Stats::incr(&self.stats().abandoned, 1);
+            Stats::incr(&self.shared.stats.abandoned, 1);
             return;
         }
         let waiter = Waiter {
