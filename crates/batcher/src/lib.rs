@@ -39,6 +39,8 @@
 
 mod batcher;
 mod error;
+#[cfg(feature = "postgres")]
+pub mod pg;
 pub mod stats;
 
 pub use crate::batcher::{

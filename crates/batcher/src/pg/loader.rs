@@ -1,0 +1,197 @@
+//! A [`Loader`] that runs one prepared statement per batch.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use deadpool_postgres::{Pool, PoolError};
+use tokio_postgres::error::DbError;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
+
+use crate::Loader;
+
+/// Statement parameters that may borrow from the keys they were made from.
+pub type Params<'a> = Vec<Box<dyn ToSql + Sync + Send + 'a>>;
+
+/// How to look keys up in Postgres: one statement for a batch of keys, one
+/// for a single key, and how a row maps to a key and its value.
+///
+/// ```
+/// use batcher::pg::{BatchQuery, Params};
+/// use tokio_postgres::Row;
+///
+/// /// `random_read_test(pk text PRIMARY KEY, payload text NOT NULL)`.
+/// struct Payloads;
+///
+/// impl BatchQuery for Payloads {
+///     type Key = String;
+///     type Value = String;
+///
+///     fn batch_sql(&self) -> &str {
+///         "SELECT pk, payload FROM random_read_test WHERE pk = ANY($1)"
+///     }
+///     fn batch_params<'a>(&self, keys: &'a [String]) -> Params<'a> {
+///         vec![Box::new(keys)]
+///     }
+///     fn single_sql(&self) -> &str {
+///         "SELECT pk, payload FROM random_read_test WHERE pk = $1"
+///     }
+///     fn single_params<'a>(&self, key: &'a String) -> Params<'a> {
+///         vec![Box::new(key)]
+///     }
+///     fn map_row(&self, row: &Row) -> Result<(String, String), tokio_postgres::Error> {
+///         Ok((row.try_get(0)?, row.try_get(1)?))
+///     }
+/// }
+/// ```
+///
+/// Bind the keys as one array (`= ANY($1)`, or `unnest($1, $2)` for a
+/// composite key) rather than building `IN ($1, $2, ...)`: an `IN` list is
+/// a different statement for every batch size, which defeats the statement
+/// cache.
+pub trait BatchQuery: Send + Sync + 'static {
+    /// What is looked up.
+    type Key: Clone + Eq + Hash + Send + Sync + 'static;
+    /// What a key maps to.
+    type Value: Clone + Send + Sync + 'static;
+
+    /// The statement for many keys. Every row it returns must map to one of
+    /// the keys.
+    fn batch_sql(&self) -> &str;
+    /// The parameters of [`batch_sql`](Self::batch_sql) for `keys`.
+    fn batch_params<'a>(&self, keys: &'a [Self::Key]) -> Params<'a>;
+    /// The statement for one key.
+    fn single_sql(&self) -> &str;
+    /// The parameters of [`single_sql`](Self::single_sql) for `key`.
+    fn single_params<'a>(&self, key: &'a Self::Key) -> Params<'a>;
+    /// The key and value of a row returned by either statement.
+    ///
+    /// # Errors
+    ///
+    /// When a column is missing or has an unexpected type.
+    fn map_row(&self, row: &Row) -> Result<(Self::Key, Self::Value), tokio_postgres::Error>;
+}
+
+/// Why a Postgres load failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PgError {
+    /// No connection could be had from the pool in time, or opening one
+    /// failed.
+    #[error("no database connection available")]
+    Pool(#[source] PoolError),
+    /// The statement failed, or a row did not map to a key and value.
+    #[error("database query failed")]
+    Query(#[source] tokio_postgres::Error),
+}
+
+impl PgError {
+    /// Whether the pool had no free connection within its wait timeout: the
+    /// database is saturated, and the caller should shed load.
+    pub fn is_pool_timeout(&self) -> bool {
+        matches!(self, PgError::Pool(PoolError::Timeout(_)))
+    }
+
+    /// The server's error report, if the server returned one.
+    pub fn as_db_error(&self) -> Option<&DbError> {
+        match self {
+            PgError::Query(e) => e.as_db_error(),
+            PgError::Pool(PoolError::Backend(e)) => e.as_db_error(),
+            PgError::Pool(_) => None,
+        }
+    }
+}
+
+impl From<PoolError> for PgError {
+    fn from(e: PoolError) -> Self {
+        PgError::Pool(e)
+    }
+}
+
+impl From<tokio_postgres::Error> for PgError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        PgError::Query(e)
+    }
+}
+
+/// Runs a [`BatchQuery`] on a connection pool; a [`Loader`] for a
+/// [`Batcher`](crate::Batcher).
+pub struct PgLoader<Q> {
+    pool: Pool,
+    query: Arc<Q>,
+}
+
+impl<Q> Clone for PgLoader<Q> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            query: Arc::clone(&self.query),
+        }
+    }
+}
+
+impl<Q> fmt::Debug for PgLoader<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgLoader")
+            .field("pool", &self.pool.status())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Q: BatchQuery> PgLoader<Q> {
+    /// A loader running `query` on connections from `pool`.
+    pub fn new(pool: Pool, query: Q) -> Self {
+        Self {
+            pool,
+            query: Arc::new(query),
+        }
+    }
+
+    /// The pool the loader draws connections from.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Looks up one key with the single-key statement: one round trip per
+    /// key, no batching.
+    ///
+    /// # Errors
+    ///
+    /// [`PgError`] when no connection is available or the statement fails.
+    pub async fn load_one(&self, key: &Q::Key) -> Result<Option<Q::Value>, PgError> {
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(self.query.single_sql()).await?;
+        let params = self.query.single_params(key);
+        let rows = client.query(&stmt, &as_refs(&params)).await?;
+        match rows.first() {
+            Some(row) => Ok(Some(self.query.map_row(row)?.1)),
+            None => Ok(None),
+        }
+    }
+}
+
+fn as_refs<'p>(params: &'p Params<'_>) -> Vec<&'p (dyn ToSql + Sync)> {
+    params
+        .iter()
+        .map(|p| p.as_ref() as &(dyn ToSql + Sync))
+        .collect()
+}
+
+impl<Q: BatchQuery> Loader<Q::Key, Q::Value> for PgLoader<Q> {
+    type Error = PgError;
+
+    async fn load(&self, keys: Vec<Q::Key>) -> Result<HashMap<Q::Key, Q::Value>, PgError> {
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(self.query.batch_sql()).await?;
+        let params = self.query.batch_params(&keys);
+        let rows = client.query(&stmt, &as_refs(&params)).await?;
+        let mut found = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let (key, value) = self.query.map_row(row)?;
+            found.insert(key, value);
+        }
+        Ok(found)
+    }
+}

@@ -1,0 +1,88 @@
+//! Postgres loaders over tokio-postgres and deadpool-postgres (feature
+//! `postgres`).
+//!
+//! A [`BatchQuery`] says how to look up many keys with one statement (for
+//! example `SELECT ... WHERE pk = ANY($1)`, or a join on `unnest` for a
+//! composite key) and one key with one statement. A [`PgLoader`] runs it on
+//! a pooled connection, as a prepared statement cached per connection, and
+//! is a [`Loader`](crate::Loader) for a [`Batcher`](crate::Batcher).
+//! [`PgLoader::load_one`] runs the single-key statement, for comparison or
+//! for callers that do not want batching.
+//!
+//! Build the pool with [`pool`], which sets the wait, create and recycle
+//! timeouts that deadpool leaves unset by default: without them, a request
+//! waits forever for a connection when the database is slow or gone.
+
+mod loader;
+
+pub use loader::{BatchQuery, Params, PgError, PgLoader};
+
+use std::time::Duration;
+
+pub use deadpool_postgres::Pool;
+
+/// Connection-pool settings for [`pool`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct PoolOptions {
+    /// Most connections. Default 16.
+    pub max_size: usize,
+    /// How long a caller waits for a free connection before
+    /// [`PgError::Pool`]. Default 2 s.
+    pub wait_timeout: Duration,
+    /// How long opening a new connection may take. Default 5 s.
+    pub create_timeout: Duration,
+    /// How long checking a returned connection may take. Default 2 s.
+    pub recycle_timeout: Duration,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        Self {
+            max_size: 16,
+            wait_timeout: Duration::from_secs(2),
+            create_timeout: Duration::from_secs(5),
+            recycle_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl PoolOptions {
+    /// Default options with `max_size` connections.
+    pub fn with_max_size(max_size: usize) -> Self {
+        Self {
+            max_size,
+            ..Self::default()
+        }
+    }
+}
+
+/// A connection pool for `config` with every timeout set.
+///
+/// Connections are recycled with a cheap check (deadpool's `Fast` method):
+/// a connection whose server went away is detected on its next use, and the
+/// pool replaces it.
+///
+/// # Errors
+///
+/// When the options are invalid (for example `max_size` 0).
+pub fn pool(
+    config: tokio_postgres::Config,
+    options: &PoolOptions,
+) -> Result<Pool, deadpool_postgres::BuildError> {
+    use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
+    let manager = Manager::from_config(
+        config,
+        tokio_postgres::NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(options.max_size)
+        .wait_timeout(Some(options.wait_timeout))
+        .create_timeout(Some(options.create_timeout))
+        .recycle_timeout(Some(options.recycle_timeout))
+        .runtime(Runtime::Tokio1)
+        .build()
+}

@@ -1,0 +1,483 @@
+//! Starting and stopping one cluster.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use nix::unistd::{Gid, Uid, User};
+use tokio_postgres::NoTls;
+
+use crate::Error;
+
+/// Keeps postgres alive exactly as long as our standard input is open.
+///
+/// An asynchronous list in a non-interactive shell gets /dev/null as its
+/// standard input, so the real one is saved on fd 3 first and handed to the
+/// watcher explicitly. The wrapper exits when postgres does, with its status.
+const SUPERVISOR: &str = r#"
+exec 3<&0
+"$@" </dev/null &
+pg=$!
+{ cat >/dev/null <&3; kill -INT "$pg" 2>/dev/null; } &
+wait "$pg"
+"#;
+
+/// Unix socket paths are limited to 107 bytes; keep a margin.
+const MAX_SOCKET_PATH: usize = 100;
+
+/// How to start a [`Cluster`].
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    data_dir: PathBuf,
+    port: u16,
+    durable: bool,
+    settings: Vec<(String, String)>,
+    ready_timeout: Duration,
+}
+
+impl ClusterOptions {
+    /// A cluster in `data_dir`, created there by `initdb` if it does not
+    /// exist yet, and reused (data and all) if it does.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            port: 5432,
+            durable: true,
+            settings: Vec::new(),
+            ready_timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// The port number, which only names the socket file (no TCP listener
+    /// is opened). Default 5432.
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// With `false`, trade crash safety for speed (`fsync`,
+    /// `synchronous_commit` and `full_page_writes` off): for throwaway test
+    /// clusters only. Default `true`.
+    pub fn durable(mut self, durable: bool) -> Self {
+        self.durable = durable;
+        self
+    }
+
+    /// Adds a server setting, as `postgres -c name=value`.
+    pub fn setting(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.settings.push((name.into(), value.into()));
+        self
+    }
+
+    /// How long to wait for the server to accept connections. Default 60 s.
+    pub fn ready_timeout(mut self, timeout: Duration) -> Self {
+        self.ready_timeout = timeout;
+        self
+    }
+}
+
+/// The OS user the Postgres programs run as.
+#[derive(Debug, Clone, Copy)]
+enum RunAs {
+    CurrentUser,
+    Postgres { uid: Uid, gid: Gid },
+}
+
+impl RunAs {
+    fn detect() -> Result<Self, Error> {
+        if !nix::unistd::geteuid().is_root() {
+            return Ok(RunAs::CurrentUser);
+        }
+        match User::from_name("postgres") {
+            Ok(Some(u)) => Ok(RunAs::Postgres {
+                uid: u.uid,
+                gid: u.gid,
+            }),
+            _ => Err(Error::NoUnprivilegedUser),
+        }
+    }
+
+    fn apply(self, cmd: &mut Command) {
+        if let RunAs::Postgres { uid, gid } = self {
+            // std drops supplementary groups too when root changes uid.
+            cmd.uid(uid.as_raw()).gid(gid.as_raw());
+        }
+    }
+
+    /// Makes `path` owned by the run-as user, mode 0700.
+    fn own(self, path: &Path) -> Result<(), Error> {
+        if let RunAs::Postgres { uid, gid } = self {
+            nix::unistd::chown(path, Some(uid), Some(gid)).map_err(|source| Error::Chown {
+                path: path.to_owned(),
+                source,
+            })?;
+        }
+        fs::set_permissions(path, fs::Permissions::from_mode(0o700)).map_err(|source| Error::Io {
+            what: "could not set permissions of",
+            path: path.to_owned(),
+            source,
+        })
+    }
+
+    /// Checks that the run-as user can traverse every ancestor of `path`.
+    fn check_reachable(self, path: &Path) -> Result<(), Error> {
+        let RunAs::Postgres { uid, .. } = self else {
+            return Ok(());
+        };
+        for dir in path.ancestors().skip(1) {
+            let Ok(meta) = fs::metadata(dir) else {
+                continue;
+            };
+            let searchable = meta.mode() & 0o001 != 0 || meta.uid() == uid.as_raw();
+            if !searchable {
+                return Err(Error::DataDirNotReachable {
+                    path: dir.to_owned(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Finds the directory holding `initdb` and `postgres`.
+fn find_bin_dir() -> Result<PathBuf, Error> {
+    let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
+    if let Some(dir) = std::env::var_os("PG_BIN_DIR").map(PathBuf::from) {
+        return if has_both(&dir) {
+            Ok(dir)
+        } else {
+            Err(Error::BinariesNotFound)
+        };
+    }
+    // Debian: /usr/lib/postgresql/<major>/bin, newest major first.
+    let mut versioned: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let major = e.file_name().to_str()?.parse().ok()?;
+            Some((major, e.path().join("bin")))
+        })
+        .filter(|(_, bin)| has_both(bin))
+        .collect();
+    versioned.sort();
+    if let Some((_, bin)) = versioned.pop() {
+        return Ok(bin);
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .find(|dir| has_both(dir))
+        .ok_or(Error::BinariesNotFound)
+}
+
+/// A running Postgres server with its own data directory, stopped by
+/// [`stop`](Cluster::stop) or when dropped.
+#[derive(Debug)]
+pub struct Cluster {
+    data_dir: PathBuf,
+    socket_dir: PathBuf,
+    port: u16,
+    log_path: PathBuf,
+    child: Mutex<Child>,
+    /// Closing it stops the server (see the crate docs).
+    lifeline: Mutex<Option<ChildStdin>>,
+    /// Holds a temporary socket directory when the data directory's path is
+    /// too long for a socket path.
+    _socket_tmp: Option<tempfile::TempDir>,
+}
+
+impl Cluster {
+    /// Initializes the data directory if needed, starts the server and
+    /// waits until it accepts connections.
+    ///
+    /// # Errors
+    ///
+    /// Names what is missing (binaries, an OS user to run as, access to the
+    /// directory) or includes the end of the server's log.
+    pub async fn start(options: ClusterOptions) -> Result<Self, Error> {
+        let bin_dir = find_bin_dir()?;
+        let run_as = RunAs::detect()?;
+        let data_dir = absolute(&options.data_dir)?;
+        let log_path = data_dir.with_extension("log");
+        run_as.check_reachable(&data_dir)?;
+        prepare_data_dir(&bin_dir, run_as, &data_dir, options.durable)?;
+
+        let (socket_dir, socket_tmp) = socket_dir(run_as, &data_dir, options.port)?;
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|source| Error::Io {
+                what: "could not open the server log",
+                path: log_path.clone(),
+                source,
+            })?;
+        let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
+
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg(SUPERVISOR)
+            .arg("pg-supervisor")
+            .arg(bin_dir.join("postgres"))
+            .arg("-D")
+            .arg(&data_dir)
+            .arg("-k")
+            .arg(&socket_dir)
+            .arg("-p")
+            .arg(options.port.to_string())
+            .args(["-c", "listen_addresses="]);
+        if !options.durable {
+            for s in [
+                "fsync=off",
+                "synchronous_commit=off",
+                "full_page_writes=off",
+            ] {
+                cmd.args(["-c", s]);
+            }
+        }
+        for (name, value) in &options.settings {
+            cmd.arg("-c").arg(format!("{name}={value}"));
+        }
+        cmd.current_dir(&data_dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::from(clone_file(&log, &log_path)?))
+            .stderr(Stdio::from(log));
+        run_as.apply(&mut cmd);
+        let mut child = cmd.spawn().map_err(|source| Error::Io {
+            what: "could not start",
+            path: bin_dir.join("postgres"),
+            source,
+        })?;
+        let lifeline = child.stdin.take();
+
+        let cluster = Cluster {
+            data_dir,
+            socket_dir,
+            port: options.port,
+            log_path,
+            child: Mutex::new(child),
+            lifeline: Mutex::new(lifeline),
+            _socket_tmp: socket_tmp,
+        };
+        cluster.wait_ready(options.ready_timeout, log_start).await?;
+        tracing::info!(
+            data_dir = %cluster.data_dir.display(),
+            socket_dir = %cluster.socket_dir.display(),
+            "embedded postgres ready"
+        );
+        Ok(cluster)
+    }
+
+    async fn wait_ready(&self, timeout: Duration, log_start: u64) -> Result<(), Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let exited = self
+                .child
+                .lock()
+                .expect("child lock")
+                .try_wait()
+                .ok()
+                .flatten();
+            if let Some(status) = exited {
+                return Err(Error::Command {
+                    program: "postgres",
+                    output: format!("exited with {status}: {}", self.log_since(log_start)),
+                });
+            }
+            let mut config = self.config("postgres");
+            config.connect_timeout(Duration::from_secs(2));
+            if let Ok((client, conn)) = config.connect(NoTls).await {
+                drop(client);
+                let _ = conn.await; // ends as the client is dropped; nothing to report
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::NotReady {
+                    seconds: timeout.as_secs(),
+                    log: self.log_since(log_start),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn log_since(&self, start: u64) -> String {
+        let mut out = String::new();
+        if let Ok(mut f) = File::open(&self.log_path) {
+            let _ = f.seek(SeekFrom::Start(start));
+            let _ = f.take(16 * 1024).read_to_string(&mut out);
+        }
+        out.trim().to_owned()
+    }
+
+    /// Connection settings for database `dbname` as the `postgres`
+    /// superuser, over the cluster's Unix socket.
+    pub fn config(&self, dbname: &str) -> tokio_postgres::Config {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host_path(&self.socket_dir)
+            .port(self.port)
+            .user("postgres")
+            .dbname(dbname);
+        config
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The directory holding the server's Unix socket.
+    pub fn socket_dir(&self) -> &Path {
+        &self.socket_dir
+    }
+
+    /// The server log file (beside the data directory).
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// Stops the server (fast shutdown: open transactions are rolled back,
+    /// committed data is flushed) and waits for it to exit.
+    pub async fn stop(&self) {
+        self.lifeline.lock().expect("lifeline lock").take();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let done = {
+                let mut child = self.child.lock().expect("child lock");
+                match child.try_wait() {
+                    Ok(Some(_)) | Err(_) => true,
+                    Ok(None) if Instant::now() >= deadline => {
+                        // Only reachable if postgres ignores SIGINT for 30 s.
+                        let _ = child.kill(); // best effort; it may have just exited
+                        true
+                    }
+                    Ok(None) => false,
+                }
+            };
+            if done {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Closing stdin makes the supervisor stop postgres. Wait briefly so
+        // the data directory is consistent before the owner moves on; a
+        // blocking wait is acceptable here, as Drop cannot await.
+        let Ok(mut lifeline) = self.lifeline.lock() else {
+            return;
+        };
+        if lifeline.take().is_none() {
+            return; // already stopped
+        }
+        if let Ok(mut child) = self.child.lock() {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+fn absolute(path: &Path) -> Result<PathBuf, Error> {
+    std::path::absolute(path).map_err(|source| Error::Io {
+        what: "could not resolve",
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn clone_file(file: &File, path: &Path) -> Result<File, Error> {
+    file.try_clone().map_err(|source| Error::Io {
+        what: "could not reopen",
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Creates the data directory and runs `initdb` unless it holds a cluster.
+fn prepare_data_dir(bin_dir: &Path, run_as: RunAs, dir: &Path, durable: bool) -> Result<(), Error> {
+    if dir.join("PG_VERSION").is_file() {
+        return Ok(());
+    }
+    let empty = match fs::read_dir(dir) {
+        Ok(mut entries) => entries.next().is_none(),
+        Err(_) => true,
+    };
+    if !empty {
+        return Err(Error::NotADataDir {
+            path: dir.to_owned(),
+        });
+    }
+    fs::create_dir_all(dir).map_err(|source| Error::Io {
+        what: "could not create",
+        path: dir.to_owned(),
+        source,
+    })?;
+    run_as.own(dir)?;
+
+    let mut cmd = Command::new(bin_dir.join("initdb"));
+    cmd.arg("-D")
+        .arg(dir)
+        .args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--locale=C",
+        ])
+        .current_dir(dir);
+    if !durable {
+        cmd.arg("--no-sync");
+    }
+    run_as.apply(&mut cmd);
+    let out = cmd.output().map_err(|source| Error::Io {
+        what: "could not run",
+        path: bin_dir.join("initdb"),
+        source,
+    })?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            program: "initdb",
+            output: format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        });
+    }
+    tracing::info!(data_dir = %dir.display(), "initialized a new postgres cluster");
+    Ok(())
+}
+
+/// The data directory itself holds the socket unless its path is too long.
+fn socket_dir(
+    run_as: RunAs,
+    data_dir: &Path,
+    port: u16,
+) -> Result<(PathBuf, Option<tempfile::TempDir>), Error> {
+    let socket = data_dir.join(format!(".s.PGSQL.{port}"));
+    if socket.as_os_str().len() <= MAX_SOCKET_PATH {
+        return Ok((data_dir.to_owned(), None));
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("pgsock-")
+        .tempdir_in("/tmp")
+        .map_err(|source| Error::Io {
+            what: "could not create a socket directory in",
+            path: "/tmp".into(),
+            source,
+        })?;
+    run_as.own(tmp.path())?;
+    Ok((tmp.path().to_owned(), Some(tmp)))
+}

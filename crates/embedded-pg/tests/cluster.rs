@@ -1,0 +1,79 @@
+//! The cluster starts from the installed binaries (as the `postgres` user
+//! when run as root), keeps its data across restarts, and stops cleanly.
+
+use embedded_pg::{Cluster, ClusterOptions};
+use tokio_postgres::NoTls;
+
+async fn query_one(config: &tokio_postgres::Config, sql: &str) -> String {
+    let (client, conn) = config.connect(NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    let row = client.query_one(sql, &[]).await.expect("query");
+    row.get(0)
+}
+
+#[tokio::test]
+async fn a_cluster_keeps_its_data_across_restarts() {
+    let tmp = tempfile::Builder::new()
+        .prefix("pgbatch-cluster-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let dir = tmp.path().join("pg");
+
+    let cluster = Cluster::start(ClusterOptions::new(&dir).port(5499))
+        .await
+        .unwrap();
+    let config = cluster.config("postgres");
+    let (client, conn) = config.connect(NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute("CREATE TABLE kept (v text); INSERT INTO kept VALUES ('still here');")
+        .await
+        .unwrap();
+    drop(client);
+    cluster.stop().await;
+    assert!(
+        config.connect(NoTls).await.is_err(),
+        "server must be down after stop"
+    );
+
+    let cluster = Cluster::start(ClusterOptions::new(&dir).port(5499))
+        .await
+        .unwrap();
+    assert_eq!(
+        query_one(&cluster.config("postgres"), "SELECT v FROM kept").await,
+        "still here"
+    );
+    assert!(cluster.log_path().exists());
+    cluster.stop().await;
+}
+
+#[tokio::test]
+async fn test_databases_are_separate() {
+    let a = embedded_pg::testing::database().await.unwrap();
+    let b = embedded_pg::testing::database().await.unwrap();
+    assert_ne!(a.name, b.name);
+    assert_eq!(
+        query_one(&a.config, "SELECT current_database()::text").await,
+        a.name
+    );
+    assert_eq!(
+        query_one(&b.config, "SELECT current_database()::text").await,
+        b.name
+    );
+}
+
+#[tokio::test]
+async fn a_non_cluster_directory_is_refused() {
+    let tmp = tempfile::Builder::new()
+        .prefix("pgbatch-cluster-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::write(tmp.path().join("unrelated.txt"), "hello").unwrap();
+    let err = Cluster::start(ClusterOptions::new(tmp.path()))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, embedded_pg::Error::NotADataDir { .. }),
+        "{err}"
+    );
+}
