@@ -1,169 +1,129 @@
-//! Demo of the micro-batcher until the HTTP object-metadata service lands.
-//!
-//! It simulates a database whose every statement costs one round trip and
-//! occupies one of a few pooled connections, then runs the same closed-loop
-//! workload two ways: one statement per lookup (naive), and lookups
-//! coalesced by a [`Batcher`] into one statement per batch. No Postgres is
-//! involved yet; the numbers show the shape of the win, not a measurement of
-//! a real database.
+//! The object-metadata service: reads the configuration, opens the database
+//! (embedded by default), applies migrations, seeds demo data into empty
+//! tables, and serves HTTP until SIGINT or SIGTERM.
 
-use std::collections::HashMap;
-use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use batcher::{Batcher, Loader};
+use anyhow::Context as _;
 use clap::Parser;
-use tokio::sync::Semaphore;
-
-/// Command-line options of the demo.
-#[derive(Debug, Parser)]
-#[command(
-    version,
-    about = "Micro-batching demo: naive vs batched lookups against a simulated database"
-)]
-struct Args {
-    /// Concurrent callers, each doing one lookup at a time.
-    #[arg(long, default_value_t = 300, env = "DEMO_CALLERS")]
-    callers: usize,
-    /// How long each of the two runs lasts, in seconds.
-    #[arg(long, default_value_t = 3, env = "DEMO_SECONDS")]
-    seconds: u64,
-    /// Simulated connections (statements that can run at once).
-    #[arg(long, default_value_t = 8, env = "DEMO_CONNECTIONS")]
-    connections: usize,
-    /// Simulated round trip of one statement, in milliseconds.
-    #[arg(long, default_value_t = 1, env = "DEMO_STATEMENT_MS")]
-    statement_ms: u64,
-}
-
-/// A stand-in database: each statement holds a connection for one round
-/// trip, however many keys it asks for (round trips dominate small queries).
-#[derive(Debug)]
-struct SimulatedDb {
-    connections: Semaphore,
-    round_trip: Duration,
-    statements: AtomicU64,
-}
-
-impl SimulatedDb {
-    async fn select(&self, keys: &[u64]) -> HashMap<u64, String> {
-        let _conn = self.connections.acquire().await.expect("never closed");
-        tokio::time::sleep(self.round_trip).await;
-        self.statements.fetch_add(1, Relaxed);
-        keys.iter().map(|&k| (k, format!("object-{k}"))).collect()
-    }
-}
-
-#[derive(Debug, Clone)]
-struct DbLoader(Arc<SimulatedDb>);
-
-impl Loader<u64, String> for DbLoader {
-    type Error = Infallible;
-
-    async fn load(&self, keys: Vec<u64>) -> Result<HashMap<u64, String>, Infallible> {
-        Ok(self.0.select(&keys).await)
-    }
-}
-
-/// Runs `callers` closed-loop callers for `duration`; returns lookups done.
-async fn run<F, Fut>(callers: usize, duration: Duration, lookup: F) -> u64
-where
-    F: Fn(u64) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = bool> + Send,
-{
-    let stop = Instant::now() + duration;
-    let tasks: Vec<_> = (0..callers as u64)
-        .map(|i| {
-            let lookup = lookup.clone();
-            tokio::spawn(async move {
-                let mut done = 0u64;
-                let mut key = i;
-                while Instant::now() < stop {
-                    if lookup(key).await {
-                        done += 1;
-                    }
-                    key = key.wrapping_mul(6364136223846793005).wrapping_add(1) % 1_000_000;
-                }
-                done
-            })
-        })
-        .collect();
-    let mut total = 0;
-    for t in tasks {
-        total += t.await.expect("caller task panicked");
-    }
-    total
-}
+use server::config::{Cli, Command, ServeArgs};
+use server::db::{self, Database};
+use server::seed::{self, SeedReport};
+use server::{app, AppState};
+use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,tower_http=warn".into()),
         )
         .init();
-    let args = Args::parse();
-    anyhow::ensure!(args.callers > 0, "--callers must be at least 1");
-    anyhow::ensure!(args.connections > 0, "--connections must be at least 1");
-    let duration = Duration::from_secs(args.seconds.max(1));
-    let db = Arc::new(SimulatedDb {
-        connections: Semaphore::new(args.connections),
-        round_trip: Duration::from_millis(args.statement_ms),
-        statements: AtomicU64::new(0),
-    });
-    println!(
-        "{} callers, {} connections, {} ms per statement, {} s per run\n",
-        args.callers,
-        args.connections,
-        args.statement_ms,
-        duration.as_secs()
-    );
+    let cli = Cli::parse();
+    let database = Database::open(&cli.db).await?;
+    let result = run(&cli, &database).await;
+    // Stop the embedded Postgres cleanly whether or not serving failed.
+    database.close().await;
+    result
+}
 
-    let naive = {
-        let db = Arc::clone(&db);
-        run(args.callers, duration, move |k| {
-            let db = Arc::clone(&db);
-            async move { db.select(&[k]).await.contains_key(&k) }
-        })
+async fn run(cli: &Cli, database: &Database) -> anyhow::Result<()> {
+    db::migrate(&database.config).await?;
+    match &cli.command {
+        Some(Command::Seed(args)) => {
+            let report = seed::seed(&database.config, args.objects, args.kv_rows).await?;
+            print_seed_report(&report);
+            Ok(())
+        }
+        Some(Command::Serve) | None => serve(cli, database).await,
+    }
+}
+
+async fn serve(cli: &Cli, database: &Database) -> anyhow::Result<()> {
+    let args: &ServeArgs = &cli.serve;
+    if args.seed_objects > 0 || args.seed_kv_rows > 0 {
+        let report = seed::seed(&database.config, args.seed_objects, args.seed_kv_rows).await?;
+        if report.objects.rows + report.kv.rows > 0 {
+            print_seed_report(&report);
+        }
+    }
+
+    let pool = db::pool(&database.config, cli.db.pool_size, args.request_timeout())?;
+    let state = AppState::new(pool.clone(), args)?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
         .await
-    };
-    let naive_statements = db.statements.swap(0, Relaxed);
+        .with_context(|| format!("could not listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, read_path = ?args.read_path, "serving");
+    print_try_it(&addr.to_string());
 
-    let batcher: Batcher<u64, String> = Batcher::builder()
-        .name("demo")
-        .max_concurrent_batches(args.connections)
-        .build(DbLoader(Arc::clone(&db)))?;
-    let batched = {
-        let batcher = batcher.clone();
-        run(args.callers, duration, move |k| {
-            let batcher = batcher.clone();
-            async move { matches!(batcher.load(k).await, Ok(Some(_))) }
-        })
+    axum::serve(listener, app(state.clone()))
+        .with_graceful_shutdown(shutdown_signal())
         .await
-    };
-    let stats = batcher.stats();
-    batcher.shutdown().await;
-    let batched_statements = db.statements.load(Relaxed);
-
-    let secs = duration.as_secs_f64();
-    println!("| path | lookups/s | statements/s | mean keys per statement |");
-    println!("|---|---:|---:|---:|");
-    println!(
-        "| naive | {:.0} | {:.0} | 1.0 |",
-        naive as f64 / secs,
-        naive_statements as f64 / secs
-    );
-    println!(
-        "| batched | {:.0} | {:.0} | {:.1} |",
-        batched as f64 / secs,
-        batched_statements as f64 / secs,
-        stats.batch_size.mean().unwrap_or(0.0)
-    );
-    println!(
-        "\nbatched / naive = {:.1}x (simulated database; the Postgres-backed server comes next)",
-        batched as f64 / naive.max(1) as f64
-    );
+        .context("server failed")?;
+    tracing::info!("in-flight requests finished; stopping");
+    state.reader.shutdown().await;
+    pool.close();
     Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await; // no handler: then only SIGTERM stops us
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutdown requested");
+}
+
+fn print_seed_report(r: &SeedReport) {
+    for (name, t) in [("objects", r.objects), ("random_read_test", r.kv)] {
+        if t.skipped {
+            println!("seed: {name}: already has rows, left as is");
+        } else if t.rows > 0 {
+            println!(
+                "seed: {name}: {} rows in {:.1} s ({:.0} rows/s)",
+                t.rows,
+                t.elapsed.as_secs_f64(),
+                t.rows_per_sec()
+            );
+        }
+    }
+    println!(
+        "seed: total {} rows in {:.1} s ({:.0} rows/s)",
+        r.objects.rows + r.kv.rows,
+        r.elapsed.as_secs_f64(),
+        r.rows_per_sec()
+    );
+}
+
+fn print_try_it(addr: &str) {
+    let base = format!("http://{addr}");
+    let path = seed::object_path(1);
+    let repo = seed::DEMO_REPOSITORY;
+    println!(
+        r#"
+Serving on {base}. Try:
+
+  curl -s '{base}/api/v1/repositories/{repo}/objects/stat?path={path}'
+  curl -s -X POST -H 'content-type: application/json' \
+       -d '{{"paths": ["{path}", "{p2}", "no/such/object"]}}' \
+       '{base}/api/v1/repositories/{repo}/objects/stat'
+  curl -s '{base}/api/v1/kv/{pk}'
+  curl -s '{base}/readyz'
+  curl -s '{base}/metrics'
+
+Stop with Ctrl-C.
+"#,
+        p2 = seed::object_path(2),
+        pk = seed::kv_pk(42),
+    );
 }

@@ -1,0 +1,201 @@
+//! The HTTP handlers: object stats, seed-benchmark rows, health and metrics.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::error::AppError;
+use crate::input;
+use crate::queries::{ObjectKey, ObjectStats, Stat};
+use crate::AppState;
+
+fn repository_not_found(repo: &str) -> AppError {
+    AppError::not_found(
+        "repository_not_found",
+        format!("repository `{repo}` does not exist"),
+    )
+}
+
+/// `GET /api/v1/repositories/{repo}/objects/stat?path=P`
+pub(crate) async fn stat_object(
+    State(state): State<AppState>,
+    repo: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Arc<ObjectStats>>, AppError> {
+    let Path(repo) = repo?;
+    input::repository(&repo)?;
+    let path = input::query_param(query.as_deref(), "path")?.ok_or_else(|| {
+        AppError::bad_request("missing_path", "query parameter `path` is required")
+    })?;
+    input::object_path(&path, "path")?;
+    let key = ObjectKey {
+        repository: repo,
+        path,
+    };
+    match state.reader.stat(key.clone()).await? {
+        Some(Stat::Found(stats)) => Ok(Json(stats)),
+        Some(Stat::NoSuchObject) => Err(AppError::not_found(
+            "object_not_found",
+            format!(
+                "no object at `{}` in repository `{}`",
+                key.path, key.repository
+            ),
+        )),
+        None => Err(repository_not_found(&key.repository)),
+    }
+}
+
+/// The body of `POST .../objects/stat`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StatRequest {
+    paths: Vec<String>,
+}
+
+/// One path's answer in a `POST .../objects/stat` response.
+#[derive(Debug, Serialize)]
+pub(crate) struct StatResult {
+    path: String,
+    /// `null` when no object is at this path.
+    object: Option<Arc<ObjectStats>>,
+}
+
+/// The response of `POST .../objects/stat`.
+#[derive(Debug, Serialize)]
+pub(crate) struct StatResponse {
+    results: Vec<StatResult>,
+}
+
+/// `POST /api/v1/repositories/{repo}/objects/stat` with `{"paths": [...]}`.
+pub(crate) async fn stat_objects(
+    State(state): State<AppState>,
+    repo: Result<Path<String>, PathRejection>,
+    body: Result<Json<StatRequest>, JsonRejection>,
+) -> Result<Json<StatResponse>, AppError> {
+    let Path(repo) = repo?;
+    input::repository(&repo)?;
+    let Json(request) = body?;
+    let max = state.limits.max_stat_paths;
+    if request.paths.is_empty() {
+        return Err(AppError::bad_request(
+            "empty_paths",
+            "`paths` must not be empty",
+        ));
+    }
+    if request.paths.len() > max {
+        return Err(AppError::bad_request(
+            "too_many_paths",
+            format!(
+                "at most {max} paths per request, got {}",
+                request.paths.len()
+            ),
+        ));
+    }
+    for (i, path) in request.paths.iter().enumerate() {
+        input::object_path(path, &format!("paths[{i}]"))?;
+    }
+    let keys = request
+        .paths
+        .iter()
+        .map(|path| ObjectKey {
+            repository: repo.clone(),
+            path: path.clone(),
+        })
+        .collect();
+    let stats = state.reader.stat_many(keys).await?;
+    let mut results = Vec::with_capacity(stats.len());
+    for (path, stat) in request.paths.into_iter().zip(stats) {
+        let object = match stat {
+            Some(Stat::Found(s)) => Some(s),
+            Some(Stat::NoSuchObject) => None,
+            None => return Err(repository_not_found(&repo)),
+        };
+        results.push(StatResult { path, object });
+    }
+    Ok(Json(StatResponse { results }))
+}
+
+/// A `random_read_test` row.
+#[derive(Debug, Serialize)]
+pub(crate) struct KvRow {
+    pk: String,
+    payload: String,
+}
+
+/// `GET /api/v1/kv/{pk}`: the seed benchmark's lookup over HTTP.
+pub(crate) async fn kv_row(
+    State(state): State<AppState>,
+    pk: Result<Path<String>, PathRejection>,
+) -> Result<Json<KvRow>, AppError> {
+    let Path(pk) = pk?;
+    input::pk(&pk)?;
+    match state.reader.kv(pk.clone()).await? {
+        Some(payload) => Ok(Json(KvRow { pk, payload })),
+        None => Err(AppError::not_found(
+            "row_not_found",
+            format!("no row with key `{pk}`"),
+        )),
+    }
+}
+
+/// `GET /healthz`: the process is up.
+pub(crate) async fn healthz() -> impl IntoResponse {
+    Json(json!({ "status": "ok" }))
+}
+
+/// `GET /readyz`: the database answers.
+pub(crate) async fn readyz(State(state): State<AppState>) -> Result<impl IntoResponse, AppError> {
+    let check = async {
+        let client = state.pool.get().await?;
+        client.simple_query("SELECT 1").await?;
+        Ok::<_, anyhow::Error>(())
+    };
+    match tokio::time::timeout(Duration::from_secs(2), check).await {
+        Ok(Ok(())) => Ok(Json(json!({ "status": "ready" }))),
+        Ok(Err(e)) => {
+            tracing::warn!(error = ?e, "readiness check failed");
+            Err(not_ready())
+        }
+        Err(_) => Err(not_ready()),
+    }
+}
+
+fn not_ready() -> AppError {
+    AppError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not_ready",
+        "the database is not reachable",
+    )
+}
+
+/// `GET /metrics`: Prometheus (OpenMetrics) text.
+pub(crate) async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}
+
+/// Any other route.
+pub(crate) async fn no_route() -> AppError {
+    AppError::not_found("route_not_found", "no such route")
+}
+
+/// A known route with another method.
+pub(crate) async fn wrong_method() -> AppError {
+    AppError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not accept that method",
+    )
+}

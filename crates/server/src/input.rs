@@ -1,0 +1,170 @@
+//! Validation of request input, so bad input is a 400 that names the
+//! problem, never a 500 or a silently altered lookup.
+
+use percent_encoding::percent_decode;
+
+use crate::error::AppError;
+
+/// The longest object path accepted, in bytes (as lakeFS).
+pub const MAX_PATH_BYTES: usize = 1024;
+/// The longest `random_read_test` key accepted, in bytes.
+pub const MAX_PK_BYTES: usize = 256;
+
+/// Checks a repository name: 3 to 63 characters of `a-z`, `0-9` and `-`,
+/// not starting with `-` (the rule of the `repositories` table).
+pub fn repository(name: &str) -> Result<(), AppError> {
+    let bytes = name.as_bytes();
+    let ok = (3..=63).contains(&bytes.len())
+        && bytes[0] != b'-'
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(AppError::bad_request(
+            "invalid_repository_name",
+            "repository names are 3 to 63 characters of a-z, 0-9 and '-', not starting with '-'",
+        ))
+    }
+}
+
+/// Checks an object path; `what` names it in the message (`path`,
+/// `paths[3]`).
+pub fn object_path(path: &str, what: &str) -> Result<(), AppError> {
+    let problem = if path.is_empty() {
+        format!("{what} must not be empty")
+    } else if path.len() > MAX_PATH_BYTES {
+        format!(
+            "{what} is {} bytes long; the limit is {MAX_PATH_BYTES}",
+            path.len()
+        )
+    } else if path.contains('\0') {
+        format!("{what} must not contain NUL bytes")
+    } else {
+        return Ok(());
+    };
+    Err(AppError::bad_request("invalid_path", problem))
+}
+
+/// Checks a `random_read_test` key.
+pub fn pk(pk: &str) -> Result<(), AppError> {
+    if pk.is_empty() || pk.len() > MAX_PK_BYTES || pk.chars().any(char::is_control) {
+        return Err(AppError::bad_request(
+            "invalid_key",
+            format!("keys are 1 to {MAX_PK_BYTES} bytes without control characters"),
+        ));
+    }
+    Ok(())
+}
+
+/// The value of query parameter `name`, decoded strictly.
+///
+/// Hand-written because the usual decoders are lenient by design (WHATWG
+/// form decoding): they pass a malformed escape such as `%zz` through as
+/// text and replace invalid UTF-8 with U+FFFD, so a client's bad input would
+/// silently become a lookup of some other path. Here both are errors.
+///
+/// # Errors
+///
+/// 400 for a malformed escape, invalid UTF-8, or a repeated parameter.
+pub fn query_param(raw_query: Option<&str>, name: &str) -> Result<Option<String>, AppError> {
+    let mut found = None;
+    for pair in raw_query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (raw_key, raw_value) = pair.split_once('=').unwrap_or((pair, ""));
+        if decode_component(raw_key)? != name {
+            continue;
+        }
+        if found.is_some() {
+            return Err(AppError::bad_request(
+                "invalid_query",
+                format!("query parameter `{name}` is given more than once"),
+            ));
+        }
+        found = Some(decode_component(raw_value).map_err(|e| {
+            AppError::bad_request("invalid_query", format!("query parameter `{name}`: {e}"))
+        })?);
+    }
+    Ok(found)
+}
+
+#[derive(Debug, thiserror::Error)]
+enum DecodeError {
+    #[error("malformed percent-encoding (`%` must be followed by two hex digits)")]
+    BadEscape,
+    #[error("not valid UTF-8 once percent-decoded")]
+    NotUtf8,
+}
+
+impl From<DecodeError> for AppError {
+    fn from(e: DecodeError) -> Self {
+        AppError::bad_request("invalid_query", e.to_string())
+    }
+}
+
+/// Decodes one `application/x-www-form-urlencoded` component strictly.
+fn decode_component(raw: &str) -> Result<String, DecodeError> {
+    let bytes = raw.as_bytes();
+    for (i, _) in bytes.iter().enumerate().filter(|(_, b)| **b == b'%') {
+        let hex = bytes.get(i + 1..i + 3).unwrap_or(&[]);
+        if hex.len() != 2 || !hex.iter().all(u8::is_ascii_hexdigit) {
+            return Err(DecodeError::BadEscape);
+        }
+    }
+    let plus_as_space: Vec<u8> = bytes
+        .iter()
+        .map(|&b| if b == b'+' { b' ' } else { b })
+        .collect();
+    let decoded: Vec<u8> = percent_decode(&plus_as_space).collect();
+    String::from_utf8(decoded).map_err(|_| DecodeError::NotUtf8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn param(q: &str) -> Result<Option<String>, String> {
+        query_param(Some(q), "path").map_err(|e| e.code().to_owned())
+    }
+
+    #[test]
+    fn decodes_escapes_plus_and_utf8() {
+        assert_eq!(param("path=a%2Fb+c").unwrap().as_deref(), Some("a/b c"));
+        assert_eq!(
+            param("x=1&path=%C3%A9t%C3%A9").unwrap().as_deref(),
+            Some("été")
+        );
+        assert_eq!(param("path=").unwrap().as_deref(), Some(""));
+        assert_eq!(param("other=1").unwrap(), None);
+        assert_eq!(query_param(None, "path").unwrap(), None);
+    }
+
+    #[test]
+    fn rejects_malformed_escapes_bad_utf8_and_repeats() {
+        for q in [
+            "path=%zz",
+            "path=abc%",
+            "path=%4",
+            "path=%C3%28",
+            "path=a&path=b",
+        ] {
+            assert_eq!(param(q).unwrap_err(), "invalid_query", "{q}");
+        }
+    }
+
+    #[test]
+    fn checks_paths_names_and_keys() {
+        assert!(object_path("a/b.parquet", "path").is_ok());
+        assert!(object_path("", "path").is_err());
+        assert!(object_path(&"x".repeat(MAX_PATH_BYTES + 1), "path").is_err());
+        assert!(object_path(&"x".repeat(MAX_PATH_BYTES), "path").is_ok());
+        assert!(object_path("a\0b", "path").is_err());
+        assert!(repository("demo").is_ok());
+        for bad in ["de", "-demo", "Demo", "de_mo", &"a".repeat(64)] {
+            assert!(repository(bad).is_err(), "{bad}");
+        }
+        assert!(pk("00000000000000000042").is_ok());
+        assert!(pk("").is_err());
+        assert!(pk("a\u{7}").is_err());
+    }
+}

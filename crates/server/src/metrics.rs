@@ -1,0 +1,277 @@
+//! Prometheus metrics: HTTP requests by route and status, and, read at
+//! scrape time, the batchers' statistics and the connection pool's usage.
+//!
+//! The registry belongs to the application state (no global recorder), so
+//! several apps in one process (tests) keep separate counts.
+
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use batcher::pg::Pool;
+use batcher::stats::HistogramSnapshot;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::read_path::Reader;
+use crate::AppState;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    method: String,
+    route: String,
+    status: u16,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    method: String,
+    route: String,
+}
+
+/// The service's metrics registry.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<RouteLabels, Histogram>,
+}
+
+impl Metrics {
+    /// A registry with the HTTP metrics and a collector for `reader`'s
+    /// batchers and `pool`.
+    pub fn new(reader: Reader, pool: Pool) -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "http_requests",
+            "HTTP requests by method, route and status",
+            requests.clone(),
+        );
+        let latency = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
+            // 50 µs to about 3.3 s.
+            Histogram::new(exponential_buckets(0.000_05, 2.0, 17))
+        });
+        registry.register_with_unit(
+            "http_request_duration",
+            "HTTP request latency by method and route",
+            Unit::Seconds,
+            latency.clone(),
+        );
+        registry.register_collector(Box::new(ServiceCollector { reader, pool }));
+        Self {
+            registry,
+            requests,
+            latency,
+        }
+    }
+
+    /// The metrics in the OpenMetrics text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// Middleware recording every request's count and latency under its route
+/// template (`/api/v1/kv/{pk}`, not the raw path, to bound cardinality).
+pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let method = req.method().as_str().to_owned();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", MatchedPath::as_str)
+        .to_owned();
+    let response = next.run(req).await;
+    let metrics = &state.metrics;
+    metrics
+        .latency
+        .get_or_create(&RouteLabels {
+            method: method.clone(),
+            route: route.clone(),
+        })
+        .observe(start.elapsed().as_secs_f64());
+    metrics
+        .requests
+        .get_or_create(&RequestLabels {
+            method,
+            route,
+            status: response.status().as_u16(),
+        })
+        .inc();
+    response
+}
+
+/// Reads one counter or gauge out of a batcher's snapshot.
+type Field = fn(&batcher::StatsSnapshot) -> u64;
+/// Reads one histogram out of a batcher's snapshot.
+type HistogramField = fn(&batcher::StatsSnapshot) -> &HistogramSnapshot;
+/// Name, help, unit, the factor from the snapshot's unit to the metric's,
+/// and the field.
+type HistogramSpec = (
+    &'static str,
+    &'static str,
+    Option<&'static Unit>,
+    f64,
+    HistogramField,
+);
+
+/// Reads the batchers' and the pool's state on each scrape.
+#[derive(Debug)]
+struct ServiceCollector {
+    reader: Reader,
+    pool: Pool,
+}
+
+impl Collector for ServiceCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let status = self.pool.status();
+        for (name, help, value) in [
+            (
+                "db_pool_max_size",
+                "Most connections the pool may hold",
+                status.max_size,
+            ),
+            (
+                "db_pool_size",
+                "Connections the pool holds now",
+                status.size,
+            ),
+            (
+                "db_pool_available",
+                "Idle connections in the pool",
+                status.available,
+            ),
+            (
+                "db_pool_waiting",
+                "Callers waiting for a connection",
+                status.waiting,
+            ),
+        ] {
+            let gauge = ConstGauge::new(value as i64);
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+        }
+
+        let batchers = self.reader.batcher_stats();
+        let counters: [(&str, &str, Field); 8] = [
+            ("batcher_requests", "Lookups received", |s| s.requests),
+            ("batcher_batches", "Batched statements run", |s| s.batches),
+            (
+                "batcher_deduplicated",
+                "Lookups merged into a key already in the batch",
+                |s| s.deduplicated,
+            ),
+            (
+                "batcher_abandoned",
+                "Lookups dropped by their caller before dispatch",
+                |s| s.abandoned,
+            ),
+            (
+                "batcher_overloaded",
+                "Lookups rejected because the queue was full",
+                |s| s.overloaded,
+            ),
+            ("batcher_timed_out", "Lookups whose deadline passed", |s| {
+                s.timed_out
+            }),
+            (
+                "batcher_failed_batches",
+                "Batched statements that failed",
+                |s| s.failed_batches + s.panicked_batches + s.timed_out_batches,
+            ),
+            ("batcher_not_found", "Keys looked up and not found", |s| {
+                s.not_found
+            }),
+        ];
+        for (name, help, value) in counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (batcher, stats) in &batchers {
+                let labels = [("batcher", *batcher)];
+                ConstCounter::new(value(stats)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let gauges: [(&str, &str, Field); 3] = [
+            ("batcher_queued", "Lookups waiting in the queue", |s| {
+                s.queued
+            }),
+            (
+                "batcher_pending_keys",
+                "Keys waiting for the next batch",
+                |s| s.pending_keys,
+            ),
+            (
+                "batcher_in_flight_batches",
+                "Batched statements running",
+                |s| s.in_flight_batches,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (batcher, stats) in &batchers {
+                let labels = [("batcher", *batcher)];
+                ConstGauge::new(value(stats) as i64).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let histograms: [HistogramSpec; 3] = [
+            (
+                "batcher_batch_size",
+                "Distinct keys per batched statement",
+                None,
+                1.0,
+                |s| &s.batch_size,
+            ),
+            (
+                "batcher_queue_wait",
+                "Time from lookup to dispatch",
+                Some(&Unit::Seconds),
+                1e-9,
+                |s| &s.queue_wait,
+            ),
+            (
+                "batcher_load_duration",
+                "Time a batched statement took",
+                Some(&Unit::Seconds),
+                1e-9,
+                |s| &s.load_duration,
+            ),
+        ];
+        for (name, help, unit, scale, hist) in histograms {
+            let mut family = encoder.encode_descriptor(name, help, unit, MetricType::Histogram)?;
+            for (batcher, stats) in &batchers {
+                let h = hist(stats);
+                let buckets: Vec<(f64, u64)> = h
+                    .buckets
+                    .iter()
+                    .map(|&(bound, n)| {
+                        let bound = if bound == u64::MAX {
+                            f64::INFINITY
+                        } else {
+                            bound as f64 * scale
+                        };
+                        (bound, n)
+                    })
+                    .collect();
+                let labels = [("batcher", *batcher)];
+                family
+                    .encode_family(&labels)?
+                    .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                        h.sum as f64 * scale,
+                        h.count,
+                        &buckets,
+                        None,
+                    )?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,149 @@
+//! The service's lookups as [`BatchQuery`]s: objects by (repository, path),
+//! and the seed benchmark's `random_read_test` rows by primary key.
+
+use std::sync::Arc;
+
+use batcher::pg::{BatchQuery, Params};
+use serde::Serialize;
+use tokio_postgres::Row;
+
+/// An object's identity.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ObjectKey {
+    /// The repository name.
+    pub repository: String,
+    /// The object's path in the repository.
+    pub path: String,
+}
+
+/// An object's metadata, as the API returns it (lakeFS's `ObjectStats`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ObjectStats {
+    /// The object's path in the repository.
+    pub path: String,
+    /// Where the object's data is stored.
+    pub physical_address: String,
+    /// The data's checksum.
+    pub checksum: String,
+    /// Size of the data in bytes.
+    pub size_bytes: i64,
+    /// Last modification, seconds since the Unix epoch.
+    pub mtime: i64,
+    /// MIME type of the data.
+    pub content_type: String,
+    /// User-defined metadata.
+    pub metadata: serde_json::Value,
+}
+
+/// What a stat lookup found in an existing repository. A key absent from
+/// the loader's answer means the repository does not exist.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Stat {
+    /// The object exists. Shared, so answering many waiters copies nothing.
+    Found(Arc<ObjectStats>),
+    /// The repository exists; the object does not.
+    NoSuchObject,
+}
+
+/// Object metadata by (repository, path).
+///
+/// One statement answers both "no such repository" and "no such object":
+/// the join on `repositories` drops keys of unknown repositories, and the
+/// left join on `objects` leaves nulls for missing objects.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ObjectStatQuery;
+
+const STAT_COLUMNS: &str = "o.physical_address, o.checksum, o.size_bytes, \
+     extract(epoch FROM o.mtime)::bigint, o.content_type, o.user_metadata";
+
+impl BatchQuery for ObjectStatQuery {
+    type Key = ObjectKey;
+    type Value = Stat;
+
+    fn batch_sql(&self) -> &str {
+        static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+            format!(
+                "SELECT k.repository, k.path, {STAT_COLUMNS} \
+                 FROM unnest($1::text[], $2::text[]) AS k(repository, path) \
+                 JOIN repositories r ON r.name = k.repository \
+                 LEFT JOIN objects o ON o.repository = k.repository AND o.path = k.path"
+            )
+        });
+        &SQL
+    }
+
+    fn batch_params<'a>(&self, keys: &'a [ObjectKey]) -> Params<'a> {
+        let repositories: Vec<&str> = keys.iter().map(|k| k.repository.as_str()).collect();
+        let paths: Vec<&str> = keys.iter().map(|k| k.path.as_str()).collect();
+        vec![Box::new(repositories), Box::new(paths)]
+    }
+
+    fn single_sql(&self) -> &str {
+        static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+            format!(
+                "SELECT r.name, $2::text, {STAT_COLUMNS} \
+                 FROM repositories r \
+                 LEFT JOIN objects o ON o.repository = r.name AND o.path = $2 \
+                 WHERE r.name = $1"
+            )
+        });
+        &SQL
+    }
+
+    fn single_params<'a>(&self, key: &'a ObjectKey) -> Params<'a> {
+        vec![
+            Box::new(key.repository.as_str()),
+            Box::new(key.path.as_str()),
+        ]
+    }
+
+    fn map_row(&self, row: &Row) -> Result<(ObjectKey, Stat), tokio_postgres::Error> {
+        let key = ObjectKey {
+            repository: row.try_get(0)?,
+            path: row.try_get(1)?,
+        };
+        let physical_address: Option<String> = row.try_get(2)?;
+        let stat = match physical_address {
+            None => Stat::NoSuchObject,
+            Some(physical_address) => Stat::Found(Arc::new(ObjectStats {
+                path: key.path.clone(),
+                physical_address,
+                checksum: row.try_get(3)?,
+                size_bytes: row.try_get(4)?,
+                mtime: row.try_get(5)?,
+                content_type: row.try_get(6)?,
+                metadata: row.try_get(7)?,
+            })),
+        };
+        Ok((key, stat))
+    }
+}
+
+/// `random_read_test` payloads by primary key.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KvQuery;
+
+impl BatchQuery for KvQuery {
+    type Key = String;
+    type Value = String;
+
+    fn batch_sql(&self) -> &str {
+        "SELECT pk, payload FROM random_read_test WHERE pk = ANY($1)"
+    }
+
+    fn batch_params<'a>(&self, keys: &'a [String]) -> Params<'a> {
+        vec![Box::new(keys)]
+    }
+
+    fn single_sql(&self) -> &str {
+        "SELECT pk, payload FROM random_read_test WHERE pk = $1"
+    }
+
+    fn single_params<'a>(&self, key: &'a String) -> Params<'a> {
+        vec![Box::new(key)]
+    }
+
+    fn map_row(&self, row: &Row) -> Result<(String, String), tokio_postgres::Error> {
+        Ok((row.try_get(0)?, row.try_get(1)?))
+    }
+}

@@ -1,0 +1,309 @@
+//! Demo data, bulk-loaded with binary COPY.
+//!
+//! Each table is loaded in one transaction on one connection: an
+//! interrupted seed leaves the table empty, not half full. Objects and
+//! `random_read_test` rows load in parallel on two connections, so both
+//! cores work. A table that already has rows is left alone.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tokio_postgres::binary_copy::BinaryCopyInWriter;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::NoTls;
+
+/// The repository the demo objects live in.
+pub const DEMO_REPOSITORY: &str = "demo";
+
+/// What one table's seeding did.
+#[derive(Debug, Clone, Copy)]
+pub struct TableReport {
+    /// Rows written (0 when the table already had rows).
+    pub rows: u64,
+    /// Time taken.
+    pub elapsed: Duration,
+    /// Whether the table was skipped because it had rows.
+    pub skipped: bool,
+}
+
+impl TableReport {
+    /// Rows per second.
+    pub fn rows_per_sec(&self) -> f64 {
+        self.rows as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// What a seed run did.
+#[derive(Debug, Clone, Copy)]
+pub struct SeedReport {
+    /// The demo objects.
+    pub objects: TableReport,
+    /// The `random_read_test` rows.
+    pub kv: TableReport,
+    /// Wall time of the whole run.
+    pub elapsed: Duration,
+}
+
+impl SeedReport {
+    /// Rows per second over both tables.
+    pub fn rows_per_sec(&self) -> f64 {
+        (self.objects.rows + self.kv.rows) as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// The seed benchmark's key: the row number left-padded with zeros to 20
+/// characters.
+pub fn kv_pk(n: u64) -> String {
+    format!("{n:020}")
+}
+
+/// The seed benchmark's payload: the number and ` - `, right-padded with
+/// `*` to 33 characters.
+pub fn kv_payload(n: u64) -> String {
+    format!("{:*<33}", format!("{n} - "))
+}
+
+/// The path of demo object `n`.
+pub fn object_path(n: u64) -> String {
+    format!("datasets/{:03}/part-{n:08}.parquet", n % 997)
+}
+
+/// The numbers `1..=rows` ordered by their [`object_path`], so COPY appends
+/// to the end of the primary-key index instead of inserting all over it.
+fn object_numbers_in_path_order(rows: u64) -> impl Iterator<Item = u64> {
+    // Paths sort by directory (n % 997), then by n.
+    (0..997).flat_map(move |dir| {
+        let first = if dir == 0 { 997 } else { dir };
+        (first..=rows).step_by(997)
+    })
+}
+
+/// splitmix64, for deterministic fake addresses, checksums and sizes.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// Loads `objects` demo objects (numbered from 1, in repository `demo`)
+/// and `kv_rows` `random_read_test` rows into the tables that are empty.
+///
+/// # Errors
+///
+/// When the database fails; the table being loaded is then left empty.
+pub async fn seed(
+    config: &tokio_postgres::Config,
+    objects: u64,
+    kv_rows: u64,
+) -> anyhow::Result<SeedReport> {
+    let bars = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
+    let start = Instant::now();
+    let (objects, kv) = tokio::try_join!(
+        load_table(config, &bars, Table::Objects, objects),
+        load_table(config, &bars, Table::Kv, kv_rows),
+    )?;
+    Ok(SeedReport {
+        objects,
+        kv,
+        elapsed: start.elapsed(),
+    })
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Table {
+    Objects,
+    Kv,
+}
+
+impl Table {
+    fn name(self) -> &'static str {
+        match self {
+            Table::Objects => "objects",
+            Table::Kv => "random_read_test",
+        }
+    }
+}
+
+async fn load_table(
+    config: &tokio_postgres::Config,
+    bars: &MultiProgress,
+    table: Table,
+    rows: u64,
+) -> anyhow::Result<TableReport> {
+    let start = Instant::now();
+    let skipped = |skipped| TableReport {
+        rows: 0,
+        elapsed: start.elapsed(),
+        skipped,
+    };
+    if rows == 0 {
+        return Ok(skipped(false));
+    }
+    let (mut client, conn) = config.connect(NoTls).await.context("seed: connect")?;
+    let conn = tokio::spawn(conn);
+    let tx = client.transaction().await?;
+    // Checked under the lock, so rows that arrive meanwhile are never
+    // truncated away below.
+    tx.batch_execute(&format!(
+        "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+        table.name()
+    ))
+    .await?;
+    let has_rows: bool = tx
+        .query_one(
+            &format!("SELECT EXISTS (SELECT 1 FROM {})", table.name()),
+            &[],
+        )
+        .await?
+        .get(0);
+    if has_rows {
+        tracing::info!(
+            table = table.name(),
+            "table already has rows; not seeding it"
+        );
+        return Ok(skipped(true));
+    }
+    // Truncating the (empty) table in this transaction lets COPY FREEZE
+    // write rows already frozen (no hint-bit rewrites on first read) and,
+    // with wal_level=minimal, skip WAL for them.
+    tx.batch_execute(&format!("TRUNCATE {}", table.name()))
+        .await?;
+
+    let bar = bars.add(ProgressBar::new(rows));
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{prefix:>16} [{bar:40}] {pos}/{len} rows, {per_sec}, eta {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(table.name());
+
+    match table {
+        Table::Objects => {
+            tx.execute(
+                "INSERT INTO repositories (name, storage_namespace) VALUES ($1, $2) \
+                 ON CONFLICT (name) DO NOTHING",
+                &[&DEMO_REPOSITORY, &"s3://pgbatch-demo/"],
+            )
+            .await?;
+            copy_objects(&tx, rows, &bar).await?;
+        }
+        Table::Kv => copy_kv(&tx, rows, &bar).await?,
+    }
+    tx.commit().await.context("seed: commit")?;
+    bar.finish();
+    drop(client);
+    let _ = conn.await; // ends as the client is dropped; nothing to report
+    Ok(TableReport {
+        rows,
+        elapsed: start.elapsed(),
+        skipped: false,
+    })
+}
+
+/// Progress is updated every this many rows, not every row.
+const PROGRESS_STEP: u64 = 10_000;
+
+async fn copy_kv(
+    tx: &tokio_postgres::Transaction<'_>,
+    rows: u64,
+    bar: &ProgressBar,
+) -> anyhow::Result<()> {
+    let sink = tx
+        .copy_in("COPY random_read_test (pk, payload) FROM STDIN (FORMAT binary, FREEZE)")
+        .await?;
+    let writer = BinaryCopyInWriter::new(sink, &[Type::TEXT, Type::TEXT]);
+    let mut writer = std::pin::pin!(writer);
+    for n in 1..=rows {
+        let (pk, payload) = (kv_pk(n), kv_payload(n));
+        writer.as_mut().write(&[&pk, &payload]).await?;
+        if n.is_multiple_of(PROGRESS_STEP) {
+            bar.set_position(n);
+        }
+    }
+    writer.finish().await?;
+    bar.set_position(rows);
+    Ok(())
+}
+
+async fn copy_objects(
+    tx: &tokio_postgres::Transaction<'_>,
+    rows: u64,
+    bar: &ProgressBar,
+) -> anyhow::Result<()> {
+    let sink = tx
+        .copy_in(
+            "COPY objects (repository, path, physical_address, size_bytes, checksum, \
+             content_type, user_metadata) FROM STDIN (FORMAT binary, FREEZE)",
+        )
+        .await?;
+    let writer = BinaryCopyInWriter::new(
+        sink,
+        &[
+            Type::TEXT,
+            Type::TEXT,
+            Type::TEXT,
+            Type::INT8,
+            Type::TEXT,
+            Type::TEXT,
+            Type::JSONB,
+        ],
+    );
+    let mut writer = std::pin::pin!(writer);
+    // A few shared metadata documents rather than one per row.
+    let metadata: Vec<serde_json::Value> = (0..16)
+        .map(|shard| serde_json::json!({ "source": "seed", "shard": shard.to_string() }))
+        .collect();
+    for (i, n) in object_numbers_in_path_order(rows).enumerate() {
+        let h = mix(n);
+        let path = object_path(n);
+        let address = format!("s3://pgbatch-demo/data/{h:016x}");
+        let size = (h % (64 << 20)) as i64;
+        let checksum = format!("{h:016x}{:016x}", mix(h));
+        let row: [&(dyn ToSql + Sync); 7] = [
+            &DEMO_REPOSITORY,
+            &path,
+            &address,
+            &size,
+            &checksum,
+            &"application/vnd.apache.parquet",
+            &metadata[(n % 16) as usize],
+        ];
+        writer.as_mut().write(&row).await?;
+        let done = i as u64 + 1;
+        if done.is_multiple_of(PROGRESS_STEP) {
+            bar.set_position(done);
+        }
+    }
+    writer.finish().await?;
+    bar.set_position(rows);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objects_are_generated_in_path_order_and_all_present() {
+        for rows in [0, 1, 996, 997, 998, 5_000] {
+            let numbers: Vec<u64> = object_numbers_in_path_order(rows).collect();
+            let mut sorted = numbers.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (1..=rows).collect::<Vec<_>>(), "rows={rows}");
+            let paths: Vec<String> = numbers.iter().map(|&n| object_path(n)).collect();
+            assert!(paths.windows(2).all(|w| w[0] < w[1]), "rows={rows}");
+        }
+    }
+
+    #[test]
+    fn kv_rows_follow_the_seed_benchmark_format() {
+        assert_eq!(kv_pk(42), "00000000000000000042");
+        assert_eq!(kv_payload(42), "42 - ****************************");
+        assert_eq!(kv_payload(42).len(), 33);
+        assert_eq!(object_path(1), "datasets/001/part-00000001.parquet");
+    }
+}

@@ -1,0 +1,144 @@
+//! Under overload the service sheds load at once (503 with Retry-After),
+//! and a lookup past its deadline is a 504, on both read paths. A table
+//! lock held by another session makes the database "slow" on demand.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use server::seed::kv_pk;
+use support::{get, send, send_full};
+use tokio_postgres::NoTls;
+
+/// Holds an exclusive lock on `random_read_test` until `release`.
+struct TableLock(tokio_postgres::Client);
+
+impl TableLock {
+    async fn take(config: &tokio_postgres::Config) -> Self {
+        let (client, conn) = config.connect(NoTls).await.unwrap();
+        tokio::spawn(conn);
+        client
+            .batch_execute("BEGIN; LOCK TABLE random_read_test IN ACCESS EXCLUSIVE MODE")
+            .await
+            .unwrap();
+        Self(client)
+    }
+
+    async fn release(self) {
+        self.0.batch_execute("COMMIT").await.unwrap();
+    }
+}
+
+fn kv(n: u64) -> axum::http::Request<axum::body::Body> {
+    get(&format!("/api/v1/kv/{}", kv_pk(n)))
+}
+
+#[tokio::test]
+async fn a_lookup_past_its_deadline_is_504_and_the_database_gives_up_too() {
+    let config = support::database().await;
+    for read_path in ["naive", "batched"] {
+        let app = support::app_on(
+            &config,
+            &["--read-path", read_path, "--request-timeout-ms", "200"],
+        );
+        let lock = TableLock::take(&config).await;
+        let start = Instant::now();
+        let (status, body) = send(&app.router, kv(1)).await;
+        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{read_path}: {body}");
+        assert_eq!(body["error"]["code"], "timeout");
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{read_path}: {:?}",
+            start.elapsed()
+        );
+
+        // statement_timeout ended the blocked statement on the server, so
+        // the pool's connections are free again even while the lock holds.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (client, conn) = config.connect(NoTls).await.unwrap();
+        tokio::spawn(conn);
+        let waiting: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE wait_event_type = 'Lock' AND datname = current_database()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            waiting, 0,
+            "{read_path}: statements still waiting on the lock"
+        );
+
+        lock.release().await;
+        assert_eq!(
+            send(&app.router, kv(1)).await.0,
+            StatusCode::OK,
+            "{read_path}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_full_queue_sheds_load_at_once_with_503_and_retry_after() {
+    let config = support::database().await;
+    let app = support::app_on(
+        &config,
+        &[
+            "--read-path",
+            "batched",
+            "--batch-size",
+            "1",
+            "--batch-concurrency",
+            "1",
+            "--queue-capacity",
+            "1",
+            "--request-timeout-ms",
+            "10000",
+        ],
+    );
+    let lock = TableLock::take(&config).await;
+
+    // One lookup runs (blocked on the lock), one waits in the batcher, one
+    // fills the queue.
+    let mut blocked = Vec::new();
+    for n in 1..=3 {
+        let router = app.router.clone();
+        blocked.push(tokio::spawn(async move { send(&router, kv(n)).await }));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let (_, s) = &app.state.reader.batcher_stats()[0];
+            let held = s.in_flight_batches + s.pending_keys + s.queued;
+            if held >= n {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "lookup {n} never reached the batcher: {s:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    let start = Instant::now();
+    let (status, headers, body) = send_full(&app.router, kv(4)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "overloaded");
+    assert_eq!(headers["retry-after"], "1");
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "shedding must not wait"
+    );
+
+    lock.release().await;
+    for b in blocked {
+        let (status, body) = b.await.unwrap();
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "queued lookups are answered: {body}"
+        );
+    }
+}

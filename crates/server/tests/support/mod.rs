@@ -1,0 +1,91 @@
+//! A fresh, migrated and seeded database per test, and an app over it.
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use axum::body::Body;
+use axum::http::{Request, Response, StatusCode};
+use axum::Router;
+use clap::Parser;
+use http_body_util::BodyExt;
+use server::config::Cli;
+use server::{app, AppState};
+use tower::ServiceExt;
+
+/// Demo objects and `random_read_test` rows in every test database.
+pub const SEEDED: u64 = 300;
+
+pub struct TestApp {
+    pub router: Router,
+    pub state: AppState,
+    pub config: tokio_postgres::Config,
+}
+
+/// A migrated database seeded with [`SEEDED`] objects in repository `demo`
+/// and as many `random_read_test` rows, plus an empty repository `empty`.
+pub async fn database() -> tokio_postgres::Config {
+    let db = embedded_pg::testing::database()
+        .await
+        .expect("test database");
+    server::db::migrate(&db.config).await.expect("migrations");
+    server::seed::seed(&db.config, SEEDED, SEEDED)
+        .await
+        .expect("seed");
+    let (client, conn) = db.config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute(
+            "INSERT INTO repositories (name, storage_namespace) VALUES ('empty', 's3://e/')",
+        )
+        .await
+        .unwrap();
+    db.config
+}
+
+/// An app over `config`, configured with `flags` as on the command line.
+pub fn app_on(config: &tokio_postgres::Config, flags: &[&str]) -> TestApp {
+    let cli = Cli::parse_from(std::iter::once("server").chain(flags.iter().copied()));
+    let pool = server::db::pool(config, 4, cli.serve.request_timeout()).unwrap();
+    let state = AppState::new(pool, &cli.serve).expect("valid settings");
+    TestApp {
+        router: app(state.clone()),
+        state,
+        config: config.clone(),
+    }
+}
+
+pub async fn setup(flags: &[&str]) -> TestApp {
+    let config = database().await;
+    app_on(&config, flags)
+}
+
+/// The status, and the body parsed as JSON (`Null` if it is not JSON).
+pub async fn send(router: &Router, req: Request<Body>) -> (StatusCode, serde_json::Value) {
+    let (status, _, body) = send_full(router, req).await;
+    (status, body)
+}
+
+pub async fn send_full(
+    router: &Router,
+    req: Request<Body>,
+) -> (StatusCode, axum::http::HeaderMap, serde_json::Value) {
+    let res: Response<Body> = router.clone().oneshot(req).await.unwrap();
+    let status = res.status();
+    let headers = res.headers().clone();
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+    (status, headers, json)
+}
+
+pub fn get(uri: &str) -> Request<Body> {
+    Request::get(uri).body(Body::empty()).unwrap()
+}
+
+pub fn post_json(uri: &str, body: impl Into<String>) -> Request<Body> {
+    Request::post(uri)
+        .header("content-type", "application/json")
+        .body(Body::from(body.into()))
+        .unwrap()
+}
+
+pub fn stat_uri(repo: &str, raw_path_query: &str) -> String {
+    format!("/api/v1/repositories/{repo}/objects/stat?path={raw_path_query}")
+}
