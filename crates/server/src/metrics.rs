@@ -86,7 +86,7 @@ impl Metrics {
 /// template (`/api/v1/kv/{pk}`, not the raw path, to bound cardinality).
 pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let start = Instant::now();
-    let method = req.method().as_str().to_owned();
+    let method = method_label(req.method()).to_owned();
     let route = req
         .extensions()
         .get::<MatchedPath>()
@@ -125,6 +125,23 @@ type HistogramSpec = (
     f64,
     HistogramField,
 );
+
+/// The method as a label. Clients may send any token as a method; naming
+/// only the standard ones keeps a client from creating label sets (and
+/// memory) without bound.
+fn method_label(method: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
+        _ => "other",
+    }
+}
 
 /// Reads the batchers' and the pool's state on each scrape.
 #[derive(Debug)]

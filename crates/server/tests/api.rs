@@ -337,6 +337,11 @@ async fn health_readiness_and_metrics() {
     );
     send(&app.router, get(&stat_uri("demo", &object_path(1)))).await;
     send(&app.router, get(&format!("/api/v1/kv/{}", kv_pk(1)))).await;
+    for i in 0..3 {
+        let odd = axum::http::Method::from_bytes(format!("FOO{i}").as_bytes()).unwrap();
+        let req = axum::http::Request::builder().method(odd).uri("/healthz");
+        send(&app.router, req.body(axum::body::Body::empty()).unwrap()).await;
+    }
 
     let res = tower::ServiceExt::oneshot(app.router.clone(), get("/metrics"))
         .await
@@ -359,11 +364,16 @@ async fn health_readiness_and_metrics() {
         r#"batcher_batch_size_count{batcher="kv"} 1"#,
         r#"batcher_queue_wait_seconds_count{batcher="kv"} 1"#,
         r#"batcher_load_duration_seconds_bucket{le="+Inf",batcher="object_stat"} 1"#,
+        r#"http_requests_total{method="other",route="/healthz",status="405"} 3"#,
         "db_pool_max_size 4",
         "# EOF",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
     }
+    assert!(
+        !text.contains("FOO"),
+        "client-chosen methods must not become labels"
+    );
 }
 
 #[tokio::test]
