@@ -52,6 +52,12 @@ pub enum Error {
 }
 
 impl Error {
+    /// Wraps a loader's own error as [`Error::Load`], for loaders (such as
+    /// [`Cache`](crate::cache::Cache) loaders) that must return this type.
+    pub fn load<E: std::error::Error + Send + Sync + 'static>(error: E) -> Self {
+        Error::Load(Arc::new(error))
+    }
+
     /// Returns `true` if the request was rejected because the queue was full.
     pub fn is_overloaded(&self) -> bool {
         matches!(self, Error::Overloaded)

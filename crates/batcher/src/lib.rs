@@ -38,6 +38,7 @@
 //! [`BatcherBuilder`] for the settings.
 
 mod batcher;
+pub mod cache;
 mod error;
 #[cfg(feature = "postgres")]
 pub mod pg;

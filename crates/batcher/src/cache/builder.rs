@@ -1,0 +1,205 @@
+//! Configuration of a [`Cache`].
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::hash::Hash;
+use std::marker::PhantomData;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use moka::notification::RemovalCause;
+
+use super::expiry::JitteredExpiry;
+use super::{Cache, Cached, Counters, Inner, LoadFn};
+use crate::{Batcher, BuildError, Error};
+
+type Weigher<K, V> = Arc<dyn Fn(&K, &V) -> u32 + Send + Sync>;
+
+/// Builds a [`Cache`]; get one from [`Cache::builder`].
+///
+/// ```
+/// use std::time::Duration;
+/// use batcher::cache::Cache;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let cache: Cache<u32, String> = Cache::builder()
+///     .max_capacity(10_000)
+///     .time_to_live(Duration::from_secs(20))
+///     .jitter(Duration::from_secs(3))
+///     .negative_ttl(Duration::from_secs(1))
+///     .build(|id: u32| async move { Ok(Some(format!("user {id}"))) })?;
+/// assert_eq!(cache.get(7).await?, Some("user 7".to_owned()));
+/// # Ok(()) }
+/// ```
+#[must_use = "builder does nothing until .build()"]
+pub struct CacheBuilder<K, V> {
+    name: Option<String>,
+    max_capacity: u64,
+    weigher: Option<Weigher<K, V>>,
+    time_to_live: Duration,
+    jitter: Duration,
+    negative_ttl: Option<Duration>,
+    _types: PhantomData<fn(K) -> V>,
+}
+
+impl<K, V> fmt::Debug for CacheBuilder<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CacheBuilder")
+            .field("name", &self.name)
+            .field("max_capacity", &self.max_capacity)
+            .field("weighted", &self.weigher.is_some())
+            .field("time_to_live", &self.time_to_live)
+            .field("jitter", &self.jitter)
+            .field("negative_ttl", &self.negative_ttl)
+            .finish()
+    }
+}
+
+impl<K, V> Default for CacheBuilder<K, V> {
+    fn default() -> Self {
+        Self {
+            name: None,
+            max_capacity: 10_000,
+            weigher: None,
+            time_to_live: Duration::from_secs(20),
+            jitter: Duration::from_secs(3),
+            negative_ttl: None,
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<K, V> CacheBuilder<K, V>
+where
+    K: Clone + Eq + Hash + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    /// A name for the cache, shown in `Debug`.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The most entries, or with a [`weigher`](Self::weigher) the most total
+    /// weight. Default 10,000.
+    pub fn max_capacity(mut self, n: u64) -> Self {
+        self.max_capacity = n;
+        self
+    }
+
+    /// Bounds the cache by weight instead of entry count: each found value
+    /// weighs `weigher(key, value)`, a cached "not found" weighs 1.
+    pub fn weigher(mut self, weigher: impl Fn(&K, &V) -> u32 + Send + Sync + 'static) -> Self {
+        self.weigher = Some(Arc::new(weigher));
+        self
+    }
+
+    /// How long a found value stays, before jitter. Default 20 s (lakeFS's
+    /// credential cache).
+    pub fn time_to_live(mut self, ttl: Duration) -> Self {
+        self.time_to_live = ttl;
+        self
+    }
+
+    /// Up to this much is added to each entry's lifetime, drawn uniformly
+    /// per entry. Default 3 s.
+    pub fn jitter(mut self, jitter: Duration) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// Also cache "not found", for this long (plus jitter). Default: not
+    /// cached.
+    pub fn negative_ttl(mut self, ttl: Duration) -> Self {
+        self.negative_ttl = Some(ttl);
+        self
+    }
+
+    fn validate(&self) -> Result<(), BuildError> {
+        if self.max_capacity == 0 {
+            return Err(BuildError::TooSmall {
+                setting: "max_capacity",
+                min: 1,
+                value: 0,
+            });
+        }
+        if self.time_to_live.is_zero() {
+            return Err(BuildError::ZeroDuration {
+                setting: "time_to_live",
+            });
+        }
+        if self.negative_ttl.is_some_and(|d| d.is_zero()) {
+            return Err(BuildError::ZeroDuration {
+                setting: "negative_ttl",
+            });
+        }
+        Ok(())
+    }
+
+    /// A cache whose misses call `load(key)`. The load runs in a spawned
+    /// task on the Tokio runtime current at the time of the miss.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError`] names the first invalid setting.
+    pub fn build<F, Fut>(self, load: F) -> Result<Cache<K, V>, BuildError>
+    where
+        F: Fn(K) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Option<V>, Error>> + Send + 'static,
+    {
+        self.validate()?;
+        let load: LoadFn<K, V> = Arc::new(move |k| Box::pin(load(k)));
+        let counters = Arc::new(Counters::default());
+        let listener_counters = Arc::clone(&counters);
+        let mut store = moka::future::Cache::builder()
+            .max_capacity(self.max_capacity)
+            .expire_after(JitteredExpiry::new(
+                self.time_to_live,
+                self.negative_ttl.unwrap_or_default(),
+                self.jitter,
+            ))
+            .eviction_listener(move |_k, _v, cause| match cause {
+                RemovalCause::Size => {
+                    listener_counters.evictions.fetch_add(1, Relaxed);
+                }
+                RemovalCause::Expired => {
+                    listener_counters.expirations.fetch_add(1, Relaxed);
+                }
+                RemovalCause::Explicit | RemovalCause::Replaced => {}
+            });
+        if let Some(name) = &self.name {
+            store = store.name(name);
+        }
+        if let Some(weigher) = self.weigher {
+            store = store.weigher(move |k, v: &Cached<V>| match v {
+                Cached::Found(v) => weigher(k, v),
+                Cached::NotFound => 1,
+            });
+        }
+        Ok(Cache {
+            inner: Arc::new(Inner {
+                store: store.build(),
+                flights: Mutex::new(HashMap::new()),
+                load,
+                cache_not_found: self.negative_ttl.is_some(),
+                counters,
+            }),
+        })
+    }
+
+    /// A cache in front of `batcher`: concurrent misses for different keys
+    /// go out together in the batcher's batches.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError`] names the first invalid setting.
+    pub fn build_with_batcher(self, batcher: Batcher<K, V>) -> Result<Cache<K, V>, BuildError> {
+        self.build(move |key| {
+            let batcher = batcher.clone();
+            async move { batcher.load(key).await }
+        })
+    }
+}

@@ -1,0 +1,356 @@
+//! The coalescing cache. moka's clock does not follow tokio's paused time,
+//! so TTL tests run on short real durations with `run_pending_tasks`.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use batcher::cache::Cache;
+use batcher::{Batcher, Error};
+use support::{value_of, TestLoader};
+use tokio::sync::Semaphore;
+
+/// Counts loads; holds them behind a gate when asked to.
+#[derive(Default)]
+struct Loads {
+    calls: AtomicUsize,
+    gate: Option<Semaphore>,
+}
+
+impl Loads {
+    fn gated() -> Arc<Self> {
+        Arc::new(Self {
+            gate: Some(Semaphore::new(0)),
+            ..Self::default()
+        })
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(SeqCst)
+    }
+
+    async fn pass(&self) -> usize {
+        let n = self.calls.fetch_add(1, SeqCst) + 1;
+        if let Some(gate) = &self.gate {
+            gate.acquire().await.unwrap().forget();
+        }
+        n
+    }
+}
+
+fn counting_cache(loads: &Arc<Loads>) -> Cache<u64, String> {
+    let loads = Arc::clone(loads);
+    Cache::builder()
+        .build(move |k: u64| {
+            let loads = Arc::clone(&loads);
+            async move {
+                loads.pass().await;
+                Ok(Some(value_of(k)))
+            }
+        })
+        .unwrap()
+}
+
+/// Polls `cond` until it holds (bounded, so a bug fails instead of hanging).
+async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_concurrent_gets_of_one_cold_key_cause_one_load() {
+    let loads = Loads::gated();
+    let cache = counting_cache(&loads);
+    let gets: Vec<_> = (0..1000)
+        .map(|_| {
+            let cache = cache.clone();
+            tokio::spawn(async move { cache.get(42).await })
+        })
+        .collect();
+    eventually("all callers waiting", || cache.stats().coalesced == 999).await;
+    loads.gate.as_ref().unwrap().add_permits(1);
+    for g in gets {
+        assert_eq!(g.await.unwrap().unwrap(), Some(value_of(42)));
+    }
+    assert_eq!(loads.calls(), 1);
+    assert_eq!(cache.get(42).await.unwrap(), Some(value_of(42)));
+    let s = cache.stats();
+    assert_eq!((s.misses, s.coalesced, s.hits), (1, 999, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_gets_over_a_hundred_keys_through_a_batcher_make_few_batches() {
+    let loader = TestLoader::new();
+    let batcher: Batcher<u64, String> = Batcher::builder()
+        .max_concurrent_batches(2)
+        .build(loader.clone())
+        .unwrap();
+    let cache = Cache::builder()
+        .build_with_batcher(batcher.clone())
+        .unwrap();
+
+    let gets: Vec<_> = (0..1000u64)
+        .map(|i| {
+            let cache = cache.clone();
+            tokio::spawn(async move { (i % 100, cache.get(i % 100).await) })
+        })
+        .collect();
+    for g in gets {
+        let (key, value) = g.await.unwrap();
+        assert_eq!(value.unwrap(), Some(value_of(key)), "key {key}");
+    }
+    let calls = loader.calls();
+    let loaded: usize = calls.iter().map(Vec::len).sum();
+    assert!(loaded <= 100 + 10, "keys loaded {loaded} times: {calls:?}");
+    assert!(calls.len() <= 20, "{} batches: {calls:?}", calls.len());
+}
+
+#[tokio::test]
+async fn the_first_callers_cancellation_does_not_affect_the_others() {
+    let loads = Loads::gated();
+    let cache = counting_cache(&loads);
+    let first = tokio::spawn({
+        let cache = cache.clone();
+        async move { cache.get(7).await }
+    });
+    eventually("first caller loading", || loads.calls() == 1).await;
+    let second = tokio::spawn({
+        let cache = cache.clone();
+        async move { cache.get(7).await }
+    });
+    eventually("second caller waiting", || cache.stats().coalesced == 1).await;
+
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    loads.gate.as_ref().unwrap().add_permits(1);
+    assert_eq!(second.await.unwrap().unwrap(), Some(value_of(7)));
+    assert_eq!(loads.calls(), 1, "no retry, no second load");
+    assert_eq!(cache.get(7).await.unwrap(), Some(value_of(7)));
+    assert_eq!(
+        loads.calls(),
+        1,
+        "the abandoned load still filled the cache"
+    );
+}
+
+#[tokio::test]
+async fn errors_are_not_cached() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let cache: Cache<u64, String> = Cache::builder()
+        .build({
+            let calls = Arc::clone(&calls);
+            move |k: u64| {
+                let n = calls.fetch_add(1, SeqCst);
+                async move {
+                    if n == 0 {
+                        Err(Error::load(std::io::Error::other("database down")))
+                    } else {
+                        Ok(Some(value_of(k)))
+                    }
+                }
+            }
+        })
+        .unwrap();
+    let err = cache.get(1).await.unwrap_err();
+    assert_eq!(
+        err.load_error::<std::io::Error>().unwrap().to_string(),
+        "database down"
+    );
+    assert_eq!(cache.get(1).await.unwrap(), Some(value_of(1)));
+    assert_eq!(calls.load(SeqCst), 2);
+    assert_eq!(cache.stats().load_errors, 1);
+}
+
+#[tokio::test]
+async fn a_panicking_load_fails_its_waiters_and_is_not_sticky() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let cache: Cache<u64, String> = Cache::builder()
+        .build({
+            let calls = Arc::clone(&calls);
+            move |k: u64| {
+                let n = calls.fetch_add(1, SeqCst);
+                async move {
+                    assert!(n > 0, "first load panics on purpose");
+                    Ok(Some(value_of(k)))
+                }
+            }
+        })
+        .unwrap();
+    assert!(matches!(cache.get(3).await, Err(Error::LoaderPanicked(_))));
+    assert_eq!(cache.get(3).await.unwrap(), Some(value_of(3)));
+}
+
+#[tokio::test]
+async fn not_found_is_cached_only_with_a_negative_ttl_and_for_that_long() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let build = |negative: Option<Duration>| {
+        let calls = Arc::clone(&calls);
+        let mut b = Cache::<u64, String>::builder().jitter(Duration::ZERO);
+        if let Some(ttl) = negative {
+            b = b.negative_ttl(ttl);
+        }
+        b.build(move |_k| {
+            calls.fetch_add(1, SeqCst);
+            async { Ok(None) }
+        })
+        .unwrap()
+    };
+
+    let plain = build(None);
+    assert_eq!(plain.get(1).await.unwrap(), None);
+    assert_eq!(plain.get(1).await.unwrap(), None);
+    assert_eq!(
+        calls.swap(0, SeqCst),
+        2,
+        "without a negative TTL every miss loads"
+    );
+
+    let negative = build(Some(Duration::from_millis(150)));
+    assert_eq!(negative.get(1).await.unwrap(), None);
+    assert_eq!(negative.get(1).await.unwrap(), None);
+    assert_eq!(calls.load(SeqCst), 1, "not found is cached");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    negative.run_pending_tasks().await;
+    assert_eq!(negative.get(1).await.unwrap(), None);
+    assert_eq!(calls.load(SeqCst), 2, "and expires after its TTL");
+}
+
+#[tokio::test]
+async fn entries_expire_spread_over_the_jitter() {
+    let loads = Arc::new(Loads::default());
+    let cache: Cache<u64, String> = {
+        let loads = Arc::clone(&loads);
+        Cache::builder()
+            .time_to_live(Duration::from_millis(200))
+            .jitter(Duration::from_millis(2000))
+            .build(move |k: u64| {
+                let loads = Arc::clone(&loads);
+                async move {
+                    loads.pass().await;
+                    Ok(Some(value_of(k)))
+                }
+            })
+            .unwrap()
+    };
+    for k in 0..200 {
+        cache.get(k).await.unwrap();
+    }
+    // All were loaded together; none may expire before the TTL, and with a
+    // 2 s jitter most outlive 600 ms while some do not. Measured by what a
+    // caller sees (a reload), since moka's housekeeping removes expired
+    // entries on a ~1 s wheel but `get` honours expiry exactly.
+    let reloads_after = |wait: Duration| {
+        let cache = cache.clone();
+        let loads = Arc::clone(&loads);
+        async move {
+            tokio::time::sleep(wait).await;
+            let before = loads.calls();
+            for k in 0..200 {
+                cache.get(k).await.unwrap();
+            }
+            loads.calls() - before
+        }
+    };
+    assert_eq!(
+        reloads_after(Duration::from_millis(100)).await,
+        0,
+        "nothing expires before the TTL"
+    );
+    let expired = reloads_after(Duration::from_millis(500)).await;
+    assert!(
+        (10..=180).contains(&expired),
+        "{expired} of 200 expired at 600 ms"
+    );
+}
+
+#[tokio::test]
+async fn invalidation_wins_over_a_load_already_running() {
+    let loads = Loads::gated();
+    let cache: Cache<u64, usize> = {
+        let loads = Arc::clone(&loads);
+        Cache::builder()
+            .build(move |_k: u64| {
+                let loads = Arc::clone(&loads);
+                async move { Ok(Some(loads.pass().await)) }
+            })
+            .unwrap()
+    };
+    let early = tokio::spawn({
+        let cache = cache.clone();
+        async move { cache.get(1).await }
+    });
+    eventually("load 1 running", || loads.calls() == 1).await;
+    // A write happens and invalidates while load 1 (old data) still runs.
+    cache.invalidate(&1).await;
+    loads.gate.as_ref().unwrap().add_permits(2);
+    assert_eq!(
+        early.await.unwrap().unwrap(),
+        Some(1),
+        "its caller still gets an answer"
+    );
+    assert_eq!(
+        cache.get(1).await.unwrap(),
+        Some(2),
+        "but it was not cached"
+    );
+    assert_eq!(cache.get(1).await.unwrap(), Some(2));
+    assert_eq!(loads.calls(), 2);
+
+    cache.invalidate_all();
+    loads.gate.as_ref().unwrap().add_permits(1);
+    assert_eq!(cache.get(1).await.unwrap(), Some(3));
+}
+
+#[tokio::test]
+async fn capacity_is_bounded_by_count_or_by_weight() {
+    let loads = Arc::new(Loads::default());
+    let by_count = {
+        let loads = Arc::clone(&loads);
+        Cache::<u64, String>::builder()
+            .max_capacity(100)
+            .build(move |k: u64| {
+                let loads = Arc::clone(&loads);
+                async move {
+                    loads.pass().await;
+                    Ok(Some(value_of(k)))
+                }
+            })
+            .unwrap()
+    };
+    for k in 0..1000 {
+        by_count.get(k).await.unwrap();
+    }
+    by_count.run_pending_tasks().await;
+    let s = by_count.stats();
+    assert!(s.entries <= 100, "{s:?}");
+    assert!(s.evictions >= 900, "{s:?}");
+
+    let by_weight = Cache::<u64, String>::builder()
+        .max_capacity(1_000)
+        .weigher(|_k, v| v.len() as u32)
+        .build(|_k: u64| async { Ok(Some("x".repeat(100))) })
+        .unwrap();
+    for k in 0..100 {
+        by_weight.get(k).await.unwrap();
+    }
+    by_weight.run_pending_tasks().await;
+    assert!(by_weight.stats().entries <= 10, "{:?}", by_weight.stats());
+}
+
+#[test]
+fn invalid_settings_are_rejected() {
+    let err = Cache::<u64, String>::builder()
+        .time_to_live(Duration::ZERO)
+        .build(|_k: u64| async { Ok(None) })
+        .unwrap_err();
+    assert_eq!(err.to_string(), "`time_to_live` must be greater than zero");
+    assert!(Cache::<u64, String>::builder()
+        .max_capacity(0)
+        .build(|_k: u64| async { Ok(None) })
+        .is_err());
+}
