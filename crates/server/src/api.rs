@@ -7,10 +7,12 @@ use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
+use axum::Extension;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::auth::{Action, Principal};
 use crate::error::AppError;
 use crate::input;
 use crate::queries::{ObjectKey, ObjectStats, Stat};
@@ -26,11 +28,13 @@ fn repository_not_found(repo: &str) -> AppError {
 /// `GET /api/v1/repositories/{repo}/objects/stat?path=P`
 pub(crate) async fn stat_object(
     State(state): State<AppState>,
+    Extension(user): Extension<Arc<Principal>>,
     repo: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<Arc<ObjectStats>>, AppError> {
     let Path(repo) = repo?;
     input::repository(&repo)?;
+    user.require(Action::Read, &repo)?;
     let path = input::query_param(query.as_deref(), "path")?.ok_or_else(|| {
         AppError::bad_request("missing_path", "query parameter `path` is required")
     })?;
@@ -76,11 +80,13 @@ pub(crate) struct StatResponse {
 /// `POST /api/v1/repositories/{repo}/objects/stat` with `{"paths": [...]}`.
 pub(crate) async fn stat_objects(
     State(state): State<AppState>,
+    Extension(user): Extension<Arc<Principal>>,
     repo: Result<Path<String>, PathRejection>,
     body: Result<Json<StatRequest>, JsonRejection>,
 ) -> Result<Json<StatResponse>, AppError> {
     let Path(repo) = repo?;
     input::repository(&repo)?;
+    user.require(Action::Read, &repo)?;
     let Json(request) = body?;
     let max = state.limits.max_stat_paths;
     if request.paths.is_empty() {
@@ -132,8 +138,11 @@ pub(crate) struct KvRow {
 /// `GET /api/v1/kv/{pk}`: the seed benchmark's lookup over HTTP.
 pub(crate) async fn kv_row(
     State(state): State<AppState>,
+    Extension(user): Extension<Arc<Principal>>,
     pk: Result<Path<String>, PathRejection>,
 ) -> Result<Json<KvRow>, AppError> {
+    // The benchmark table belongs to no repository: it needs global read.
+    user.require(Action::Read, "*")?;
     let Path(pk) = pk?;
     input::pk(&pk)?;
     match state.reader.kv(pk.clone()).await? {

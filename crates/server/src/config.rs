@@ -34,6 +34,43 @@ pub enum Command {
     /// Bulk-load demo objects and `random_read_test` rows with binary COPY,
     /// into tables that are still empty, then exit.
     Seed(SeedArgs),
+    /// Manage users.
+    #[command(subcommand)]
+    User(UserCommand),
+    /// Manage API tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+/// `server user ...`
+#[derive(Debug, Subcommand)]
+pub enum UserCommand {
+    /// Create a user with the given access.
+    Create {
+        /// The user's name (1-64 of A-Z a-z 0-9 . _ -).
+        name: String,
+        /// A repository (or `*` for all) the user may read; repeatable.
+        #[arg(long = "read", value_name = "REPO")]
+        read: Vec<String>,
+        /// A repository (or `*` for all) the user may read and write;
+        /// repeatable.
+        #[arg(long = "write", value_name = "REPO")]
+        write: Vec<String>,
+    },
+}
+
+/// `server token ...`
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token for a user and print it (it is stored only hashed,
+    /// so it cannot be shown again).
+    Create {
+        /// The user the token authenticates as.
+        user: String,
+        /// What the token is for.
+        #[arg(long, default_value = "")]
+        description: String,
+    },
 }
 
 /// Which database to use.
@@ -55,6 +92,14 @@ pub struct DbArgs {
     /// Database connections in the pool.
     #[arg(long, env = "PGBATCH_POOL_SIZE", default_value_t = 16, global = true)]
     pub pool_size: usize,
+    /// File the first start writes the generated admin token to.
+    #[arg(
+        long,
+        env = "PGBATCH_ADMIN_TOKEN_FILE",
+        default_value = ".data/admin-token",
+        global = true
+    )]
+    pub admin_token_file: PathBuf,
 }
 
 /// How lookups reach Postgres.
@@ -64,6 +109,17 @@ pub enum ReadPathKind {
     Naive,
     /// Concurrent lookups coalesced by the batcher into one statement.
     Batched,
+    /// A coalescing TTL cache in front of the batched path.
+    Cached,
+}
+
+/// Whether a cache is used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    /// Used.
+    On,
+    /// Not used.
+    Off,
 }
 
 /// The batcher's flush policy, as a flag.
@@ -109,6 +165,34 @@ pub struct ServeArgs {
     /// Largest accepted request body, in bytes.
     #[arg(long, env = "PGBATCH_MAX_BODY_BYTES", default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
+    /// With `--read-path cached`: most entries per cache.
+    #[arg(long, env = "PGBATCH_CACHE_CAPACITY", default_value_t = 100_000)]
+    pub cache_capacity: u64,
+    /// With `--read-path cached`: how long a value is served from the cache.
+    #[arg(long, env = "PGBATCH_CACHE_TTL_MS", default_value_t = 20_000)]
+    pub cache_ttl_ms: u64,
+    /// Up to this much is added to each cached value's TTL.
+    #[arg(long, env = "PGBATCH_CACHE_JITTER_MS", default_value_t = 3_000)]
+    pub cache_jitter_ms: u64,
+    /// How long "not found" is cached (0: not cached).
+    #[arg(long, env = "PGBATCH_CACHE_NEGATIVE_TTL_MS", default_value_t = 0)]
+    pub cache_negative_ttl_ms: u64,
+    /// Cache resolved tokens (`off`: look every token up, for comparison).
+    #[arg(long, env = "PGBATCH_AUTH_CACHE", value_enum, default_value_t = OnOff::On)]
+    pub auth_cache: OnOff,
+    /// Tokens held in the auth cache.
+    #[arg(long, env = "PGBATCH_AUTH_CACHE_CAPACITY", default_value_t = 1_024)]
+    pub auth_cache_capacity: u64,
+    /// How long a resolved token is trusted before it is looked up again.
+    #[arg(long, env = "PGBATCH_AUTH_CACHE_TTL_MS", default_value_t = 20_000)]
+    pub auth_cache_ttl_ms: u64,
+    /// Up to this much is added to each token's TTL.
+    #[arg(long, env = "PGBATCH_AUTH_CACHE_JITTER_MS", default_value_t = 3_000)]
+    pub auth_cache_jitter_ms: u64,
+    /// Admin token to create on first start instead of a random one (and
+    /// to accept as an admin token afterwards).
+    #[arg(long, env = "PGBATCH_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
     /// Demo objects to seed on start when the objects table is empty (0:
     /// none).
     #[arg(long, env = "PGBATCH_SEED_OBJECTS", default_value_t = 1_000_000)]
@@ -134,5 +218,57 @@ impl ServeArgs {
     /// The per-lookup deadline.
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
+    }
+
+    /// The read cache's settings, when the read path is `cached`.
+    pub fn read_cache(&self) -> Option<CacheSettings> {
+        (self.read_path == ReadPathKind::Cached).then(|| CacheSettings {
+            capacity: self.cache_capacity,
+            ttl: Duration::from_millis(self.cache_ttl_ms),
+            jitter: Duration::from_millis(self.cache_jitter_ms),
+            negative_ttl: (self.cache_negative_ttl_ms > 0)
+                .then(|| Duration::from_millis(self.cache_negative_ttl_ms)),
+        })
+    }
+
+    /// The auth cache's settings, unless it is off.
+    pub fn auth_cache(&self) -> Option<crate::auth::AuthCacheConfig> {
+        (self.auth_cache == OnOff::On).then(|| crate::auth::AuthCacheConfig {
+            capacity: self.auth_cache_capacity,
+            ttl: Duration::from_millis(self.auth_cache_ttl_ms),
+            jitter: Duration::from_millis(self.auth_cache_jitter_ms),
+        })
+    }
+}
+
+/// Settings of the read caches.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheSettings {
+    /// Most entries per cache.
+    pub capacity: u64,
+    /// Lifetime of a cached value, before jitter.
+    pub ttl: Duration,
+    /// Up to this much is added to each lifetime.
+    pub jitter: Duration,
+    /// Lifetime of a cached "not found", if cached at all.
+    pub negative_ttl: Option<Duration>,
+}
+
+impl CacheSettings {
+    /// A cache builder with these settings.
+    pub fn builder<K, V>(&self, name: &str) -> batcher::cache::CacheBuilder<K, V>
+    where
+        K: Clone + Eq + std::hash::Hash + Send + Sync + 'static,
+        V: Clone + Send + Sync + 'static,
+    {
+        let b = batcher::cache::Cache::builder()
+            .name(name)
+            .max_capacity(self.capacity)
+            .time_to_live(self.ttl)
+            .jitter(self.jitter);
+        match self.negative_ttl {
+            Some(ttl) => b.negative_ttl(ttl),
+            None => b,
+        }
     }
 }

@@ -2,14 +2,16 @@
 //! through the micro-batcher, so the whole stack can be load-tested end to
 //! end.
 //!
-//! Data flows one way: HTTP ([`api`]) → input checks ([`input`]) → the read
-//! path ([`read_path`]: naive, or a [`batcher::Batcher`]) → the Postgres
-//! loaders ([`queries`]) → Postgres ([`db`]).
+//! Data flows one way: HTTP ([`api`]) → authentication ([`auth`]) → input
+//! checks ([`input`]) → the read path ([`read_path`]: naive, batched through
+//! a [`batcher::Batcher`], or cached in front of it) → the Postgres loaders
+//! ([`queries`]) → Postgres ([`db`]).
 //!
 //! [`app`] builds the router from an [`AppState`]; `main` reads the
 //! configuration, opens the database, and serves it.
 
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod db;
 pub mod error;
@@ -31,6 +33,7 @@ use batcher::pg::Pool;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
 
+use crate::auth::Authenticator;
 use crate::config::ServeArgs;
 use crate::error::AppError;
 use crate::metrics::Metrics;
@@ -54,6 +57,8 @@ pub struct AppState(Arc<Inner>);
 pub struct Inner {
     /// The read path.
     pub reader: Reader,
+    /// Resolves bearer tokens.
+    pub auth: Authenticator,
     /// The connection pool (readiness checks).
     pub pool: Pool,
     /// The metrics registry.
@@ -79,9 +84,11 @@ impl AppState {
     /// When a batcher setting is invalid.
     pub fn new(pool: Pool, args: &ServeArgs) -> anyhow::Result<Self> {
         let reader = Reader::new(pool.clone(), args)?;
-        let metrics = Metrics::new(reader.clone(), pool.clone());
+        let auth = Authenticator::new(pool.clone(), args.auth_cache())?;
+        let metrics = Metrics::new(reader.clone(), auth.clone(), pool.clone());
         Ok(Self(Arc::new(Inner {
             reader,
+            auth,
             pool,
             metrics,
             limits: Limits {
@@ -95,9 +102,16 @@ impl AppState {
 /// The service's router.
 pub fn app(state: AppState) -> Router {
     let stat = get(api::stat_object).post(api::stat_objects);
-    Router::new()
+    // Every /api route needs a token; health and metrics stay open.
+    let api = Router::new()
         .route("/api/v1/repositories/{repo}/objects/stat", stat)
         .route("/api/v1/kv/{pk}", get(api::kv_row))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ));
+    Router::new()
+        .merge(api)
         .route("/healthz", get(api::healthz))
         .route("/readyz", get(api::readyz))
         .route("/metrics", get(api::metrics))

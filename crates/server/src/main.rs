@@ -4,7 +4,8 @@
 
 use anyhow::Context as _;
 use clap::Parser;
-use server::config::{Cli, Command, ServeArgs};
+use server::auth;
+use server::config::{Cli, Command, ServeArgs, TokenCommand, UserCommand};
 use server::db::{self, Database};
 use server::seed::{self, SeedReport};
 use server::{app, AppState};
@@ -33,8 +34,32 @@ async fn run(cli: &Cli, database: &Database) -> anyhow::Result<()> {
             print_seed_report(&report);
             Ok(())
         }
+        Some(Command::User(UserCommand::Create { name, read, write })) => {
+            let mut client = connect(&database.config).await?;
+            auth::create_user(&mut client, name, read, write).await?;
+            println!("created user `{name}`");
+            Ok(())
+        }
+        Some(Command::Token(TokenCommand::Create { user, description })) => {
+            let client = connect(&database.config).await?;
+            let token = auth::new_token()?;
+            auth::add_token(&client, user, &token, description).await?;
+            println!("{token}");
+            eprintln!("(stored only hashed: keep it now, it cannot be shown again)");
+            Ok(())
+        }
         Some(Command::Serve) | None => serve(cli, database).await,
     }
+}
+
+async fn connect(config: &tokio_postgres::Config) -> anyhow::Result<tokio_postgres::Client> {
+    let (client, conn) = config.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::warn!(error = %e, "database connection ended");
+        }
+    });
+    Ok(client)
 }
 
 async fn serve(cli: &Cli, database: &Database) -> anyhow::Result<()> {
@@ -46,6 +71,10 @@ async fn serve(cli: &Cli, database: &Database) -> anyhow::Result<()> {
         }
     }
 
+    let token_file = &cli.db.admin_token_file;
+    let new_admin_token =
+        auth::bootstrap_admin(&database.config, args.admin_token.as_deref(), token_file).await?;
+
     let pool = db::pool(&database.config, cli.db.pool_size, args.request_timeout())?;
     let state = AppState::new(pool.clone(), args)?;
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -53,7 +82,7 @@ async fn serve(cli: &Cli, database: &Database) -> anyhow::Result<()> {
         .with_context(|| format!("could not listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, read_path = ?args.read_path, "serving");
-    print_try_it(&addr.to_string());
+    print_try_it(&addr.to_string(), new_admin_token.as_deref(), token_file);
 
     axum::serve(listener, app(state.clone()))
         .with_graceful_shutdown(shutdown_signal())
@@ -105,19 +134,27 @@ fn print_seed_report(r: &SeedReport) {
     );
 }
 
-fn print_try_it(addr: &str) {
+fn print_try_it(addr: &str, new_admin_token: Option<&str>, token_file: &std::path::Path) {
     let base = format!("http://{addr}");
     let path = seed::object_path(1);
     let repo = seed::DEMO_REPOSITORY;
+    let file = token_file.display();
+    if let Some(token) = new_admin_token {
+        println!(
+            "\nCreated user `admin` with token (shown once, stored only hashed):\n\n  {token}\n\n\
+             It was also written to {file}."
+        );
+    }
     println!(
         r#"
-Serving on {base}. Try:
+Serving on {base}. Every /api request needs the token. Try:
 
-  curl -s '{base}/api/v1/repositories/{repo}/objects/stat?path={path}'
-  curl -s -X POST -H 'content-type: application/json' \
+  {token_line}
+  curl -s -H "Authorization: Bearer $TOKEN" '{base}/api/v1/repositories/{repo}/objects/stat?path={path}'
+  curl -s -H "Authorization: Bearer $TOKEN" -X POST -H 'content-type: application/json' \
        -d '{{"paths": ["{path}", "{p2}", "no/such/object"]}}' \
        '{base}/api/v1/repositories/{repo}/objects/stat'
-  curl -s '{base}/api/v1/kv/{pk}'
+  curl -s -H "Authorization: Bearer $TOKEN" '{base}/api/v1/kv/{pk}'
   curl -s '{base}/readyz'
   curl -s '{base}/metrics'
 
@@ -125,5 +162,10 @@ Stop with Ctrl-C.
 "#,
         p2 = seed::object_path(2),
         pk = seed::kv_pk(42),
+        token_line = if token_file.exists() {
+            format!("TOKEN=$(cat {file})")
+        } else {
+            "TOKEN=...   # an admin token; `server token create admin` makes one".to_owned()
+        },
     );
 }

@@ -20,6 +20,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::auth::Authenticator;
 use crate::read_path::Reader;
 use crate::AppState;
 
@@ -47,7 +48,7 @@ pub struct Metrics {
 impl Metrics {
     /// A registry with the HTTP metrics and a collector for `reader`'s
     /// batchers and `pool`.
-    pub fn new(reader: Reader, pool: Pool) -> Self {
+    pub fn new(reader: Reader, auth: Authenticator, pool: Pool) -> Self {
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
@@ -65,7 +66,7 @@ impl Metrics {
             Unit::Seconds,
             latency.clone(),
         );
-        registry.register_collector(Box::new(ServiceCollector { reader, pool }));
+        registry.register_collector(Box::new(ServiceCollector { reader, auth, pool }));
         Self {
             registry,
             requests,
@@ -114,6 +115,8 @@ pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> R
 
 /// Reads one counter or gauge out of a batcher's snapshot.
 type Field = fn(&batcher::StatsSnapshot) -> u64;
+/// Reads one counter out of a cache's snapshot.
+type CacheField = fn(&batcher::cache::CacheStats) -> u64;
 /// Reads one histogram out of a batcher's snapshot.
 type HistogramField = fn(&batcher::StatsSnapshot) -> &HistogramSnapshot;
 /// Name, help, unit, the factor from the snapshot's unit to the metric's,
@@ -147,6 +150,7 @@ fn method_label(method: &axum::http::Method) -> &'static str {
 #[derive(Debug)]
 struct ServiceCollector {
     reader: Reader,
+    auth: Authenticator,
     pool: Pool,
 }
 
@@ -288,6 +292,49 @@ impl Collector for ServiceCollector {
                         None,
                     )?;
             }
+        }
+
+        let mut caches = self.reader.cache_stats();
+        if let Some(stats) = self.auth.cache_stats() {
+            caches.push(("auth", stats));
+        }
+        let cache_counters: [(&str, &str, CacheField); 7] = [
+            ("cache_hits", "Lookups answered from the cache", |s| s.hits),
+            ("cache_misses", "Lookups that started a load", |s| s.misses),
+            (
+                "cache_coalesced",
+                "Lookups that waited for another lookup's load",
+                |s| s.coalesced,
+            ),
+            ("cache_load_errors", "Loads that failed (not cached)", |s| {
+                s.load_errors
+            }),
+            (
+                "cache_evictions",
+                "Entries evicted to stay within capacity",
+                |s| s.evictions,
+            ),
+            ("cache_expirations", "Entries that expired", |s| {
+                s.expirations
+            }),
+            (
+                "cache_invalidations",
+                "Entries removed by invalidation",
+                |s| s.invalidations,
+            ),
+        ];
+        for (name, help, value) in cache_counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (cache, stats) in &caches {
+                let labels = [("cache", *cache)];
+                ConstCounter::new(value(stats)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let mut family =
+            encoder.encode_descriptor("cache_entries", "Entries held", None, MetricType::Gauge)?;
+        for (cache, stats) in &caches {
+            let labels = [("cache", *cache)];
+            ConstGauge::new(stats.entries as i64).encode(family.encode_family(&labels)?)?;
         }
         Ok(())
     }

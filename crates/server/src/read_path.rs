@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use batcher::cache::Cache;
 use batcher::pg::{PgError, PgLoader, Pool};
 use batcher::{Batcher, FlushPolicy};
 
@@ -48,11 +49,18 @@ impl From<PgError> for ReadError {
     }
 }
 
-/// The batchers of the batched read path.
+/// The batchers of the batched and cached read paths.
 #[derive(Debug, Clone)]
 struct Batchers {
     kv: Batcher<String, String>,
     stat: Batcher<ObjectKey, Stat>,
+}
+
+/// The caches of the cached read path, in front of the batchers.
+#[derive(Debug, Clone)]
+struct Caches {
+    kv: Cache<String, String>,
+    stat: Cache<ObjectKey, Stat>,
 }
 
 /// Reads objects and key-value rows through the configured path.
@@ -61,6 +69,7 @@ pub struct Reader {
     kv: PgLoader<KvQuery>,
     stat: PgLoader<ObjectStatQuery>,
     batchers: Option<Batchers>,
+    caches: Option<Caches>,
     timeout: Duration,
 }
 
@@ -76,21 +85,34 @@ impl Reader {
         let stat = PgLoader::new(pool, ObjectStatQuery);
         let batchers = match args.read_path {
             ReadPathKind::Naive => None,
-            ReadPathKind::Batched => Some(Batchers {
+            ReadPathKind::Batched | ReadPathKind::Cached => Some(Batchers {
                 kv: batcher_builder(args, "kv").build(kv.clone())?,
                 stat: batcher_builder(args, "object_stat").build(stat.clone())?,
             }),
+        };
+        let caches = match (args.read_cache(), &batchers) {
+            (Some(settings), Some(b)) => Some(Caches {
+                kv: settings.builder("kv").build_with_batcher(b.kv.clone())?,
+                stat: settings
+                    .builder("object_stat")
+                    .build_with_batcher(b.stat.clone())?,
+            }),
+            _ => None,
         };
         Ok(Self {
             kv,
             stat,
             batchers,
+            caches,
             timeout: args.request_timeout(),
         })
     }
 
     /// The `random_read_test` payload of `pk`, if the row exists.
     pub async fn kv(&self, pk: String) -> Result<Option<String>, ReadError> {
+        if let Some(c) = &self.caches {
+            return Ok(c.kv.get(pk).await?);
+        }
         match &self.batchers {
             Some(b) => Ok(b.kv.load(pk).await?),
             None => self.naive(self.kv.load_one(&pk)).await,
@@ -99,6 +121,9 @@ impl Reader {
 
     /// The stat of one object; `None` when the repository does not exist.
     pub async fn stat(&self, key: ObjectKey) -> Result<Option<Stat>, ReadError> {
+        if let Some(c) = &self.caches {
+            return Ok(c.stat.get(key).await?);
+        }
         match &self.batchers {
             Some(b) => Ok(b.stat.load(key).await?),
             None => self.naive(self.stat.load_one(&key)).await,
@@ -108,6 +133,22 @@ impl Reader {
     /// The stats of several objects, in order; the batched path loads them
     /// together. The first failure fails the whole call.
     pub async fn stat_many(&self, keys: Vec<ObjectKey>) -> Result<Vec<Option<Stat>>, ReadError> {
+        if let Some(c) = &self.caches {
+            // Concurrent gets: the misses among them share batches.
+            let gets: Vec<_> = keys
+                .into_iter()
+                .map(|k| {
+                    let cache = c.stat.clone();
+                    tokio::spawn(async move { cache.get(k).await })
+                })
+                .collect();
+            let mut out = Vec::with_capacity(gets.len());
+            for g in gets {
+                let got = g.await.map_err(|e| ReadError::Database(e.into()))?;
+                out.push(got?);
+            }
+            return Ok(out);
+        }
         match &self.batchers {
             Some(b) => b
                 .stat
@@ -136,6 +177,14 @@ impl Reader {
     pub fn batcher_stats(&self) -> Vec<(&'static str, batcher::StatsSnapshot)> {
         match &self.batchers {
             Some(b) => vec![("kv", b.kv.stats()), ("object_stat", b.stat.stats())],
+            None => Vec::new(),
+        }
+    }
+
+    /// Statistics of the read caches, by name, for `/metrics`.
+    pub fn cache_stats(&self) -> Vec<(&'static str, batcher::cache::CacheStats)> {
+        match &self.caches {
+            Some(c) => vec![("kv", c.kv.stats()), ("object_stat", c.stat.stats())],
             None => Vec::new(),
         }
     }

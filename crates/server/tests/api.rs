@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use server::seed::{kv_payload, kv_pk, object_path};
 use support::{get, post_json, send, send_full, setup, stat_uri, SEEDED};
 
-const PATHS: [&str; 2] = ["naive", "batched"];
+const PATHS: [&str; 3] = ["naive", "batched", "cached"];
 
 #[tokio::test]
 async fn stat_returns_an_objects_metadata() {
@@ -129,6 +129,7 @@ async fn bad_input_gets_a_4xx_json_error_naming_the_problem() {
     let too_big = format!(r#"{{"paths": ["{}"]}}"#, "y".repeat(5000));
     let six = json!({ "paths": ["a", "b", "c", "d", "e", "f"] }).to_string();
     let no_content_type = axum::http::Request::post("/api/v1/repositories/demo/objects/stat")
+        .header("authorization", format!("Bearer {}", support::ADMIN_TOKEN))
         .body(axum::body::Body::from(r#"{"paths": ["a"]}"#))
         .unwrap();
     let cases: Vec<(
@@ -281,10 +282,11 @@ async fn bad_input_gets_a_4xx_json_error_naming_the_problem() {
 }
 
 #[tokio::test]
-async fn naive_and_batched_give_identical_answers_for_random_keys() {
+async fn naive_batched_and_cached_give_identical_answers_for_random_keys() {
     let config = support::database().await;
     let naive = support::app_on(&config, &["--read-path", "naive"]);
     let batched = support::app_on(&config, &["--read-path", "batched"]);
+    let cached = support::app_on(&config, &["--read-path", "cached"]);
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
 
     let mut uris = Vec::new();
@@ -294,11 +296,29 @@ async fn naive_and_batched_give_identical_answers_for_random_keys() {
         uris.push(stat_uri("demo", &object_path(n)));
         uris.push(format!("/api/v1/kv/{}", kv_pk(n)));
     }
-    // The batched app gets them concurrently, so they really share batches.
+    // The batched and cached apps get them concurrently, so they really
+    // share batches (and, for repeated keys, cache loads).
     let batched_answers = futures_join(&batched.router, &uris).await;
-    for (uri, batched_answer) in uris.iter().zip(batched_answers) {
+    let cached_answers = futures_join(&cached.router, &uris).await;
+    for ((uri, batched_answer), cached_answer) in
+        uris.iter().zip(batched_answers).zip(cached_answers)
+    {
         let naive_answer = send(&naive.router, get(uri)).await;
         assert_eq!(naive_answer, batched_answer, "{uri}");
+        assert_eq!(naive_answer, cached_answer, "{uri}");
+    }
+    // Asked again, the cached app answers from memory, identically.
+    let again = futures_join(&cached.router, &uris).await;
+    let hits: u64 = cached
+        .state
+        .reader
+        .cache_stats()
+        .iter()
+        .map(|(_, s)| s.hits)
+        .sum();
+    assert!(hits >= 150, "only {hits} cache hits");
+    for (uri, answer) in uris.iter().zip(again) {
+        assert_eq!(answer, send(&naive.router, get(uri)).await, "{uri}");
     }
     let stats = batched.state.reader.batcher_stats();
     let batches: u64 = stats.iter().map(|(_, s)| s.batches).sum();
@@ -326,7 +346,7 @@ async fn futures_join(router: &axum::Router, uris: &[String]) -> Vec<(StatusCode
 
 #[tokio::test]
 async fn health_readiness_and_metrics() {
-    let app = setup(&["--read-path", "batched"]).await;
+    let app = setup(&["--read-path", "cached"]).await;
     assert_eq!(
         send(&app.router, get("/healthz")).await,
         (StatusCode::OK, json!({"status": "ok"}))
@@ -365,6 +385,10 @@ async fn health_readiness_and_metrics() {
         r#"batcher_queue_wait_seconds_count{batcher="kv"} 1"#,
         r#"batcher_load_duration_seconds_bucket{le="+Inf",batcher="object_stat"} 1"#,
         r#"http_requests_total{method="other",route="/healthz",status="405"} 3"#,
+        r#"cache_misses_total{cache="object_stat"} 1"#,
+        r#"cache_misses_total{cache="auth"} 1"#,
+        r#"cache_hits_total{cache="auth"} "#,
+        r#"cache_entries{cache="kv"} "#,
         "db_pool_max_size 4",
         "# EOF",
     ] {

@@ -12,6 +12,8 @@ use tower::ServiceExt;
 
 /// Demo objects and `random_read_test` rows in every test database.
 pub const SEEDED: u64 = 300;
+/// The admin token of every test database.
+pub const ADMIN_TOKEN: &str = "test-admin-token";
 
 pub struct TestApp {
     pub router: Router,
@@ -37,6 +39,11 @@ pub async fn database() -> tokio_postgres::Config {
         )
         .await
         .unwrap();
+    let token_file = std::env::temp_dir().join(format!("pgbatch-test-token-{}", db.name));
+    server::auth::bootstrap_admin(&db.config, Some(ADMIN_TOKEN), &token_file)
+        .await
+        .expect("admin user");
+    let _ = std::fs::remove_file(token_file); // not needed by tests
     db.config
 }
 
@@ -75,13 +82,25 @@ pub async fn send_full(
     (status, headers, json)
 }
 
+/// A GET with the admin token.
 pub fn get(uri: &str) -> Request<Body> {
-    Request::get(uri).body(Body::empty()).unwrap()
+    get_as(uri, Some(ADMIN_TOKEN))
 }
 
+/// A GET with `token` (`None`: no Authorization header).
+pub fn get_as(uri: &str, token: Option<&str>) -> Request<Body> {
+    let mut req = Request::get(uri);
+    if let Some(token) = token {
+        req = req.header("authorization", format!("Bearer {token}"));
+    }
+    req.body(Body::empty()).unwrap()
+}
+
+/// A JSON POST with the admin token.
 pub fn post_json(uri: &str, body: impl Into<String>) -> Request<Body> {
     Request::post(uri)
         .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
         .body(Body::from(body.into()))
         .unwrap()
 }

@@ -1,0 +1,299 @@
+//! Authentication and authorization against a real Postgres: bearer tokens
+//! stored hashed, policies per repository, and the token cache.
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use clap::Parser;
+use server::auth;
+use server::config::{Cli, Command, TokenCommand, UserCommand};
+use server::seed::{kv_pk, object_path};
+use support::{get_as, send, send_full, stat_uri};
+use tokio_postgres::NoTls;
+
+async fn client(config: &tokio_postgres::Config) -> tokio_postgres::Client {
+    let (client, conn) = config.connect(NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+/// Creates a user with `read`/`write` grants and returns a new token.
+async fn user_with_token(
+    config: &tokio_postgres::Config,
+    name: &str,
+    read: &[&str],
+    write: &[&str],
+) -> String {
+    let mut c = client(config).await;
+    let owned = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    auth::create_user(&mut c, name, &owned(read), &owned(write))
+        .await
+        .unwrap();
+    let token = auth::new_token().unwrap();
+    auth::add_token(&c, name, &token, "test").await.unwrap();
+    token
+}
+
+#[tokio::test]
+async fn requests_without_a_valid_token_are_401_and_health_stays_open() {
+    let config = support::database().await;
+    for cache in ["on", "off"] {
+        let app = support::app_on(&config, &["--auth-cache", cache]);
+        let uri = stat_uri("demo", &object_path(1));
+        let cases = [
+            (None, "missing_token"),
+            (Some("Basic dXNlcjpwYXNz"), "malformed_token"),
+            (Some("Bearer"), "malformed_token"),
+            (Some("Bearer pgb_not-a-real-token"), "unknown_token"),
+        ];
+        for (header, code) in cases {
+            let mut req = axum::http::Request::get(&uri);
+            if let Some(h) = header {
+                req = req.header("authorization", h);
+            }
+            let (status, headers, body) =
+                send_full(&app.router, req.body(axum::body::Body::empty()).unwrap()).await;
+            assert_eq!(
+                status,
+                StatusCode::UNAUTHORIZED,
+                "cache {cache}, {header:?}: {body}"
+            );
+            assert_eq!(body["error"]["code"], code, "cache {cache}, {header:?}");
+            assert_eq!(headers["www-authenticate"], "Bearer");
+        }
+        for open in ["/healthz", "/readyz", "/metrics"] {
+            let res = tower::ServiceExt::oneshot(app.router.clone(), get_as(open, None))
+                .await
+                .unwrap();
+            assert_eq!(res.status(), StatusCode::OK, "{open} must not need a token");
+        }
+    }
+}
+
+#[tokio::test]
+async fn policies_limit_users_to_their_repositories() {
+    let config = support::database().await;
+    let token = user_with_token(&config, "reader", &["demo"], &[]).await;
+    let app = support::app_on(&config, &[]);
+    let as_reader = |uri: &str| get_as(uri, Some(&token));
+
+    let (status, body) = send(&app.router, as_reader(&stat_uri("demo", &object_path(1)))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for uri in [stat_uri("empty", "a"), format!("/api/v1/kv/{}", kv_pk(1))] {
+        let (status, body) = send(&app.router, as_reader(&uri)).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{uri}: {body}");
+        assert_eq!(body["error"]["code"], "forbidden");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("reader"),
+            "{body}"
+        );
+    }
+    let post = axum::http::Request::post("/api/v1/repositories/empty/objects/stat")
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(r#"{"paths": ["a"]}"#))
+        .unwrap();
+    assert_eq!(send(&app.router, post).await.0, StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn tokens_are_stored_only_as_digests() {
+    let config = support::database().await;
+    let token = user_with_token(&config, "someone", &["demo"], &[]).await;
+    let c = client(&config).await;
+    let columns: Vec<String> = c
+        .query(
+            "SELECT column_name::text FROM information_schema.columns \
+             WHERE table_name = 'tokens' ORDER BY ordinal_position",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(columns, ["digest", "user_id", "description", "created_at"]);
+    let stored: Vec<u8> = c
+        .query_one(
+            "SELECT t.digest FROM tokens t JOIN users u ON u.id = t.user_id WHERE u.name = 'someone'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, auth::digest(&token));
+    let plaintext_anywhere: i64 = c
+        .query_one(
+            "SELECT count(*) FROM tokens WHERE position(convert_to($1, 'UTF8') IN digest) > 0 \
+             OR position($1 IN description) > 0",
+            &[&token],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(plaintext_anywhere, 0);
+}
+
+#[tokio::test]
+async fn the_auth_cache_makes_steady_traffic_free_of_token_lookups() {
+    let config = support::database().await;
+    let app = support::app_on(&config, &["--auth-cache", "on"]);
+    let uri = stat_uri("demo", &object_path(1));
+
+    // A cold token asked by 100 requests at once is looked up once.
+    let burst: Vec<_> = (0..100)
+        .map(|_| {
+            let router = app.router.clone();
+            let req = support::get(&uri);
+            tokio::spawn(async move { send(&router, req).await.0 })
+        })
+        .collect();
+    for b in burst {
+        assert_eq!(b.await.unwrap(), StatusCode::OK);
+    }
+    for _ in 0..50 {
+        assert_eq!(
+            send(&app.router, support::get(&uri)).await.0,
+            StatusCode::OK
+        );
+    }
+    let stats = app.state.auth.cache_stats().expect("cache on");
+    assert_eq!(stats.misses, 1, "{stats:?}");
+    assert_eq!(stats.hits + stats.coalesced, 149, "{stats:?}");
+
+    let off = support::app_on(&config, &["--auth-cache", "off"]);
+    assert!(off.state.auth.cache_stats().is_none());
+    assert_eq!(
+        send(&off.router, support::get(&uri)).await.0,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn a_revoked_token_stops_working_within_the_cache_ttl() {
+    let config = support::database().await;
+    let token = user_with_token(&config, "leaving", &["demo"], &[]).await;
+    let uri = stat_uri("demo", &object_path(1));
+    let cached = support::app_on(
+        &config,
+        &["--auth-cache-ttl-ms", "200", "--auth-cache-jitter-ms", "0"],
+    );
+    let uncached = support::app_on(&config, &["--auth-cache", "off"]);
+    for app in [&cached, &uncached] {
+        assert_eq!(
+            send(&app.router, get_as(&uri, Some(&token))).await.0,
+            StatusCode::OK
+        );
+    }
+    client(&config)
+        .await
+        .execute(
+            "DELETE FROM tokens WHERE digest = $1",
+            &[&auth::digest(&token).as_slice()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        send(&uncached.router, get_as(&uri, Some(&token))).await.0,
+        StatusCode::UNAUTHORIZED,
+        "without the cache, revocation is immediate"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        send(&cached.router, get_as(&uri, Some(&token))).await.0,
+        StatusCode::UNAUTHORIZED,
+        "with the cache, revocation takes effect once the entry expires"
+    );
+}
+
+#[tokio::test]
+async fn the_first_start_creates_an_admin_and_writes_its_token_once() {
+    let db = embedded_pg::testing::database().await.unwrap();
+    server::db::migrate(&db.config).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sub/admin-token");
+
+    let token = auth::bootstrap_admin(&db.config, None, &file)
+        .await
+        .unwrap()
+        .expect("created");
+    assert!(token.starts_with("pgb_"));
+    assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), token);
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(
+        auth::bootstrap_admin(&db.config, None, &file)
+            .await
+            .unwrap(),
+        None
+    );
+
+    let app = support::app_on(&db.config, &[]);
+    let principal = app
+        .state
+        .auth
+        .principal(&token)
+        .await
+        .unwrap()
+        .expect("admin");
+    assert_eq!(principal.user, auth::ADMIN_USER);
+    assert!(principal.may(auth::Action::Write, "anything"));
+
+    // A preset token given later is accepted as an admin token too.
+    auth::bootstrap_admin(&db.config, Some("preset-token"), &file)
+        .await
+        .unwrap();
+    assert!(app
+        .state
+        .auth
+        .principal("preset-token")
+        .await
+        .unwrap()
+        .is_some());
+}
+
+#[test]
+fn the_admin_cli_parses() {
+    let cli = Cli::parse_from([
+        "server", "user", "create", "bob", "--read", "demo", "--write", "logs",
+    ]);
+    let Some(Command::User(UserCommand::Create { name, read, write })) = cli.command else {
+        panic!("not a user command");
+    };
+    assert_eq!(
+        (name.as_str(), read, write),
+        ("bob", vec!["demo".to_owned()], vec!["logs".to_owned()])
+    );
+    let cli = Cli::parse_from(["server", "token", "create", "bob", "--description", "ci"]);
+    assert!(matches!(
+        cli.command,
+        Some(Command::Token(TokenCommand::Create { .. }))
+    ));
+}
+
+#[tokio::test]
+async fn creating_users_and_tokens_reports_bad_input() {
+    let config = support::database().await;
+    let mut c = client(&config).await;
+    let err = auth::create_user(&mut c, "bad name!", &[], &[])
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("could not create user"),
+        "{err:#}"
+    );
+    let err = auth::create_user(&mut c, "ok-name", &["Not_A_Repo".to_owned()], &[])
+        .await
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("invalid repository"), "{err:#}");
+    let err = auth::add_token(&c, "nobody", "t", "").await.unwrap_err();
+    assert!(err.to_string().contains("no user named `nobody`"), "{err}");
+}
