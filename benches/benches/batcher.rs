@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use batcher::{Batcher, FlushPolicy, Loader};
-use benches::{KeyStream, MemLoader};
+use benches::{time_sequential, KeyStream, MemLoader};
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tokio::runtime::Runtime;
 
@@ -114,26 +114,6 @@ fn throughput(c: &mut Criterion) {
     g.finish();
 }
 
-/// Times `iters` sequential requests made from inside a spawned task, so
-/// they run on a runtime worker, where real request handlers run.
-fn time_sequential<F, Fut>(rt: &Runtime, iters: u64, request: F) -> Duration
-where
-    F: Fn(u64) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()> + Send,
-{
-    rt.block_on(async move {
-        tokio::spawn(async move {
-            let start = Instant::now();
-            for k in 0..iters {
-                request(k % ROWS).await;
-            }
-            start.elapsed()
-        })
-        .await
-        .expect("bench task")
-    })
-}
-
 /// One caller, one request at a time: the latency the batcher adds.
 fn single_caller_latency(c: &mut Criterion) {
     let rt = runtime();
@@ -151,7 +131,7 @@ fn single_caller_latency(c: &mut Criterion) {
             time_sequential(&rt, iters, move |k| {
                 let l = l.clone();
                 async move {
-                    black_box(l.load(vec![k]).await.ok());
+                    black_box(l.load(vec![k % ROWS]).await.ok());
                 }
             })
         });
@@ -162,7 +142,7 @@ fn single_caller_latency(c: &mut Criterion) {
             time_sequential(&rt, iters, move |k| {
                 let b8r = b8r.clone();
                 async move {
-                    black_box(b8r.load(k).await.ok());
+                    black_box(b8r.load(k % ROWS).await.ok());
                 }
             })
         });

@@ -46,6 +46,75 @@ impl Loader<u64, u64> for MemLoader {
     }
 }
 
+/// The admin token of [`seeded_database`]'s databases.
+pub const ADMIN_TOKEN: &str = "bench-admin-token";
+
+/// A fresh database (the embedded test cluster, or `DATABASE_URL`),
+/// migrated and seeded by the server's own code, with an admin whose token
+/// is [`ADMIN_TOKEN`].
+///
+/// # Panics
+///
+/// When no database can be had: a benchmark cannot run without one.
+pub async fn seeded_database(objects: u64, kv_rows: u64) -> tokio_postgres::Config {
+    let db = embedded_pg::testing::database()
+        .await
+        .expect("a database to benchmark against");
+    server::db::migrate(&db.config).await.expect("migrations");
+    server::seed::seed(&db.config, objects, kv_rows)
+        .await
+        .expect("seed");
+    let token_file = std::env::temp_dir().join(format!("pgbatch-bench-token-{}", db.name));
+    server::auth::bootstrap_admin(&db.config, Some(ADMIN_TOKEN), &token_file)
+        .await
+        .expect("admin user");
+    let _ = std::fs::remove_file(token_file); // only the preset token is used
+    db.config
+}
+
+/// The server's app over `config`, configured with command-line `flags`.
+///
+/// # Panics
+///
+/// When the flags are invalid.
+pub fn server_app(
+    config: &tokio_postgres::Config,
+    flags: &[&str],
+) -> (axum::Router, server::AppState) {
+    use clap::Parser as _;
+    let cli =
+        server::config::Cli::parse_from(std::iter::once("server").chain(flags.iter().copied()));
+    let pool =
+        server::db::pool(config, cli.db.pool_size, cli.serve.request_timeout()).expect("pool");
+    let state = server::AppState::new(pool, &cli.serve).expect("valid settings");
+    (server::app(state.clone()), state)
+}
+
+/// Times `iters` sequential requests made from inside a spawned task, so
+/// they run on a runtime worker, where real request handlers run. Request
+/// `k` gets `k` (`0..iters`) as its argument.
+///
+/// # Panics
+///
+/// When a request panics.
+pub fn time_sequential<F, Fut>(rt: &tokio::runtime::Runtime, iters: u64, request: F) -> Duration
+where
+    F: Fn(u64) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    rt.block_on(async move {
+        tokio::spawn(async move {
+            let start = Instant::now();
+            for k in 0..iters {
+                request(k).await;
+            }
+            start.elapsed()
+        })
+        .await
+        .expect("bench task")
+    })
+}
+
 /// What a closed-loop run measured.
 #[derive(Debug)]
 pub struct RunReport {
