@@ -8,7 +8,7 @@
 // criterion_group! generates an undocumented public function.
 #![allow(missing_docs)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use batcher::{Batcher, FlushPolicy, Loader};
 use benches::{time_sequential, KeyStream, MemLoader};
