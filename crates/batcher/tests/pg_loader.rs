@@ -157,3 +157,19 @@ async fn a_failing_statement_reaches_every_waiter_with_the_server_error() {
         assert_eq!(db_err.code().code(), "42P01", "undefined_table: {db_err}");
     }
 }
+
+#[tokio::test]
+async fn a_statement_timeout_is_reported_as_such() {
+    let db = embedded_pg::testing::database().await.unwrap();
+    let mut config = db.config.clone();
+    config.options("-c statement_timeout=50");
+    let pool = pg::pool(config, &PoolOptions::with_max_size(1)).unwrap();
+    let client = pool.get().await.unwrap();
+    let err: PgError = client
+        .simple_query("SELECT pg_sleep(1)")
+        .await
+        .unwrap_err()
+        .into();
+    assert!(err.is_statement_timeout(), "{err:?}");
+    assert!(!err.is_pool_timeout());
+}

@@ -32,6 +32,7 @@ impl From<batcher::Error> for ReadError {
             batcher::Error::Timeout(_) | batcher::Error::LoadTimeout(_) => ReadError::Timeout,
             batcher::Error::Load(ref cause) => match cause.downcast_ref::<PgError>() {
                 Some(pg) if pg.is_pool_timeout() => ReadError::Overloaded,
+                Some(pg) if pg.is_statement_timeout() => ReadError::Timeout,
                 _ => ReadError::Database(e.into()),
             },
             other => ReadError::Database(other.into()),
@@ -43,6 +44,9 @@ impl From<PgError> for ReadError {
     fn from(e: PgError) -> Self {
         if e.is_pool_timeout() {
             ReadError::Overloaded
+        } else if e.is_statement_timeout() {
+            // The server's statement_timeout fired before our own deadline.
+            ReadError::Timeout
         } else {
             ReadError::Database(e.into())
         }

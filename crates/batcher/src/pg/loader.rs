@@ -94,6 +94,13 @@ impl PgError {
         matches!(self, PgError::Pool(PoolError::Timeout(_)))
     }
 
+    /// Whether the server cancelled the statement because it ran past
+    /// `statement_timeout` (SQLSTATE 57014): a deadline, not a failure.
+    pub fn is_statement_timeout(&self) -> bool {
+        self.as_db_error()
+            .is_some_and(|e| *e.code() == tokio_postgres::error::SqlState::QUERY_CANCELED)
+    }
+
     /// The server's error report, if the server returned one.
     pub fn as_db_error(&self) -> Option<&DbError> {
         match self {
