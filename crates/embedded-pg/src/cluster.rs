@@ -343,6 +343,39 @@ impl Cluster {
         &self.log_path
     }
 
+    /// Kills the server abruptly, as a power cut or an OOM kill would
+    /// (SIGKILL to the postmaster, no checkpoint), and waits for it to be
+    /// gone. The next [`start`](Self::start) on the same directory runs crash
+    /// recovery. For durability tests.
+    ///
+    /// # Errors
+    ///
+    /// When the postmaster's PID cannot be read from `postmaster.pid`.
+    pub async fn crash(&self) -> Result<(), Error> {
+        let pid_file = self.data_dir.join("postmaster.pid");
+        let text = fs::read_to_string(&pid_file).map_err(|source| Error::Io {
+            what: "could not read",
+            path: pid_file.clone(),
+            source,
+        })?;
+        let pid: i32 = text
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .ok_or_else(|| Error::Command {
+                program: "postgres",
+                output: format!("no PID in {}", pid_file.display()),
+            })?;
+        // The postmaster may have exited on its own meanwhile; that is fine.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        // The supervisor exits once the postmaster is gone.
+        self.stop().await;
+        Ok(())
+    }
+
     /// Stops the server (fast shutdown: open transactions are rolled back,
     /// committed data is flushed) and waits for it to exit.
     pub async fn stop(&self) {

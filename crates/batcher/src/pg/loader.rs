@@ -179,7 +179,7 @@ impl<Q: BatchQuery> PgLoader<Q> {
     }
 }
 
-fn as_refs<'p>(params: &'p Params<'_>) -> Vec<&'p (dyn ToSql + Sync)> {
+pub(crate) fn as_refs<'p>(params: &'p Params<'_>) -> Vec<&'p (dyn ToSql + Sync)> {
     params
         .iter()
         .map(|p| p.as_ref() as &(dyn ToSql + Sync))

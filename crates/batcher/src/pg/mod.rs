@@ -9,13 +9,20 @@
 //! [`PgLoader::load_one`] runs the single-key statement, for comparison or
 //! for callers that do not want batching.
 //!
+//! For writes, an [`UpsertQuery`] run by a [`Writer`] coalesces concurrent
+//! single-row upserts into one statement per batch, acknowledging each
+//! caller after its batch commits; [`copy`] bulk-loads with binary COPY.
+//!
 //! Build the pool with [`pool`], which sets the wait, create and recycle
 //! timeouts that deadpool leaves unset by default: without them, a request
 //! waits forever for a connection when the database is slow or gone.
 
+pub mod copy;
 mod loader;
+mod writer;
 
 pub use loader::{BatchQuery, Params, PgError, PgLoader};
+pub use writer::{PgWriter, RowError, UpsertQuery, WriteRequest, WriteResult, Writer, Written};
 
 use std::time::Duration;
 

@@ -1,0 +1,310 @@
+//! Micro-batched upserts: concurrent single-row writes become one statement
+//! per batch, and each caller is acknowledged only once its batch has
+//! committed.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use deadpool_postgres::Pool;
+use tokio_postgres::error::DbError;
+use tokio_postgres::Row;
+
+use super::loader::{as_refs, Params, PgError};
+use crate::{Batcher, BatcherBuilder, BuildError, Error, Loader};
+
+/// How to upsert rows of one table: one statement for many rows, one for a
+/// single row (used to find which rows of a failed batch are at fault), and
+/// how to read back what each did.
+///
+/// Both statements must `RETURNING` each written row's key and whether it
+/// was inserted rather than updated; `(xmax = 0)` is the usual way to tell.
+pub trait UpsertQuery: Send + Sync + 'static {
+    /// What identifies a row (its conflict target).
+    type Key: Clone + Eq + Hash + Send + Sync + 'static;
+    /// A row to write.
+    type Row: Clone + Send + Sync + 'static;
+
+    /// The key of `row`.
+    fn key(&self, row: &Self::Row) -> Self::Key;
+    /// The statement for many rows with distinct keys, for example
+    /// `INSERT ... SELECT * FROM unnest($1::text[], ...) ON CONFLICT (...) DO UPDATE ...`.
+    fn batch_sql(&self) -> &str;
+    /// The parameters of [`batch_sql`](Self::batch_sql) for `rows`.
+    fn batch_params<'a>(&self, rows: &'a [Self::Row]) -> Params<'a>;
+    /// The statement for one row.
+    fn single_sql(&self) -> &str;
+    /// The parameters of [`single_sql`](Self::single_sql) for `row`.
+    fn single_params<'a>(&self, row: &'a Self::Row) -> Params<'a>;
+    /// The key and the "inserted" flag of a returned row.
+    ///
+    /// # Errors
+    ///
+    /// When a column is missing or has an unexpected type.
+    fn map_returned(&self, row: &Row) -> Result<(Self::Key, bool), tokio_postgres::Error>;
+}
+
+/// What an acknowledged write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// The key did not exist before.
+    Created,
+    /// The key existed and its row was replaced.
+    Updated,
+}
+
+/// Why one row was refused (the rest of its batch was committed).
+#[derive(Debug, thiserror::Error)]
+#[error("the database refused the row")]
+pub struct RowError(#[source] tokio_postgres::Error);
+
+impl RowError {
+    /// The server's report: constraint, SQLSTATE, detail.
+    pub fn as_db_error(&self) -> Option<&DbError> {
+        self.0.as_db_error()
+    }
+}
+
+/// One caller's write. Unique per call, so two writes of one key in a
+/// batch both reach the loader, which keeps the later one.
+#[derive(Clone)]
+pub struct WriteRequest<R> {
+    seq: u64,
+    row: R,
+}
+
+impl<R> PartialEq for WriteRequest<R> {
+    fn eq(&self, other: &Self) -> bool {
+        self.seq == other.seq
+    }
+}
+
+impl<R> Eq for WriteRequest<R> {}
+
+impl<R> Hash for WriteRequest<R> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.seq.hash(state);
+    }
+}
+
+impl<R> fmt::Debug for WriteRequest<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WriteRequest")
+            .field("seq", &self.seq)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The per-caller answer of a batch: written, or this row refused.
+pub type WriteResult = Result<Written, Arc<RowError>>;
+
+/// Runs an [`UpsertQuery`] for a batch of [`WriteRequest`]s; the loader
+/// behind a [`Writer`].
+pub struct PgWriter<Q> {
+    pool: Pool,
+    query: Arc<Q>,
+}
+
+impl<Q> fmt::Debug for PgWriter<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgWriter").finish_non_exhaustive()
+    }
+}
+
+/// A refusal of the data, rather than of the connection or the server:
+/// integrity constraint violations (class 23) and data exceptions (22).
+fn is_row_fault(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error()
+        .is_some_and(|db| matches!(&db.code().code()[..2], "23" | "22"))
+}
+
+impl<Q: UpsertQuery> PgWriter<Q> {
+    /// A writer loader running `query` on connections from `pool`.
+    pub fn new(pool: Pool, query: Q) -> Self {
+        Self {
+            pool,
+            query: Arc::new(query),
+        }
+    }
+
+    /// Writes `rows` (distinct keys) in one transaction; on a row fault,
+    /// writes them one by one under savepoints so only the faulty rows fail.
+    async fn upsert(
+        &self,
+        rows: &[Q::Row],
+    ) -> Result<HashMap<Q::Key, Result<bool, Arc<RowError>>>, PgError> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let stmt = tx.prepare_cached(self.query.batch_sql()).await?;
+        let params = self.query.batch_params(rows);
+        match tx.query(&stmt, &as_refs(&params)).await {
+            Ok(returned) => {
+                let mut out = HashMap::with_capacity(rows.len());
+                for r in &returned {
+                    let (key, inserted) = self.query.map_returned(r)?;
+                    out.insert(key, Ok(inserted));
+                }
+                tx.commit().await?;
+                Ok(out)
+            }
+            Err(e) if is_row_fault(&e) => {
+                tx.rollback().await?;
+                self.upsert_one_by_one(&mut client, rows).await
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn upsert_one_by_one(
+        &self,
+        client: &mut deadpool_postgres::Client,
+        rows: &[Q::Row],
+    ) -> Result<HashMap<Q::Key, Result<bool, Arc<RowError>>>, PgError> {
+        let mut tx = client.transaction().await?;
+        let stmt = tx.prepare_cached(self.query.single_sql()).await?;
+        let mut out = HashMap::with_capacity(rows.len());
+        for row in rows {
+            let key = self.query.key(row);
+            let savepoint = tx.savepoint("write_row").await?;
+            let params = self.query.single_params(row);
+            match savepoint.query_one(&stmt, &as_refs(&params)).await {
+                Ok(r) => {
+                    let (_, inserted) = self.query.map_returned(&r)?;
+                    savepoint.commit().await?;
+                    out.insert(key, Ok(inserted));
+                }
+                Err(e) if is_row_fault(&e) => {
+                    savepoint.rollback().await?;
+                    out.insert(key, Err(Arc::new(RowError(e))));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+}
+
+impl<Q: UpsertQuery> Loader<WriteRequest<Q::Row>, WriteResult> for PgWriter<Q> {
+    type Error = PgError;
+
+    async fn load(
+        &self,
+        mut requests: Vec<WriteRequest<Q::Row>>,
+    ) -> Result<HashMap<WriteRequest<Q::Row>, WriteResult>, PgError> {
+        // Arrival order; per key the last arrival's row is the one written.
+        requests.sort_unstable_by_key(|r| r.seq);
+        let mut latest: HashMap<Q::Key, usize> = HashMap::with_capacity(requests.len());
+        for (i, r) in requests.iter().enumerate() {
+            latest.insert(self.query.key(&r.row), i);
+        }
+        let mut winners: Vec<usize> = latest.values().copied().collect();
+        winners.sort_unstable();
+        let rows: Vec<Q::Row> = winners.iter().map(|&i| requests[i].row.clone()).collect();
+
+        let results = self.upsert(&rows).await?;
+
+        // The first write of a key in the batch created it if the final
+        // row was inserted; every later write of that key updated it.
+        let mut seen: HashMap<Q::Key, ()> = HashMap::with_capacity(latest.len());
+        let mut out = HashMap::with_capacity(requests.len());
+        for r in requests {
+            let key = self.query.key(&r.row);
+            let first = seen.insert(key.clone(), ()).is_none();
+            let answer = match results.get(&key) {
+                Some(Ok(true)) if first => Ok(Written::Created),
+                Some(Ok(_)) => Ok(Written::Updated),
+                Some(Err(e)) => Err(Arc::clone(e)),
+                // Every row is either returned or refused; a statement that
+                // returns fewer rows breaks the UpsertQuery contract.
+                None => continue,
+            };
+            out.insert(r, answer);
+        }
+        Ok(out)
+    }
+}
+
+/// Concurrent single-row upserts, coalesced into batches by a
+/// [`Batcher`]. Cheap to clone.
+pub struct Writer<Q: UpsertQuery> {
+    batcher: Batcher<WriteRequest<Q::Row>, WriteResult>,
+    seq: Arc<AtomicU64>,
+}
+
+impl<Q: UpsertQuery> Clone for Writer<Q> {
+    fn clone(&self) -> Self {
+        Self {
+            batcher: self.batcher.clone(),
+            seq: Arc::clone(&self.seq),
+        }
+    }
+}
+
+impl<Q: UpsertQuery> fmt::Debug for Writer<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Writer")
+            .field("batcher", &self.batcher)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Q: UpsertQuery> Writer<Q> {
+    /// A writer for `query` over `pool`, batching as `builder` says (its
+    /// flush policy, batch size, concurrency, queue and deadline apply).
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError`] for invalid batcher settings or outside a runtime.
+    pub fn new(
+        pool: Pool,
+        query: Q,
+        builder: BatcherBuilder<WriteRequest<Q::Row>, WriteResult>,
+    ) -> Result<Self, BuildError> {
+        Ok(Self {
+            batcher: builder.build(PgWriter::new(pool, query))?,
+            seq: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// A builder for [`new`](Self::new)'s batching settings.
+    pub fn builder() -> BatcherBuilder<WriteRequest<Q::Row>, WriteResult> {
+        Batcher::builder()
+    }
+
+    /// Writes `row`, returning once the batch holding it has committed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Load`] with a [`RowError`] source when the database refused
+    /// this row (the rest of its batch was committed); any other [`Error`]
+    /// when the batch as a whole failed or was not run (then nothing of it
+    /// was committed), as for [`Batcher::load`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future does not cancel the write once it is queued: it
+    /// may still be committed.
+    pub async fn write(&self, row: Q::Row) -> Result<Written, Error> {
+        let seq = self.seq.fetch_add(1, Relaxed);
+        match self.batcher.load(WriteRequest { seq, row }).await? {
+            Some(Ok(written)) => Ok(written),
+            Some(Err(refused)) => Err(Error::Load(refused)),
+            None => Err(Error::LoaderPanicked(
+                "upsert statement returned no row for a written key".into(),
+            )),
+        }
+    }
+
+    /// The batcher's statistics.
+    pub fn stats(&self) -> crate::StatsSnapshot {
+        self.batcher.stats()
+    }
+
+    /// Stops the writer after committing and acknowledging what it holds.
+    pub async fn shutdown(&self) {
+        self.batcher.shutdown().await;
+    }
+}
