@@ -12,10 +12,16 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use axum::body::Body;
+use batcher::pg::copy::ConflictPolicy;
+use batcher::pg::Written;
+
 use crate::auth::{Action, Principal};
 use crate::error::AppError;
 use crate::input;
+use crate::input::ObjectBody;
 use crate::queries::{ObjectKey, ObjectStats, Stat};
+use crate::write_path::Repository;
 use crate::AppState;
 
 fn repository_not_found(repo: &str) -> AppError {
@@ -207,4 +213,177 @@ pub(crate) async fn wrong_method() -> AppError {
         "method_not_allowed",
         "this route does not accept that method",
     )
+}
+
+/// The answer to a `PUT` of an object.
+#[derive(Debug, Serialize)]
+pub(crate) struct PutResponse {
+    path: String,
+    /// `created` or `updated`.
+    result: &'static str,
+}
+
+/// `PUT /api/v1/repositories/{repo}/objects?path=P` with the object's
+/// fields as JSON: 201 if created, 200 if replaced, once committed.
+pub(crate) async fn put_object(
+    State(state): State<AppState>,
+    Extension(user): Extension<Arc<Principal>>,
+    repo: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+    body: Result<Json<ObjectBody>, JsonRejection>,
+) -> Result<(StatusCode, Json<PutResponse>), AppError> {
+    let Path(repo) = repo?;
+    input::repository(&repo)?;
+    user.require(Action::Write, &repo)?;
+    let path = required_path(query.as_deref())?;
+    let Json(body) = body?;
+    if body.path.is_some() {
+        return Err(AppError::bad_request(
+            "invalid_body",
+            "`path` goes in the query string, not the body",
+        ));
+    }
+    let row = body
+        .into_row(&repo, path.clone())
+        .map_err(|m| AppError::bad_request("invalid_body", m))?;
+    let (status, result) = match state.writes.put(row).await? {
+        Written::Created => (StatusCode::CREATED, "created"),
+        Written::Updated => (StatusCode::OK, "updated"),
+    };
+    Ok((status, Json(PutResponse { path, result })))
+}
+
+fn required_path(query: Option<&str>) -> Result<String, AppError> {
+    let path = input::query_param(query, "path")?.ok_or_else(|| {
+        AppError::bad_request("missing_path", "query parameter `path` is required")
+    })?;
+    input::object_path(&path, "path")?;
+    Ok(path)
+}
+
+/// `DELETE /api/v1/repositories/{repo}/objects?path=P`: 204, or 404.
+pub(crate) async fn delete_object(
+    State(state): State<AppState>,
+    Extension(user): Extension<Arc<Principal>>,
+    repo: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> Result<StatusCode, AppError> {
+    let Path(repo) = repo?;
+    input::repository(&repo)?;
+    user.require(Action::Write, &repo)?;
+    let path = required_path(query.as_deref())?;
+    let key = ObjectKey {
+        repository: repo,
+        path,
+    };
+    if state.writes.delete(&key).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(AppError::not_found(
+            "object_not_found",
+            format!(
+                "no object at `{}` in repository `{}`",
+                key.path, key.repository
+            ),
+        ))
+    }
+}
+
+/// `POST /api/v1/repositories/{repo}/objects/import?policy=skip|overwrite|fail`
+/// with one JSON object per line: all lines or none are committed.
+pub(crate) async fn import_objects(
+    State(state): State<AppState>,
+    Extension(user): Extension<Arc<Principal>>,
+    repo: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+    body: Body,
+) -> Result<Json<ImportReport>, AppError> {
+    let Path(repo) = repo?;
+    input::repository(&repo)?;
+    user.require(Action::Write, &repo)?;
+    let policy = match input::query_param(query.as_deref(), "policy")?.as_deref() {
+        None | Some("skip") => ConflictPolicy::Skip,
+        Some("overwrite") => ConflictPolicy::Overwrite,
+        Some("fail") => ConflictPolicy::Fail,
+        Some(other) => {
+            return Err(AppError::bad_request(
+                "invalid_policy",
+                format!("`policy` is skip, overwrite or fail, not `{other}`"),
+            ))
+        }
+    };
+    let c = state.writes.import(&repo, body, policy).await?;
+    Ok(Json(ImportReport {
+        rows: c.rows,
+        inserted: c.inserted,
+        updated: c.updated,
+        skipped: c.skipped,
+        superseded: c.superseded,
+    }))
+}
+
+/// What an import did (see [`batcher::pg::copy::ImportCounts`]).
+#[derive(Debug, Serialize)]
+pub(crate) struct ImportReport {
+    rows: u64,
+    inserted: u64,
+    updated: u64,
+    skipped: u64,
+    superseded: u64,
+}
+
+/// The body of `POST /api/v1/repositories`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NewRepository {
+    name: String,
+    storage_namespace: String,
+}
+
+/// `POST /api/v1/repositories`: 201 with the repository, or 409.
+pub(crate) async fn create_repository(
+    State(state): State<AppState>,
+    Extension(user): Extension<Arc<Principal>>,
+    body: Result<Json<NewRepository>, JsonRejection>,
+) -> Result<(StatusCode, Json<Repository>), AppError> {
+    let Json(new) = body?;
+    input::repository(&new.name)?;
+    input::storage_namespace(&new.storage_namespace)?;
+    user.require(Action::Write, &new.name)?;
+    let repo = state
+        .writes
+        .create_repository(&new.name, &new.storage_namespace)
+        .await?;
+    Ok((StatusCode::CREATED, Json(repo)))
+}
+
+/// `GET /api/v1/repositories`: the repositories the caller may read.
+pub(crate) async fn list_repositories(
+    State(state): State<AppState>,
+    Extension(user): Extension<Arc<Principal>>,
+) -> Result<Json<serde_json::Value>, AppError> {
+    let repos: Vec<Repository> = state
+        .writes
+        .list_repositories()
+        .await?
+        .into_iter()
+        .filter(|r| user.may(Action::Read, &r.name))
+        .collect();
+    Ok(Json(json!({ "repositories": repos })))
+}
+
+/// `DELETE /api/v1/repositories/{repo}`: 204 (objects included), or 404.
+pub(crate) async fn delete_repository(
+    State(state): State<AppState>,
+    Extension(user): Extension<Arc<Principal>>,
+    repo: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, AppError> {
+    let Path(repo) = repo?;
+    input::repository(&repo)?;
+    user.require(Action::Write, &repo)?;
+    if state.writes.delete_repository(&repo).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(repository_not_found(&repo))
+    }
 }

@@ -159,6 +159,18 @@ pub struct ServeArgs {
     /// Deadline of one lookup, in milliseconds; past it the request gets 504.
     #[arg(long, env = "PGBATCH_REQUEST_TIMEOUT_MS", default_value_t = 500)]
     pub request_timeout_ms: u64,
+    /// Most object writes committed in one statement.
+    #[arg(long, env = "PGBATCH_WRITE_BATCH_SIZE", default_value_t = 256)]
+    pub write_batch_size: usize,
+    /// Write statements running at once.
+    #[arg(long, env = "PGBATCH_WRITE_CONCURRENCY", default_value_t = 4)]
+    pub write_concurrency: usize,
+    /// Deadline of one write, in milliseconds (it may still commit after).
+    #[arg(long, env = "PGBATCH_WRITE_TIMEOUT_MS", default_value_t = 5_000)]
+    pub write_timeout_ms: u64,
+    /// Largest accepted import body, in bytes (streamed, not buffered).
+    #[arg(long, env = "PGBATCH_MAX_IMPORT_BYTES", default_value_t = 1 << 30)]
+    pub max_import_bytes: usize,
     /// Most paths in one `POST .../objects/stat`.
     #[arg(long, env = "PGBATCH_MAX_STAT_PATHS", default_value_t = 1000)]
     pub max_stat_paths: usize,

@@ -11,6 +11,7 @@ use axum::Json;
 use serde_json::json;
 
 use crate::read_path::ReadError;
+use crate::write_path::WriteError;
 
 /// Seconds a client is asked to wait after a 503.
 const RETRY_AFTER_SECS: u64 = 1;
@@ -54,6 +55,38 @@ impl AppError {
     /// The machine-readable code.
     pub fn code(&self) -> &'static str {
         self.code
+    }
+
+    /// The human-readable message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl From<WriteError> for AppError {
+    fn from(e: WriteError) -> Self {
+        let message = e.to_string();
+        match e {
+            WriteError::NoSuchRepository(_) => Self::not_found("repository_not_found", message),
+            WriteError::RepositoryExists(_) => {
+                Self::new(StatusCode::CONFLICT, "repository_exists", message)
+            }
+            WriteError::Conflict(_) => Self::new(StatusCode::CONFLICT, "conflict", message),
+            WriteError::Refused(_) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "rejected", message)
+            }
+            WriteError::BadLine { .. } => Self::bad_request("invalid_import_line", message),
+            WriteError::TooLarge(_) => {
+                Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+            }
+            WriteError::Overloaded => ReadError::Overloaded.into(),
+            WriteError::Timeout => Self::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "timeout",
+                "the write did not complete within its deadline; it may still be applied",
+            ),
+            WriteError::Database(cause) => ReadError::Database(cause).into(),
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 use percent_encoding::percent_decode;
 
 use crate::error::AppError;
+use crate::queries::ObjectRow;
 
 /// The longest object path accepted, in bytes (as lakeFS).
 pub const MAX_PATH_BYTES: usize = 1024;
@@ -88,6 +89,101 @@ pub fn query_param(raw_query: Option<&str>, name: &str) -> Result<Option<String>
     Ok(found)
 }
 
+/// Longest accepted physical address, checksum or content type, in bytes.
+pub const MAX_FIELD_BYTES: usize = 2048;
+/// Most entries in an object's user metadata.
+pub const MAX_METADATA_ENTRIES: usize = 64;
+
+/// An object's fields as a client sends them: the body of `PUT
+/// .../objects?path=P`, or one line of an import (which also names the
+/// `path`).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectBody {
+    /// Only in import lines; a `PUT` takes the path from its query string.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Where the object's data is stored.
+    pub physical_address: String,
+    /// Size of the data in bytes, at least 0.
+    pub size_bytes: i64,
+    /// The data's checksum.
+    pub checksum: String,
+    /// MIME type; `application/octet-stream` when absent.
+    #[serde(default)]
+    pub content_type: Option<String>,
+    /// User metadata: an object of string values.
+    #[serde(default)]
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+impl ObjectBody {
+    /// Checks the fields and makes the row to write at `repository`/`path`.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the first invalid field.
+    pub fn into_row(self, repository: &str, path: String) -> Result<ObjectRow, String> {
+        let text = |name: &str, value: &str, required: bool| {
+            if required && value.is_empty() {
+                Err(format!("`{name}` must not be empty"))
+            } else if value.len() > MAX_FIELD_BYTES {
+                Err(format!("`{name}` is longer than {MAX_FIELD_BYTES} bytes"))
+            } else if value.contains('\0') {
+                Err(format!("`{name}` must not contain NUL bytes"))
+            } else {
+                Ok(())
+            }
+        };
+        text("physical_address", &self.physical_address, true)?;
+        text("checksum", &self.checksum, true)?;
+        let content_type = self
+            .content_type
+            .unwrap_or_else(|| "application/octet-stream".to_owned());
+        text("content_type", &content_type, true)?;
+        if self.size_bytes < 0 {
+            return Err("`size_bytes` must not be negative".to_owned());
+        }
+        let metadata = self.metadata.unwrap_or_default();
+        if metadata.len() > MAX_METADATA_ENTRIES {
+            return Err(format!(
+                "`metadata` has more than {MAX_METADATA_ENTRIES} entries"
+            ));
+        }
+        for (key, value) in &metadata {
+            text("metadata key", key, true)?;
+            let serde_json::Value::String(v) = value else {
+                return Err(format!("`metadata.{key}` must be a string"));
+            };
+            text("metadata value", v, false)?;
+        }
+        Ok(ObjectRow {
+            repository: repository.to_owned(),
+            path,
+            physical_address: self.physical_address,
+            size_bytes: self.size_bytes,
+            checksum: self.checksum,
+            content_type,
+            metadata: serde_json::Value::Object(metadata),
+        })
+    }
+}
+
+/// Checks a storage namespace (where a repository's data lives).
+///
+/// # Errors
+///
+/// 400 naming the problem.
+pub fn storage_namespace(ns: &str) -> Result<(), AppError> {
+    if ns.is_empty() || ns.len() > MAX_FIELD_BYTES || ns.contains('\0') {
+        return Err(AppError::bad_request(
+            "invalid_storage_namespace",
+            format!("`storage_namespace` must be 1 to {MAX_FIELD_BYTES} bytes without NUL"),
+        ));
+    }
+    Ok(())
+}
+
 #[derive(Debug, thiserror::Error)]
 enum DecodeError {
     #[error("malformed percent-encoding (`%` must be followed by two hex digits)")]
@@ -149,6 +245,52 @@ mod tests {
             "path=a&path=b",
         ] {
             assert_eq!(param(q).unwrap_err(), "invalid_query", "{q}");
+        }
+    }
+
+    fn body(json: serde_json::Value) -> Result<ObjectRow, String> {
+        serde_json::from_value::<ObjectBody>(json)
+            .map_err(|e| e.to_string())?
+            .into_row("demo", "a/b".to_owned())
+    }
+
+    #[test]
+    fn object_bodies_are_checked_field_by_field() {
+        let ok = body(
+            serde_json::json!({"physical_address": "s3://x", "size_bytes": 3, "checksum": "c"}),
+        )
+        .unwrap();
+        assert_eq!(ok.content_type, "application/octet-stream");
+        assert_eq!(ok.metadata, serde_json::json!({}));
+        let cases = [
+            (
+                serde_json::json!({"physical_address": "", "size_bytes": 1, "checksum": "c"}),
+                "physical_address",
+            ),
+            (
+                serde_json::json!({"physical_address": "a", "size_bytes": -1, "checksum": "c"}),
+                "size_bytes",
+            ),
+            (
+                serde_json::json!({"physical_address": "a", "size_bytes": 1, "checksum": "c\u{0}"}),
+                "NUL",
+            ),
+            (
+                serde_json::json!({"physical_address": "a", "size_bytes": 1, "checksum": "c", "metadata": {"k": 1}}),
+                "metadata.k",
+            ),
+            (
+                serde_json::json!({"physical_address": "a", "size_bytes": 1, "checksum": "c", "extra": 1}),
+                "unknown field",
+            ),
+            (
+                serde_json::json!({"size_bytes": 1, "checksum": "c"}),
+                "physical_address",
+            ),
+        ];
+        for (json, says) in cases {
+            let err = body(json.clone()).unwrap_err();
+            assert!(err.contains(says), "{json}: {err}");
         }
     }
 

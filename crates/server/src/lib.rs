@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod queries;
 pub mod read_path;
 pub mod seed;
+pub mod write_path;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -38,6 +39,7 @@ use crate::config::ServeArgs;
 use crate::error::AppError;
 use crate::metrics::Metrics;
 use crate::read_path::Reader;
+use crate::write_path::Writes;
 
 /// Request limits.
 #[derive(Debug, Clone, Copy)]
@@ -59,6 +61,8 @@ pub struct Inner {
     pub reader: Reader,
     /// Resolves bearer tokens.
     pub auth: Authenticator,
+    /// The write path.
+    pub writes: Writes,
     /// The connection pool (readiness checks).
     pub pool: Pool,
     /// The metrics registry.
@@ -85,10 +89,12 @@ impl AppState {
     pub fn new(pool: Pool, args: &ServeArgs) -> anyhow::Result<Self> {
         let reader = Reader::new(pool.clone(), args)?;
         let auth = Authenticator::new(pool.clone(), args.auth_cache())?;
-        let metrics = Metrics::new(reader.clone(), auth.clone(), pool.clone());
+        let writes = Writes::new(pool.clone(), reader.clone(), args)?;
+        let metrics = Metrics::new(reader.clone(), writes.clone(), auth.clone(), pool.clone());
         Ok(Self(Arc::new(Inner {
             reader,
             auth,
+            writes,
             pool,
             metrics,
             limits: Limits {
@@ -102,8 +108,20 @@ impl AppState {
 /// The service's router.
 pub fn app(state: AppState) -> Router {
     let stat = get(api::stat_object).post(api::stat_objects);
+    let repos = get(api::list_repositories).post(api::create_repository);
+    let object = axum::routing::put(api::put_object).delete(api::delete_object);
     // Every /api route needs a token; health and metrics stay open.
     let api = Router::new()
+        .route("/api/v1/repositories", repos)
+        .route(
+            "/api/v1/repositories/{repo}",
+            axum::routing::delete(api::delete_repository),
+        )
+        .route("/api/v1/repositories/{repo}/objects", object)
+        .route(
+            "/api/v1/repositories/{repo}/objects/import",
+            axum::routing::post(api::import_objects),
+        )
         .route("/api/v1/repositories/{repo}/objects/stat", stat)
         .route("/api/v1/kv/{pk}", get(api::kv_row))
         .route_layer(axum::middleware::from_fn_with_state(

@@ -89,7 +89,8 @@ async fn serve(cli: &Cli, database: &Database) -> anyhow::Result<()> {
         .await
         .context("server failed")?;
     tracing::info!("in-flight requests finished; stopping");
-    state.reader.shutdown().await;
+    // Commit and acknowledge queued writes, answer queued reads.
+    tokio::join!(state.writes.shutdown(), state.reader.shutdown());
     pool.close();
     Ok(())
 }

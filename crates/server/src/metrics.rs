@@ -22,6 +22,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::auth::Authenticator;
 use crate::read_path::Reader;
+use crate::write_path::Writes;
 use crate::AppState;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -48,7 +49,7 @@ pub struct Metrics {
 impl Metrics {
     /// A registry with the HTTP metrics and a collector for `reader`'s
     /// batchers and `pool`.
-    pub fn new(reader: Reader, auth: Authenticator, pool: Pool) -> Self {
+    pub fn new(reader: Reader, writes: Writes, auth: Authenticator, pool: Pool) -> Self {
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
@@ -66,7 +67,12 @@ impl Metrics {
             Unit::Seconds,
             latency.clone(),
         );
-        registry.register_collector(Box::new(ServiceCollector { reader, auth, pool }));
+        registry.register_collector(Box::new(ServiceCollector {
+            reader,
+            writes,
+            auth,
+            pool,
+        }));
         Self {
             registry,
             requests,
@@ -150,6 +156,7 @@ fn method_label(method: &axum::http::Method) -> &'static str {
 #[derive(Debug)]
 struct ServiceCollector {
     reader: Reader,
+    writes: Writes,
     auth: Authenticator,
     pool: Pool,
 }
@@ -183,7 +190,8 @@ impl Collector for ServiceCollector {
             gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
         }
 
-        let batchers = self.reader.batcher_stats();
+        let mut batchers = self.reader.batcher_stats();
+        batchers.push(("object_write", self.writes.batcher_stats()));
         let counters: [(&str, &str, Field); 8] = [
             ("batcher_requests", "Lookups received", |s| s.requests),
             ("batcher_batches", "Batched statements run", |s| s.batches),

@@ -147,3 +147,144 @@ impl BatchQuery for KvQuery {
         Ok((row.try_get(0)?, row.try_get(1)?))
     }
 }
+
+/// An object as written: by `PUT`, by an import line, or by the seeder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObjectRow {
+    /// The repository name.
+    pub repository: String,
+    /// The object's path.
+    pub path: String,
+    /// Where the data is stored.
+    pub physical_address: String,
+    /// Size of the data in bytes.
+    pub size_bytes: i64,
+    /// The data's checksum.
+    pub checksum: String,
+    /// MIME type of the data.
+    pub content_type: String,
+    /// User-defined metadata (a JSON object).
+    pub metadata: serde_json::Value,
+}
+
+impl ObjectRow {
+    /// The row's key.
+    pub fn key(&self) -> ObjectKey {
+        ObjectKey {
+            repository: self.repository.clone(),
+            path: self.path.clone(),
+        }
+    }
+
+    /// The row's values in [`OBJECT_COLUMNS`] order, for COPY.
+    pub fn into_values(self) -> batcher::pg::copy::RowValues {
+        vec![
+            Box::new(self.repository),
+            Box::new(self.path),
+            Box::new(self.physical_address),
+            Box::new(self.size_bytes),
+            Box::new(self.checksum),
+            Box::new(self.content_type),
+            Box::new(self.metadata),
+        ]
+    }
+}
+
+/// The columns an [`ObjectRow`] fills, for COPY; `mtime` takes its default.
+pub const OBJECT_COLUMNS: [(&str, tokio_postgres::types::Type); 7] = {
+    use tokio_postgres::types::Type;
+    [
+        ("repository", Type::TEXT),
+        ("path", Type::TEXT),
+        ("physical_address", Type::TEXT),
+        ("size_bytes", Type::INT8),
+        ("checksum", Type::TEXT),
+        ("content_type", Type::TEXT),
+        ("user_metadata", Type::JSONB),
+    ]
+};
+
+/// The `objects` table for [`batcher::pg::copy::import`].
+pub const OBJECT_TABLE: batcher::pg::copy::TableSpec<'static> = batcher::pg::copy::TableSpec {
+    table: "objects",
+    columns: &OBJECT_COLUMNS,
+    key: &["repository", "path"],
+};
+
+/// Upserts objects; the write path's [`batcher::pg::Writer`] runs it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ObjectUpsert;
+
+const UPSERT_SET: &str = "ON CONFLICT (repository, path) DO UPDATE SET \
+     physical_address = EXCLUDED.physical_address, size_bytes = EXCLUDED.size_bytes, \
+     checksum = EXCLUDED.checksum, content_type = EXCLUDED.content_type, \
+     user_metadata = EXCLUDED.user_metadata, mtime = now() \
+     RETURNING repository, path, (xmax = 0)";
+
+impl batcher::pg::UpsertQuery for ObjectUpsert {
+    type Key = ObjectKey;
+    type Row = ObjectRow;
+
+    fn key(&self, row: &ObjectRow) -> ObjectKey {
+        row.key()
+    }
+
+    fn batch_sql(&self) -> &str {
+        static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+            format!(
+                "INSERT INTO objects (repository, path, physical_address, size_bytes, checksum, \
+                 content_type, user_metadata) \
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::text[], \
+                 $6::text[], $7::jsonb[]) {UPSERT_SET}"
+            )
+        });
+        &SQL
+    }
+
+    fn batch_params<'a>(&self, rows: &'a [ObjectRow]) -> Params<'a> {
+        let text = |f: fn(&ObjectRow) -> &str| -> Vec<&'a str> { rows.iter().map(f).collect() };
+        vec![
+            Box::new(text(|r| &r.repository)),
+            Box::new(text(|r| &r.path)),
+            Box::new(text(|r| &r.physical_address)),
+            Box::new(rows.iter().map(|r| r.size_bytes).collect::<Vec<i64>>()),
+            Box::new(text(|r| &r.checksum)),
+            Box::new(text(|r| &r.content_type)),
+            Box::new(
+                rows.iter()
+                    .map(|r| &r.metadata)
+                    .collect::<Vec<&serde_json::Value>>(),
+            ),
+        ]
+    }
+
+    fn single_sql(&self) -> &str {
+        static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+            format!(
+                "INSERT INTO objects (repository, path, physical_address, size_bytes, checksum, \
+                 content_type, user_metadata) VALUES ($1, $2, $3, $4, $5, $6, $7) {UPSERT_SET}"
+            )
+        });
+        &SQL
+    }
+
+    fn single_params<'a>(&self, r: &'a ObjectRow) -> Params<'a> {
+        vec![
+            Box::new(r.repository.as_str()),
+            Box::new(r.path.as_str()),
+            Box::new(r.physical_address.as_str()),
+            Box::new(r.size_bytes),
+            Box::new(r.checksum.as_str()),
+            Box::new(r.content_type.as_str()),
+            Box::new(&r.metadata),
+        ]
+    }
+
+    fn map_returned(&self, row: &Row) -> Result<(ObjectKey, bool), tokio_postgres::Error> {
+        let key = ObjectKey {
+            repository: row.try_get(0)?,
+            path: row.try_get(1)?,
+        };
+        Ok((key, row.try_get(2)?))
+    }
+}

@@ -193,6 +193,21 @@ impl Reader {
         }
     }
 
+    /// Drops `key` from the object cache (after a write to it).
+    pub async fn invalidate(&self, key: &ObjectKey) {
+        if let Some(c) = &self.caches {
+            c.stat.invalidate(key).await;
+        }
+    }
+
+    /// Drops every cached object (after a write whose keys are not
+    /// tracked, such as an import or a repository change).
+    pub fn invalidate_all(&self) {
+        if let Some(c) = &self.caches {
+            c.stat.invalidate_all();
+        }
+    }
+
     /// Stops the batchers after answering what they hold.
     pub async fn shutdown(&self) {
         if let Some(b) = &self.batchers {

@@ -9,9 +9,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
-use tokio_postgres::binary_copy::BinaryCopyInWriter;
-use tokio_postgres::types::{ToSql, Type};
+use std::convert::Infallible;
+
+use batcher::pg::copy::{self, RowSource, RowValues};
+use tokio_postgres::types::Type;
 use tokio_postgres::NoTls;
+
+use crate::queries::{ObjectRow, OBJECT_COLUMNS};
 
 /// The repository the demo objects live in.
 pub const DEMO_REPOSITORY: &str = "demo";
@@ -189,9 +193,24 @@ async fn load_table(
                 &[&DEMO_REPOSITORY, &"s3://pgbatch-demo/"],
             )
             .await?;
-            copy_objects(&tx, rows, &bar).await?;
+            let source = ObjectRows {
+                numbers: object_numbers_in_path_order(rows),
+                metadata: (0..16)
+                    .map(
+                        |shard| serde_json::json!({ "source": "seed", "shard": shard.to_string() }),
+                    )
+                    .collect(),
+            };
+            copy(&tx, "objects", &OBJECT_COLUMNS, source, &bar).await?;
         }
-        Table::Kv => copy_kv(&tx, rows, &bar).await?,
+        Table::Kv => {
+            let columns = [("pk", Type::TEXT), ("payload", Type::TEXT)];
+            let source = KvRows {
+                next: 1,
+                last: rows,
+            };
+            copy(&tx, "random_read_test", &columns, source, &bar).await?;
+        }
     }
     tx.commit().await.context("seed: commit")?;
     bar.finish();
@@ -204,83 +223,67 @@ async fn load_table(
     })
 }
 
-/// Progress is updated every this many rows, not every row.
-const PROGRESS_STEP: u64 = 10_000;
-
-async fn copy_kv(
+/// Streams generated rows into `table` with the same binary COPY code
+/// the import uses, with FREEZE (the table was truncated in this
+/// transaction).
+async fn copy<S: RowSource<Error = Infallible>>(
     tx: &tokio_postgres::Transaction<'_>,
-    rows: u64,
+    table: &str,
+    columns: &[(&str, Type)],
+    rows: S,
     bar: &ProgressBar,
 ) -> anyhow::Result<()> {
-    let sink = tx
-        .copy_in("COPY random_read_test (pk, payload) FROM STDIN (FORMAT binary, FREEZE)")
-        .await?;
-    let writer = BinaryCopyInWriter::new(sink, &[Type::TEXT, Type::TEXT]);
-    let mut writer = std::pin::pin!(writer);
-    for n in 1..=rows {
-        let (pk, payload) = (kv_pk(n), kv_payload(n));
-        writer.as_mut().write(&[&pk, &payload]).await?;
-        if n.is_multiple_of(PROGRESS_STEP) {
-            bar.set_position(n);
-        }
-    }
-    writer.finish().await?;
-    bar.set_position(rows);
+    copy::copy_rows(tx, table, columns, rows, true, |n| bar.set_position(n))
+        .await
+        .with_context(|| format!("seed: COPY into {table}"))?;
     Ok(())
 }
 
-async fn copy_objects(
-    tx: &tokio_postgres::Transaction<'_>,
-    rows: u64,
-    bar: &ProgressBar,
-) -> anyhow::Result<()> {
-    let sink = tx
-        .copy_in(
-            "COPY objects (repository, path, physical_address, size_bytes, checksum, \
-             content_type, user_metadata) FROM STDIN (FORMAT binary, FREEZE)",
-        )
-        .await?;
-    let writer = BinaryCopyInWriter::new(
-        sink,
-        &[
-            Type::TEXT,
-            Type::TEXT,
-            Type::TEXT,
-            Type::INT8,
-            Type::TEXT,
-            Type::TEXT,
-            Type::JSONB,
-        ],
-    );
-    let mut writer = std::pin::pin!(writer);
-    // A few shared metadata documents rather than one per row.
-    let metadata: Vec<serde_json::Value> = (0..16)
-        .map(|shard| serde_json::json!({ "source": "seed", "shard": shard.to_string() }))
-        .collect();
-    for (i, n) in object_numbers_in_path_order(rows).enumerate() {
-        let h = mix(n);
-        let path = object_path(n);
-        let address = format!("s3://pgbatch-demo/data/{h:016x}");
-        let size = (h % (64 << 20)) as i64;
-        let checksum = format!("{h:016x}{:016x}", mix(h));
-        let row: [&(dyn ToSql + Sync); 7] = [
-            &DEMO_REPOSITORY,
-            &path,
-            &address,
-            &size,
-            &checksum,
-            &"application/vnd.apache.parquet",
-            &metadata[(n % 16) as usize],
-        ];
-        writer.as_mut().write(&row).await?;
-        let done = i as u64 + 1;
-        if done.is_multiple_of(PROGRESS_STEP) {
-            bar.set_position(done);
+/// `random_read_test` rows `1..=rows`, in key order.
+struct KvRows {
+    next: u64,
+    last: u64,
+}
+
+impl RowSource for KvRows {
+    type Error = Infallible;
+
+    async fn next_row(&mut self) -> Result<Option<RowValues>, Infallible> {
+        if self.next > self.last {
+            return Ok(None);
         }
+        let n = self.next;
+        self.next += 1;
+        Ok(Some(vec![Box::new(kv_pk(n)), Box::new(kv_payload(n))]))
     }
-    writer.finish().await?;
-    bar.set_position(rows);
-    Ok(())
+}
+
+/// Demo objects `1..=rows`, in path order.
+struct ObjectRows<I> {
+    numbers: I,
+    /// A few shared metadata documents rather than one per row.
+    metadata: Vec<serde_json::Value>,
+}
+
+impl<I: Iterator<Item = u64> + Send> RowSource for ObjectRows<I> {
+    type Error = Infallible;
+
+    async fn next_row(&mut self) -> Result<Option<RowValues>, Infallible> {
+        let Some(n) = self.numbers.next() else {
+            return Ok(None);
+        };
+        let h = mix(n);
+        let row = ObjectRow {
+            repository: DEMO_REPOSITORY.to_owned(),
+            path: object_path(n),
+            physical_address: format!("s3://pgbatch-demo/data/{h:016x}"),
+            size_bytes: (h % (64 << 20)) as i64,
+            checksum: format!("{h:016x}{:016x}", mix(h)),
+            content_type: "application/vnd.apache.parquet".to_owned(),
+            metadata: self.metadata[(n % 16) as usize].clone(),
+        };
+        Ok(Some(row.into_values()))
+    }
 }
 
 #[cfg(test)]
