@@ -1,0 +1,228 @@
+//! Writes, measured in one run against a durable Postgres (fsync on, the
+//! default `wal_level`), printed as Markdown tables with each target's
+//! verdict:
+//!
+//! 1. Inserting N objects three ways, each in one transaction on one
+//!    connection: one statement per row, multi-row statements (1,000 rows
+//!    per `unnest` statement), and binary COPY. Seed 004 did the same with
+//!    1M rows: 36.2 s, 23.7 s and 1.74 s.
+//! 2. Concurrent single-object upserts: each its own autocommit statement
+//!    (naive) versus the micro-batched `Writer`.
+//!
+//! `cargo bench -p benches --bench writes` (N = 1,000,000); `-- --test` is a
+//! seconds-long smoke run.
+
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use batcher::pg::copy::{self, RowSource, RowValues};
+use batcher::pg::{self, Params, PoolOptions, UpsertQuery, Writer};
+use benches::closed_loop;
+use embedded_pg::{Cluster, ClusterOptions};
+use server::queries::{ObjectRow, ObjectUpsert, OBJECT_COLUMNS};
+use tokio_postgres::types::ToSql;
+
+fn row(i: u64) -> ObjectRow {
+    ObjectRow {
+        repository: "bench".to_owned(),
+        path: format!("p/{i:09}"),
+        physical_address: format!("s3://bench/{i:016x}"),
+        size_bytes: i as i64,
+        checksum: format!("{:032x}", u128::from(i) * 0x9E37_79B9_7F4A_7C15),
+        content_type: "application/octet-stream".to_owned(),
+        metadata: serde_json::json!({ "i": i.to_string() }),
+    }
+}
+
+struct Rows(std::ops::Range<u64>);
+
+impl RowSource for Rows {
+    type Error = Infallible;
+
+    async fn next_row(&mut self) -> Result<Option<RowValues>, Infallible> {
+        Ok(self.0.next().map(|i| row(i).into_values()))
+    }
+}
+
+async fn reset(client: &tokio_postgres::Client) {
+    client
+        .batch_execute("TRUNCATE objects; CHECKPOINT")
+        .await
+        .expect("reset");
+}
+
+fn refs<'a>(p: &'a Params<'_>) -> Vec<&'a (dyn ToSql + Sync)> {
+    p.iter()
+        .map(|b| b.as_ref() as &(dyn ToSql + Sync))
+        .collect()
+}
+
+async fn one_by_one(client: &mut tokio_postgres::Client, n: u64) -> Duration {
+    let start = Instant::now();
+    let tx = client.transaction().await.expect("begin");
+    let stmt = tx
+        .prepare(ObjectUpsert.single_sql())
+        .await
+        .expect("prepare");
+    for i in 0..n {
+        let r = row(i);
+        let p = ObjectUpsert.single_params(&r);
+        tx.query_one(&stmt, &refs(&p)).await.expect("insert");
+    }
+    tx.commit().await.expect("commit");
+    start.elapsed()
+}
+
+async fn multi_row(client: &mut tokio_postgres::Client, n: u64) -> Duration {
+    let start = Instant::now();
+    let tx = client.transaction().await.expect("begin");
+    let stmt = tx.prepare(ObjectUpsert.batch_sql()).await.expect("prepare");
+    let mut i = 0;
+    while i < n {
+        let rows: Vec<ObjectRow> = (i..n.min(i + 1000)).map(row).collect();
+        let p = ObjectUpsert.batch_params(&rows);
+        tx.query(&stmt, &refs(&p)).await.expect("insert");
+        i += 1000;
+    }
+    tx.commit().await.expect("commit");
+    start.elapsed()
+}
+
+async fn by_copy(client: &mut tokio_postgres::Client, n: u64) -> Duration {
+    let start = Instant::now();
+    let tx = client.transaction().await.expect("begin");
+    copy::copy_rows(&tx, "objects", &OBJECT_COLUMNS, Rows(0..n), false, |_| {})
+        .await
+        .expect("copy");
+    tx.commit().await.expect("commit");
+    start.elapsed()
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "MISSED"
+    }
+}
+
+fn main() {
+    let smoke = std::env::args().any(|a| a == "--test");
+    let n: u64 = if smoke { 2_000 } else { 1_000_000 };
+    let run_for = Duration::from_millis(if smoke { 300 } else { 5_000 });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let dir = tempfile::Builder::new()
+            .prefix("pgbatch-writes-")
+            .tempdir_in("/tmp")
+            .expect("temp dir");
+        // Durable, default WAL: the cost of commits is real.
+        let cluster = Cluster::start(ClusterOptions::new(dir.path().join("pg")).port(5497))
+            .await
+            .expect("postgres");
+        let config = cluster.config("postgres");
+        server::db::migrate(&config).await.expect("migrations");
+        let (mut client, conn) = config.connect(tokio_postgres::NoTls).await.expect("connect");
+        tokio::spawn(conn);
+        client
+            .batch_execute("INSERT INTO repositories (name, storage_namespace) VALUES ('bench', 's3://bench/')")
+            .await
+            .expect("repository");
+
+        println!("\n### Inserting {n} objects, one transaction each way\n");
+        println!("| method | seconds | rows/s | × one by one |");
+        println!("|---|---:|---:|---:|");
+        reset(&client).await;
+        let single = one_by_one(&mut client, n).await;
+        reset(&client).await;
+        let multi = multi_row(&mut client, n).await;
+        reset(&client).await;
+        let copied = by_copy(&mut client, n).await;
+        for (name, d) in [("one statement per row", single), ("multi-row statements (1,000 rows each)", multi), ("binary COPY", copied)] {
+            println!(
+                "| {name} | {:.2} | {:.0} | {:.1} |",
+                d.as_secs_f64(),
+                n as f64 / d.as_secs_f64(),
+                single.as_secs_f64() / d.as_secs_f64()
+            );
+        }
+        let copy_ratio = single.as_secs_f64() / copied.as_secs_f64();
+
+        reset(&client).await;
+        let pool = pg::pool(config.clone(), &PoolOptions::with_max_size(16)).expect("pool");
+        // The server's defaults: 256 rows per statement, 4 statements at once.
+        let writer = Writer::new(
+            pool.clone(),
+            ObjectUpsert,
+            Writer::<ObjectUpsert>::builder().max_batch_size(256).max_concurrent_batches(4),
+        )
+        .expect("writer");
+        println!("\n### Concurrent single-object upserts, {run_for:?} per run\n");
+        println!("| callers | path | upserts/s | × naive | p50 ms | p99 ms | max ms | mean batch |");
+        println!("|---:|---|---:|---:|---:|---:|---:|---:|");
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let mut verdicts = Vec::new();
+        for callers in [64usize, 300, 1000] {
+            reset(&client).await;
+            let naive = {
+                let pool = pool.clone();
+                closed_loop(callers, run_for, 1_000_000, move |k| {
+                    let pool = pool.clone();
+                    async move {
+                        let client = pool.get().await.expect("connection");
+                        let stmt = client.prepare_cached(ObjectUpsert.single_sql()).await.expect("prepare");
+                        let r = row(k);
+                        let p = ObjectUpsert.single_params(&r);
+                        client.query_one(&stmt, &refs(&p)).await.expect("upsert");
+                    }
+                })
+                .await
+            };
+            reset(&client).await;
+            let before = writer.stats();
+            let batched = {
+                let writer = writer.clone();
+                closed_loop(callers, run_for, 1_000_000, move |k| {
+                    let writer = writer.clone();
+                    async move {
+                        writer.write(row(k)).await.expect("write");
+                    }
+                })
+                .await
+            };
+            let after = writer.stats();
+            let mean_batch = (after.batch_size.sum - before.batch_size.sum) as f64
+                / (after.batches - before.batches).max(1) as f64;
+            for (name, r, batch) in [
+                ("naive (autocommit per upsert)", &naive, "1.0".to_owned()),
+                ("micro-batched Writer", &batched, format!("{mean_batch:.1}")),
+            ] {
+                println!(
+                    "| {callers} | {name} | {:.0} | {:.1} | {:.2} | {:.2} | {:.2} | {batch} |",
+                    r.per_sec(),
+                    r.per_sec() / naive.per_sec(),
+                    ms(r.quantile(0.5)),
+                    ms(r.quantile(0.99)),
+                    ms(r.max())
+                );
+            }
+            verdicts.push((callers, batched.per_sec() / naive.per_sec()));
+        }
+        println!(
+            "\ntarget: COPY at least 15x one by one: {} ({copy_ratio:.1}x)",
+            verdict(copy_ratio >= 15.0)
+        );
+        for (callers, ratio) in verdicts {
+            println!(
+                "target: micro-batched concurrent upserts at least 5x naive, {callers} callers: {} ({ratio:.1}x)",
+                verdict(ratio >= 5.0)
+            );
+        }
+        writer.shutdown().await;
+        cluster.stop().await;
+    });
+}
