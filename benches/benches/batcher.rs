@@ -11,19 +11,11 @@
 use std::time::Duration;
 
 use batcher::{Batcher, FlushPolicy, Loader};
-use benches::{time_sequential, KeyStream, MemLoader};
+use benches::{runtime, time_sequential, KeyStream, MemLoader};
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tokio::runtime::Runtime;
 
 const ROWS: u64 = 100_000;
-
-fn runtime() -> Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
 
 fn batcher(rt: &Runtime, loader: &MemLoader, policy: FlushPolicy) -> Batcher<u64, u64> {
     let _guard = rt.enter();

@@ -18,11 +18,7 @@ fn us(d: Duration) -> String {
 fn main() {
     let smoke = std::env::args().any(|a| a == "--test");
     let duration = Duration::from_millis(if smoke { 100 } else { 3_000 });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = benches::runtime();
     let loader = MemLoader::new(ROWS);
 
     println!(

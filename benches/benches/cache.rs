@@ -15,7 +15,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use batcher::cache::Cache;
 use batcher::pg::PgLoader;
-use benches::{seeded_database, server_app, time_sequential, ADMIN_TOKEN};
+use benches::{runtime, seeded_database, server_app, time_sequential, ADMIN_TOKEN};
 use criterion::{black_box, BenchmarkId, Criterion, Throughput};
 use server::queries::KvQuery;
 use server::seed::kv_pk;
@@ -25,14 +25,6 @@ use tower::ServiceExt;
 const HOT_KEYS: u64 = 1_000;
 const KV_ROWS: u64 = 100_000;
 const TASKS: usize = 64;
-
-fn runtime() -> Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
 
 /// A cache holding `HOT_KEYS` entries, all loaded.
 fn warm_cache(rt: &Runtime) -> Cache<u64, u64> {

@@ -110,11 +110,7 @@ fn main() {
     let smoke = std::env::args().any(|a| a == "--test");
     let n: u64 = if smoke { 2_000 } else { 1_000_000 };
     let run_for = Duration::from_millis(if smoke { 300 } else { 5_000 });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = benches::runtime();
     rt.block_on(async {
         let dir = tempfile::Builder::new()
             .prefix("pgbatch-writes-")

@@ -46,6 +46,20 @@ impl Loader<u64, u64> for MemLoader {
     }
 }
 
+/// The runtime every benchmark runs on: multi-thread with 2 workers, the
+/// machine's core count, as a service would run.
+///
+/// # Panics
+///
+/// When the runtime cannot be built.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
 /// The admin token of [`seeded_database`]'s databases.
 pub const ADMIN_TOKEN: &str = "bench-admin-token";
 

@@ -92,8 +92,8 @@ async fn concurrent_writes_share_batches_and_are_visible_once_acknowledged() {
     assert_eq!(writer.write(kv("k000", 7)).await.unwrap(), Written::Updated);
 }
 
-#[tokio::test]
-async fn within_a_batch_the_later_write_of_a_key_wins() {
+/// A writer that flushes exactly when three writes have arrived.
+async fn batches_of_three() -> (pg::Pool, Writer<Items>) {
     let db = embedded_pg::testing::database().await.unwrap();
     let pool = items_pool(db.config).await;
     let builder = Writer::<Items>::builder()
@@ -101,6 +101,12 @@ async fn within_a_batch_the_later_write_of_a_key_wins() {
         .max_batch_size(3)
         .max_delay(Duration::from_secs(60));
     let writer = Writer::new(pool.clone(), Items, builder).unwrap();
+    (pool, writer)
+}
+
+#[tokio::test]
+async fn within_a_batch_the_later_write_of_a_key_wins() {
+    let (pool, writer) = batches_of_three().await;
 
     // join! polls in argument order, so that is the arrival order.
     let (a1, a2, b) = tokio::join!(
@@ -121,13 +127,7 @@ async fn within_a_batch_the_later_write_of_a_key_wins() {
 
 #[tokio::test]
 async fn a_refused_row_fails_only_its_caller() {
-    let db = embedded_pg::testing::database().await.unwrap();
-    let pool = items_pool(db.config).await;
-    let builder = Writer::<Items>::builder()
-        .policy(FlushPolicy::FixedDelay)
-        .max_batch_size(3)
-        .max_delay(Duration::from_secs(60));
-    let writer = Writer::new(pool.clone(), Items, builder).unwrap();
+    let (pool, writer) = batches_of_three().await;
 
     let (x, bad, y) = tokio::join!(
         writer.write(kv("x", 1)),

@@ -268,17 +268,7 @@ async fn bad_input_gets_a_4xx_json_error_naming_the_problem() {
         ),
     ];
     let app = setup(&["--max-stat-paths", "5", "--max-body-bytes", "4096"]).await;
-    for (req, status, code, says) in cases {
-        let what = format!("{} {}", req.method(), req.uri());
-        let (got, body) = send(&app.router, req).await;
-        assert_eq!(got, status, "{what}: {body}");
-        assert_eq!(body["error"]["code"], code, "{what}: {body}");
-        let message = body["error"]["message"].as_str().unwrap_or_default();
-        assert!(
-            message.contains(says),
-            "{what}: message {message:?} should mention {says:?}"
-        );
-    }
+    support::assert_error_cases(&app.router, cases).await;
 }
 
 #[tokio::test]

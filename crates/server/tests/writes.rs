@@ -216,17 +216,7 @@ async fn bad_writes_get_a_4xx_naming_the_problem() {
             "nope",
         ),
     ];
-    for (req, status, code, says) in cases {
-        let what = format!("{} {}", req.method(), req.uri());
-        let (got, body) = send(&app.router, req).await;
-        assert_eq!(got, status, "{what}: {body}");
-        assert_eq!(body["error"]["code"], code, "{what}: {body}");
-        let message = body["error"]["message"].as_str().unwrap_or_default();
-        assert!(
-            message.contains(says),
-            "{what}: {message:?} should mention {says:?}"
-        );
-    }
+    support::assert_error_cases(&app.router, cases).await;
 }
 
 async fn count(config: &tokio_postgres::Config, repo: &str) -> i64 {

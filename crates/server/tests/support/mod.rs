@@ -105,6 +105,25 @@ pub fn post_json(uri: &str, body: impl Into<String>) -> Request<Body> {
         .unwrap()
 }
 
+/// Sends each request and checks its status, error code, and that the
+/// message mentions `says`.
+pub async fn assert_error_cases(
+    router: &Router,
+    cases: Vec<(Request<Body>, StatusCode, &str, &str)>,
+) {
+    for (req, status, code, says) in cases {
+        let what = format!("{} {}", req.method(), req.uri());
+        let (got, body) = send(router, req).await;
+        assert_eq!(got, status, "{what}: {body}");
+        assert_eq!(body["error"]["code"], code, "{what}: {body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(says),
+            "{what}: message {message:?} should mention {says:?}"
+        );
+    }
+}
+
 pub fn stat_uri(repo: &str, raw_path_query: &str) -> String {
     format!("/api/v1/repositories/{repo}/objects/stat?path={raw_path_query}")
 }
