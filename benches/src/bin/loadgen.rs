@@ -628,6 +628,7 @@ fn plot(path: &Path, results: &[Outcome], initiators: usize) -> anyhow::Result<(
         }
         chart
             .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
             .background_style(WHITE)
             .border_style(BLACK)
             .draw()
