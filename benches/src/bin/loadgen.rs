@@ -4,8 +4,9 @@
 //!
 //! Read paths: naive (one query per read through the pool), pipelined
 //! (concurrent single-key queries on a few shared connections, which
-//! tokio-postgres pipelines), batched (max batch 1..64 under the fixed-delay
-//! and the eager policy), and cached (the cache in front of the batcher).
+//! tokio-postgres pipelines), batched (max batch 1..64 under the fixed-delay,
+//! eager and adaptive policies), and cached (the cache in front of the
+//! batcher).
 //! The ceiling is back-to-back `= ANY($1)` queries of 10,000 keys.
 //!
 //! Prints a Markdown table with each path as a ratio of naive and as a
@@ -284,6 +285,7 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
     for (policy, name) in [
         (FlushPolicy::FixedDelay, "fixed 0.5 ms"),
         (FlushPolicy::Eager, "eager"),
+        (FlushPolicy::Adaptive, "adaptive"),
     ] {
         for &size in &args.batch_sizes {
             eprintln!("batched, {name}, max batch {size}");
@@ -323,6 +325,8 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
     };
     let (one_eager, one_mean) =
         batched_run(&loader, 64, FlushPolicy::Eager, args, 1, run, rows).await?;
+    let (one_adaptive, one_adaptive_mean) =
+        batched_run(&loader, 64, FlushPolicy::Adaptive, args, 1, run, rows).await?;
     results.push(Outcome {
         path: "naive".into(),
         policy: "-",
@@ -338,6 +342,14 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
         initiators: 1,
         report: one_eager,
         mean_batch: Some(one_mean),
+    });
+    results.push(Outcome {
+        path: "batched".into(),
+        policy: "adaptive",
+        max_batch: Some(64),
+        initiators: 1,
+        report: one_adaptive,
+        mean_batch: Some(one_adaptive_mean),
     });
 
     print_table(&results, ceiling, args);
@@ -602,7 +614,14 @@ fn plot(path: &Path, results: &[Outcome], initiators: usize) -> anyhow::Result<(
     for (area, title, y_desc, value) in panels {
         let fixed = series("fixed 0.5 ms", value);
         let eager = series("eager", value);
-        let y_max = fixed.iter().chain(&eager).map(|p| p.1).fold(0.0, f64::max) * 1.1;
+        let adaptive = series("adaptive", value);
+        let y_max = fixed
+            .iter()
+            .chain(&eager)
+            .chain(&adaptive)
+            .map(|p| p.1)
+            .fold(0.0, f64::max)
+            * 1.1;
         let mut chart = ChartBuilder::on(area)
             .caption(title, ("sans-serif", 20))
             .margin(15)
@@ -616,7 +635,11 @@ fn plot(path: &Path, results: &[Outcome], initiators: usize) -> anyhow::Result<(
             .y_desc(y_desc)
             .draw()
             .map_err(|e| anyhow::anyhow!("{e}"))?;
-        for (points, label, color) in [(fixed, "fixed 0.5 ms", RED), (eager, "eager", BLUE)] {
+        for (points, label, color) in [
+            (fixed, "fixed 0.5 ms", RED),
+            (eager, "eager", BLUE),
+            (adaptive, "adaptive", GREEN),
+        ] {
             chart
                 .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
                 .map_err(|e| anyhow::anyhow!("{e}"))?

@@ -586,3 +586,59 @@ fn build_outside_a_runtime_is_an_error_not_a_panic() {
     // build_pair needs no runtime.
     let (_b, _worker) = builder().build_pair(TestLoader::new()).unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn adaptive_dispatches_at_once_when_lightly_loaded_and_fills_batches_when_busy() {
+    let loader = TestLoader::gated();
+    let b = builder()
+        .policy(FlushPolicy::Adaptive)
+        .max_concurrent_batches(4)
+        .max_delay(Duration::from_millis(10))
+        .build(loader.clone())
+        .unwrap();
+
+    // Fewer than half the slots busy: each key goes out at once.
+    let one = spawn_load(&b, 1);
+    settle().await;
+    let two = spawn_load(&b, 2);
+    settle().await;
+    assert_eq!(loader.calls(), vec![vec![1], vec![2]]);
+    let first = [one, two];
+
+    // Two of four slots busy: a free slot no longer means "dispatch now".
+    let waiting = [spawn_load(&b, 3), spawn_load(&b, 4)];
+    settle().await;
+    advance(Duration::from_millis(9)).await;
+    settle().await;
+    assert_eq!(loader.calls().len(), 2, "busy: the batch waits to fill");
+    advance(Duration::from_millis(1)).await;
+    settle().await;
+    assert_eq!(loader.calls()[2], vec![3, 4], "and goes out at max_delay");
+
+    loader.open(3);
+    for (k, h) in (1..).zip(first.into_iter().chain(waiting)) {
+        assert_eq!(ok(h).await, Some(value_of(k)));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn adaptive_flushes_a_full_batch_without_waiting() {
+    let loader = TestLoader::gated();
+    let b = builder()
+        .policy(FlushPolicy::Adaptive)
+        .max_concurrent_batches(2)
+        .max_batch_size(3)
+        .max_delay(Duration::from_secs(3600))
+        .build(loader.clone())
+        .unwrap();
+    let busy = spawn_load(&b, 0);
+    settle().await;
+    let full: Vec<_> = (1..=3).map(|k| spawn_load(&b, k)).collect();
+    settle().await;
+    assert_eq!(loader.calls(), vec![vec![0], vec![1, 2, 3]]);
+    loader.open(2);
+    ok(busy).await;
+    for h in full {
+        assert!(ok(h).await.is_some());
+    }
+}

@@ -114,15 +114,19 @@ fn request() -> impl Strategy<Value = Request> {
 struct Setup {
     max_batch_size: usize,
     max_concurrent_batches: usize,
-    eager: bool,
+    policy: FlushPolicy,
     join_in_flight: bool,
 }
 
 fn setup() -> impl Strategy<Value = Setup> {
-    (1usize..24, 1usize..5, any::<bool>(), any::<bool>()).prop_map(|(b, c, eager, join)| Setup {
+    (1usize..24, 1usize..5, 0u8..3, any::<bool>()).prop_map(|(b, c, policy, join)| Setup {
         max_batch_size: b,
         max_concurrent_batches: c,
-        eager,
+        policy: [
+            FlushPolicy::Eager,
+            FlushPolicy::FixedDelay,
+            FlushPolicy::Adaptive,
+        ][policy as usize],
         join_in_flight: join,
     })
 }
@@ -184,7 +188,7 @@ proptest! {
             let b: Batcher<u64, Value> = Batcher::builder()
                 .max_batch_size(setup.max_batch_size)
                 .max_concurrent_batches(setup.max_concurrent_batches)
-                .policy(if setup.eager { FlushPolicy::Eager } else { FlushPolicy::FixedDelay })
+                .policy(setup.policy)
                 .max_delay(Duration::from_micros(100))
                 .join_in_flight(setup.join_in_flight)
                 .build(Arc::clone(&loader))

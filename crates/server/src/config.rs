@@ -129,6 +129,9 @@ pub enum PolicyArg {
     Eager,
     /// Dispatch when full or `--batch-delay-us` after the first key.
     FixedDelay,
+    /// Eager while fewer than half the batch slots are busy, fixed-delay
+    /// beyond.
+    Adaptive,
 }
 
 /// Serving options.

@@ -240,6 +240,7 @@ where
         .policy(match args.batch_policy {
             PolicyArg::Eager => FlushPolicy::Eager,
             PolicyArg::FixedDelay => FlushPolicy::FixedDelay,
+            PolicyArg::Adaptive => FlushPolicy::Adaptive,
         })
         .max_delay(Duration::from_micros(args.batch_delay_us))
         .timeout(args.request_timeout())

@@ -179,7 +179,7 @@ struct State<K, V> {
     running: HashMap<task::Id, Running<K, V>>,
     /// Which running load has each key, kept only with `join_in_flight`.
     in_flight_keys: HashMap<K, task::Id>,
-    /// With `FixedDelay`: fires `max_delay` after the pending batch's first
+    /// With `FixedDelay` and `Adaptive`: fires `max_delay` after the pending batch's first
     /// key. Only polled while armed, so an idle worker never wakes up.
     timer: Pin<Box<Sleep>>,
     timer_armed: bool,
@@ -275,7 +275,7 @@ where
             Entry::Vacant(e) => {
                 let enqueued_at = waiter.enqueued_at;
                 e.insert(vec![waiter]);
-                if first_key && self.shared.config.policy == FlushPolicy::FixedDelay {
+                if first_key && self.shared.config.policy != FlushPolicy::Eager {
                     // Measured from the request, not from its receipt, so
                     // time spent in the channel counts toward the delay.
                     let at = enqueued_at + self.shared.config.max_delay;
@@ -288,9 +288,16 @@ where
 
     fn flush_if_due(&mut self) {
         let c = self.config();
+        let running = self.in_flight.len();
+        let at_once = match c.policy {
+            FlushPolicy::Eager => true,
+            FlushPolicy::FixedDelay => false,
+            // Lightly loaded: no delay. Busy: let the batch fill.
+            FlushPolicy::Adaptive => running < c.max_concurrent_batches.div_ceil(2),
+        };
         let due = !self.pending.is_empty()
-            && self.in_flight.len() < c.max_concurrent_batches
-            && (c.policy == FlushPolicy::Eager
+            && running < c.max_concurrent_batches
+            && (at_once
                 || self.pending.len() >= c.max_batch_size
                 || self.deadline_passed
                 || self.draining);
