@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use batcher::cache::Cache;
+use batcher::cache::{Cache, CacheBuilder};
 use batcher::{Batcher, Error};
 use support::{value_of, TestLoader};
 use tokio::sync::Semaphore;
@@ -41,8 +41,16 @@ impl Loads {
 }
 
 fn counting_cache(loads: &Arc<Loads>) -> Cache<u64, String> {
+    counting_cache_with(loads, Cache::builder())
+}
+
+/// A cache built by `builder` whose loads go through `loads`.
+fn counting_cache_with(
+    loads: &Arc<Loads>,
+    builder: CacheBuilder<u64, String>,
+) -> Cache<u64, String> {
     let loads = Arc::clone(loads);
-    Cache::builder()
+    builder
         .build(move |k: u64| {
             let loads = Arc::clone(&loads);
             async move {
@@ -223,20 +231,12 @@ async fn not_found_is_cached_only_with_a_negative_ttl_and_for_that_long() {
 #[tokio::test]
 async fn entries_expire_spread_over_the_jitter() {
     let loads = Arc::new(Loads::default());
-    let cache: Cache<u64, String> = {
-        let loads = Arc::clone(&loads);
+    let cache: Cache<u64, String> = counting_cache_with(
+        &loads,
         Cache::builder()
             .time_to_live(Duration::from_millis(200))
-            .jitter(Duration::from_millis(2000))
-            .build(move |k: u64| {
-                let loads = Arc::clone(&loads);
-                async move {
-                    loads.pass().await;
-                    Ok(Some(value_of(k)))
-                }
-            })
-            .unwrap()
-    };
+            .jitter(Duration::from_millis(2000)),
+    );
     for k in 0..200 {
         cache.get(k).await.unwrap();
     }
@@ -309,19 +309,7 @@ async fn invalidation_wins_over_a_load_already_running() {
 #[tokio::test]
 async fn capacity_is_bounded_by_count_or_by_weight() {
     let loads = Arc::new(Loads::default());
-    let by_count = {
-        let loads = Arc::clone(&loads);
-        Cache::<u64, String>::builder()
-            .max_capacity(100)
-            .build(move |k: u64| {
-                let loads = Arc::clone(&loads);
-                async move {
-                    loads.pass().await;
-                    Ok(Some(value_of(k)))
-                }
-            })
-            .unwrap()
-    };
+    let by_count = counting_cache_with(&loads, Cache::builder().max_capacity(100));
     for k in 0..1000 {
         by_count.get(k).await.unwrap();
     }
