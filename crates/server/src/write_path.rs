@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::config::ServeArgs;
 use crate::input::ObjectBody;
 use crate::queries::{ObjectKey, ObjectRow, ObjectUpsert, OBJECT_TABLE};
-use crate::read_path::Reader;
+use crate::read_path::{ReadError, Reader};
 
 /// Why a write did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -53,13 +53,19 @@ pub enum WriteError {
     Database(#[source] anyhow::Error),
 }
 
+impl From<ReadError> for WriteError {
+    fn from(e: ReadError) -> Self {
+        match e {
+            ReadError::Overloaded => WriteError::Overloaded,
+            ReadError::Timeout => WriteError::Timeout,
+            ReadError::Database(cause) => WriteError::Database(cause),
+        }
+    }
+}
+
 impl From<PgError> for WriteError {
     fn from(e: PgError) -> Self {
-        if e.is_pool_timeout() {
-            WriteError::Overloaded
-        } else {
-            WriteError::Database(e.into())
-        }
+        ReadError::from(e).into()
     }
 }
 
@@ -130,13 +136,9 @@ impl Writes {
         let key = row.key();
         let written = self.writer.write(row).await.map_err(|e| {
             let Some(refused) = e.load_error::<RowError>() else {
-                return match e {
-                    batcher::Error::Overloaded => WriteError::Overloaded,
-                    batcher::Error::Timeout(_) | batcher::Error::LoadTimeout(_) => {
-                        WriteError::Timeout
-                    }
-                    other => WriteError::Database(other.into()),
-                };
+                // Not this row's fault: classified like a read failure
+                // (overload, pool or statement timeout, database).
+                return ReadError::from(e).into();
             };
             match refused.as_db_error() {
                 // The only foreign key of `objects` is its repository.
