@@ -35,6 +35,7 @@ const MAX_SOCKET_PATH: usize = 100;
 pub struct ClusterOptions {
     data_dir: PathBuf,
     port: u16,
+    tcp: bool,
     durable: bool,
     settings: Vec<(String, String)>,
     ready_timeout: Duration,
@@ -47,16 +48,26 @@ impl ClusterOptions {
         Self {
             data_dir: data_dir.into(),
             port: 5432,
+            tcp: false,
             durable: true,
             settings: Vec::new(),
             ready_timeout: Duration::from_secs(60),
         }
     }
 
-    /// The port number, which only names the socket file (no TCP listener
-    /// is opened). Default 5432.
+    /// The port number. It names the socket file, and is the TCP port when
+    /// [`listen_tcp`](Self::listen_tcp) is on. Default 5432.
     pub fn port(mut self, port: u16) -> Self {
         self.port = port;
+        self
+    }
+
+    /// With `true`, the server also listens on TCP at `127.0.0.1:port`
+    /// (loopback only, `trust` authentication as on the socket), for
+    /// clients that cannot use a Unix socket, such as a TCP proxy that
+    /// injects latency. Default `false`.
+    pub fn listen_tcp(mut self, on: bool) -> Self {
+        self.tcp = on;
         self
     }
 
@@ -183,6 +194,7 @@ pub struct Cluster {
     data_dir: PathBuf,
     socket_dir: PathBuf,
     port: u16,
+    tcp: bool,
     log_path: PathBuf,
     child: Mutex<Child>,
     /// Closing it stops the server (see the crate docs).
@@ -231,7 +243,12 @@ impl Cluster {
             .arg(&socket_dir)
             .arg("-p")
             .arg(options.port.to_string())
-            .args(["-c", "listen_addresses="]);
+            .arg("-c")
+            .arg(if options.tcp {
+                "listen_addresses=127.0.0.1"
+            } else {
+                "listen_addresses="
+            });
         if !options.durable {
             for s in [
                 "fsync=off",
@@ -260,6 +277,7 @@ impl Cluster {
             data_dir,
             socket_dir,
             port: options.port,
+            tcp: options.tcp,
             log_path,
             child: Mutex::new(child),
             lifeline: Mutex::new(lifeline),
@@ -326,6 +344,27 @@ impl Cluster {
             .user("postgres")
             .dbname(dbname);
         config
+    }
+
+    /// Like [`config`](Self::config), but over TCP to `127.0.0.1`, when the
+    /// cluster was started with [`ClusterOptions::listen_tcp`].
+    pub fn tcp_config(&self, dbname: &str) -> Option<tokio_postgres::Config> {
+        if !self.tcp {
+            return None;
+        }
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host("127.0.0.1")
+            .port(self.port)
+            .user("postgres")
+            .dbname(dbname);
+        Some(config)
+    }
+
+    /// The TCP address the server listens on, if it does.
+    pub fn tcp_addr(&self) -> Option<std::net::SocketAddr> {
+        self.tcp
+            .then(|| std::net::SocketAddr::from(([127, 0, 0, 1], self.port)))
     }
 
     /// The data directory.

@@ -7,7 +7,10 @@
 //!
 //! The cluster listens on a Unix socket only (`listen_addresses = ''`) with
 //! `trust` authentication. The socket directory is private to the cluster's
-//! OS user, so only that user (and root) can connect.
+//! OS user, so only that user (and root) can connect. The
+//! `ClusterOptions::listen_tcp` option adds a loopback TCP listener, also with
+//! `trust`: any local user can then connect, so it is meant for benchmarks
+//! (a latency proxy needs TCP), not for shared machines.
 //!
 //! Two facts shape the code:
 //! - `initdb` and `postgres` refuse to run as root. When the process is

@@ -77,3 +77,43 @@ async fn a_non_cluster_directory_is_refused() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn listen_tcp_adds_a_loopback_listener() {
+    let tmp = tempfile::Builder::new()
+        .prefix("pgbatch-cluster-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    // A free port: bound by the OS, then released for the server.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cluster = Cluster::start(
+        ClusterOptions::new(tmp.path().join("pg"))
+            .port(port)
+            .listen_tcp(true),
+    )
+    .await
+    .unwrap();
+    let tcp = cluster.tcp_config("postgres").expect("a TCP config");
+    assert_eq!(
+        cluster.tcp_addr(),
+        Some(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+    );
+    // The session runs over TCP: the server sees a client address.
+    assert_eq!(
+        query_one(&tcp, "SELECT host(inet_client_addr())").await,
+        "127.0.0.1"
+    );
+    cluster.stop().await;
+
+    // Without the option there is no TCP config and nothing listens.
+    let cluster = Cluster::start(ClusterOptions::new(tmp.path().join("pg2")).port(port))
+        .await
+        .unwrap();
+    assert!(cluster.tcp_config("postgres").is_none());
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+    cluster.stop().await;
+}

@@ -160,6 +160,41 @@ pub(crate) async fn kv_row(
     }
 }
 
+/// A grant as the API shows it.
+#[derive(Debug, Serialize)]
+pub(crate) struct GrantBody {
+    repository: String,
+    read: bool,
+    write: bool,
+}
+
+/// The body of `GET /api/v1/user`.
+#[derive(Debug, Serialize)]
+pub(crate) struct UserBody {
+    user: String,
+    grants: Vec<GrantBody>,
+}
+
+/// `GET /api/v1/user`: who the token belongs to and what they may do.
+///
+/// Answered from the authenticated principal alone, so with the auth cache
+/// warm it does no database work: the HTTP benchmark's ceiling (the lakeFS
+/// method of starting from an empty handler) is this route.
+pub(crate) async fn current_user(Extension(user): Extension<Arc<Principal>>) -> Json<UserBody> {
+    Json(UserBody {
+        user: user.user.clone(),
+        grants: user
+            .grants
+            .iter()
+            .map(|g| GrantBody {
+                repository: g.repository.clone(),
+                read: g.read,
+                write: g.write,
+            })
+            .collect(),
+    })
+}
+
 /// `GET /healthz`: the process is up.
 pub(crate) async fn healthz() -> impl IntoResponse {
     Json(json!({ "status": "ok" }))

@@ -33,6 +33,19 @@ impl Database {
     /// When the URL is invalid or the cluster cannot start; the message says
     /// what to install or change.
     pub async fn open(args: &DbArgs) -> anyhow::Result<Self> {
+        Self::open_with(args, |options| options).await
+    }
+
+    /// Like [`open`](Self::open), with `customize` applied to the embedded
+    /// cluster's options (the benchmarks turn on its TCP listener).
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open).
+    pub async fn open_with(
+        args: &DbArgs,
+        customize: impl FnOnce(ClusterOptions) -> ClusterOptions,
+    ) -> anyhow::Result<Self> {
         if let Some(url) = &args.database_url {
             let config = url
                 .parse()
@@ -44,9 +57,11 @@ impl Database {
         }
         // No replication from the embedded cluster, so WAL need only cover
         // crash recovery; bulk loads into fresh tables then skip it.
-        let options = ClusterOptions::new(&args.data_dir)
-            .setting("wal_level", "minimal")
-            .setting("max_wal_senders", "0");
+        let options = customize(
+            ClusterOptions::new(&args.data_dir)
+                .setting("wal_level", "minimal")
+                .setting("max_wal_senders", "0"),
+        );
         let cluster = Cluster::start(options)
             .await
             .context("could not start the embedded Postgres")?;

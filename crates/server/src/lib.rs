@@ -124,6 +124,7 @@ pub fn app(state: AppState) -> Router {
         )
         .route("/api/v1/repositories/{repo}/objects/stat", stat)
         .route("/api/v1/kv/{pk}", get(api::kv_row))
+        .route("/api/v1/user", get(api::current_user))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_token,

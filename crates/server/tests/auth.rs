@@ -103,6 +103,59 @@ async fn policies_limit_users_to_their_repositories() {
 }
 
 #[tokio::test]
+async fn the_current_user_route_shows_the_token_owner_and_grants() {
+    let config = support::database().await;
+    let token = user_with_token(&config, "bob", &["demo"], &["scratch"]).await;
+    let app = support::app_on(&config, &["--auth-cache", "on"]);
+
+    let (status, body) = send(&app.router, get_as("/api/v1/user", Some(&token))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["user"], "bob");
+    let mut grants: Vec<_> = body["grants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            (
+                g["repository"].as_str().unwrap().to_owned(),
+                g["read"].as_bool().unwrap(),
+                g["write"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    grants.sort();
+    assert_eq!(
+        grants,
+        [
+            ("demo".to_owned(), true, false),
+            ("scratch".to_owned(), true, true)
+        ]
+    );
+
+    let (status, body) = send(&app.router, support::get("/api/v1/user")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["user"], auth::ADMIN_USER);
+
+    // It needs a token like every /api route; once the token is cached,
+    // answering it takes no query.
+    let (status, body) = send(&app.router, get_as("/api/v1/user", None)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(body["error"]["code"], "missing_token");
+    let before = app.state.auth.cache_stats().unwrap();
+    for _ in 0..20 {
+        assert_eq!(
+            send(&app.router, get_as("/api/v1/user", Some(&token)))
+                .await
+                .0,
+            StatusCode::OK
+        );
+    }
+    let after = app.state.auth.cache_stats().unwrap();
+    assert_eq!(after.misses, before.misses, "{after:?}");
+    assert_eq!(after.hits, before.hits + 20, "{after:?}");
+}
+
+#[tokio::test]
 async fn tokens_are_stored_only_as_digests() {
     let config = support::database().await;
     let token = user_with_token(&config, "someone", &["demo"], &[]).await;
