@@ -1,11 +1,32 @@
 #!/usr/bin/env bash
 # Reproduces every benchmark figure in BENCHMARKS.md: the criterion benches
 # and same-run reports (batcher overhead, cache, writes), then the seed
-# benchmark's load generator (10M rows, 300 initiators; the rows are loaded
-# once into .data/bench-pg and kept). Takes tens of minutes; run it on an
-# otherwise idle machine. Extra arguments go to the load generator.
+# benchmark in process (loadgen), behind added round-trip time (latency)
+# and over HTTP (httpload). All three share one embedded cluster in
+# .data/bench-pg, whose 10M rows are loaded once and kept. Takes tens of
+# minutes; run it on an otherwise idle machine.
+#
+#   ./scripts/bench.sh            # everything
+#   ./scripts/bench.sh loadgen    # only the named parts: criterion, loadgen,
+#                                 # latency, http
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/ensure-postgres.sh
-cargo bench -p benches
-cargo run --release -p benches --bin loadgen -- "$@"
+./scripts/ensure-bench-tools.sh
+
+parts=("$@")
+[[ ${#parts[@]} -gt 0 ]] || parts=(criterion loadgen latency http)
+cargo build --release -p benches --bins
+for part in "${parts[@]}"; do
+    echo "=== $part" >&2
+    case "$part" in
+    criterion) cargo bench -p benches ;;
+    loadgen) ./target/release/loadgen ;;
+    latency) ./target/release/latency ;;
+    http) ./target/release/httpload ;;
+    *)
+        echo "unknown part '$part' (criterion, loadgen, latency, http)" >&2
+        exit 2
+        ;;
+    esac
+done

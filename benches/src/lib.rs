@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 use batcher::Loader;
 use hdrhistogram::Histogram;
 
+pub mod reads;
+pub mod toxiproxy;
+
 /// A loader over an in-memory table: as cheap as a loader can be, so a
 /// benchmark through it measures the batcher itself.
 #[derive(Debug, Clone)]

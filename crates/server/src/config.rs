@@ -134,6 +134,16 @@ pub enum PolicyArg {
     Adaptive,
 }
 
+impl From<PolicyArg> for batcher::FlushPolicy {
+    fn from(arg: PolicyArg) -> Self {
+        match arg {
+            PolicyArg::Eager => Self::Eager,
+            PolicyArg::FixedDelay => Self::FixedDelay,
+            PolicyArg::Adaptive => Self::Adaptive,
+        }
+    }
+}
+
 /// Serving options.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use batcher::cache::Cache;
 use batcher::pg::{PgError, PgLoader, Pool};
-use batcher::{Batcher, FlushPolicy};
+use batcher::Batcher;
 
-use crate::config::{PolicyArg, ReadPathKind, ServeArgs};
+use crate::config::{ReadPathKind, ServeArgs};
 use crate::queries::{KvQuery, ObjectKey, ObjectStatQuery, Stat};
 
 /// Why a lookup produced no answer.
@@ -237,11 +237,7 @@ where
         .max_batch_size(args.batch_size)
         .max_concurrent_batches(args.batch_concurrency)
         .channel_capacity(args.queue_capacity)
-        .policy(match args.batch_policy {
-            PolicyArg::Eager => FlushPolicy::Eager,
-            PolicyArg::FixedDelay => FlushPolicy::FixedDelay,
-            PolicyArg::Adaptive => FlushPolicy::Adaptive,
-        })
+        .policy(args.batch_policy.into())
         .max_delay(Duration::from_micros(args.batch_delay_us))
         .timeout(args.request_timeout())
 }

@@ -1,0 +1,362 @@
+//! The HTTP benchmark: wrk drives the server's `GET /api/v1/kv/{pk}` with
+//! random keys on the naive, batched and cached read paths, and
+//! `GET /api/v1/user`, a route that does no database work once the token is
+//! cached. That route is the ceiling (the lakeFS method: start from an empty
+//! handler), and each read path is printed as a fraction of it.
+//!
+//! The server runs in this process on its own router and pool, over the
+//! same `random_read_test` table as the in-process load generator; wrk runs
+//! as a separate process (`./scripts/ensure-bench-tools.sh` installs it).
+//!
+//! ```text
+//! cargo run --release -p benches --bin httpload             # 10M rows, 300 connections
+//! cargo run --release -p benches --bin httpload -- --smoke  # seconds, for CI
+//! ```
+
+use std::fs::OpenOptions;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use anyhow::{bail, Context as _};
+use benches::reads;
+use clap::Parser;
+use serde_json::Value;
+use server::config::DbArgs;
+use server::db::Database;
+
+/// The wrk script: random keys, the token, and a JSON summary line.
+const SCRIPT: &str = include_str!("../../wrk/read.lua");
+
+/// Drives the server's read paths over HTTP with wrk.
+#[derive(Debug, Parser)]
+#[command(about)]
+struct Args {
+    /// Rows in `random_read_test` (added with COPY when fewer exist).
+    #[arg(long, default_value_t = 10_000_000)]
+    rows: u64,
+    /// wrk's open connections (each one request at a time: the initiators).
+    #[arg(long, default_value_t = 300)]
+    connections: usize,
+    /// wrk's threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Seconds per run (whole seconds: wrk's resolution).
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Keys of the hot-set run of the cached path (they fit in its cache).
+    #[arg(long, default_value_t = 50_000)]
+    hot_keys: u64,
+    /// The server's `--batch-policy` for the batched and cached paths.
+    #[arg(long, default_value = "adaptive")]
+    batch_policy: String,
+    /// Runs to make, of: user (the no-database ceiling), naive, batched,
+    /// cached, hot (cached, hot keys).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "user,naive,batched,cached,hot"
+    )]
+    only: Vec<String>,
+    /// The server's pool size.
+    #[arg(long, default_value_t = 16)]
+    pool_size: usize,
+    /// A Postgres to use instead of the embedded one.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// Directory of the embedded cluster (kept, so rows are loaded once).
+    #[arg(long, default_value = ".data/bench-pg")]
+    data_dir: PathBuf,
+    /// CSV file results are appended to.
+    #[arg(long, default_value = "target/loadgen/http.csv")]
+    csv: PathBuf,
+    /// A seconds-long run on a small table (CI's proof that it works).
+    #[arg(long)]
+    smoke: bool,
+}
+
+/// What one wrk run measured (latencies in microseconds).
+#[derive(Debug)]
+struct WrkResult {
+    requests: u64,
+    seconds: f64,
+    errors: u64,
+    mean_us: f64,
+    p50_us: f64,
+    p99_us: f64,
+    max_us: f64,
+}
+
+impl WrkResult {
+    fn per_sec(&self) -> f64 {
+        self.requests as f64 / self.seconds
+    }
+}
+
+/// One row of results.
+struct Outcome {
+    path: &'static str,
+    keys: String,
+    result: WrkResult,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let mut args = Args::parse();
+    if args.smoke {
+        args.rows = 20_000;
+        args.seconds = 1;
+        args.connections = 16;
+        args.hot_keys = 1_000;
+        if args.data_dir == Path::new(".data/bench-pg") {
+            args.data_dir =
+                std::env::temp_dir().join(format!("pgbatch-httpload-{}", std::process::id()));
+        }
+    }
+    let db = Database::open(&DbArgs {
+        database_url: args.database_url.clone(),
+        data_dir: args.data_dir.clone(),
+        pool_size: 16,
+        admin_token_file: PathBuf::new(),
+    })
+    .await?;
+    let result = measure(&args, &db).await;
+    db.close().await;
+    if args.smoke {
+        let _ = std::fs::remove_dir_all(&args.data_dir); // a throwaway cluster
+    }
+    result
+}
+
+async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
+    server::db::migrate(&db.config).await?;
+    reads::ensure_rows(&db.config, args.rows).await?;
+    // With users present this only makes sure the bench token is an admin's.
+    let token_file =
+        std::env::temp_dir().join(format!("pgbatch-httpload-token-{}", std::process::id()));
+    server::auth::bootstrap_admin(&db.config, Some(benches::ADMIN_TOKEN), &token_file).await?;
+    let _ = std::fs::remove_file(&token_file); // only the preset token is used
+    let script = tempfile::Builder::new()
+        .prefix("pgbatch-wrk-")
+        .suffix(".lua")
+        .tempfile()?;
+    std::fs::write(script.path(), SCRIPT)?;
+
+    let all = args.rows;
+    let mut results = Vec::new();
+    // (name, path, read-path flag, route, keys). Each run is warmed up
+    // first: Postgres's buffers, the server's caches and wrk's connections.
+    let runs: [(&str, &'static str, &str, &str, u64); 5] = [
+        ("user", "no database (GET /api/v1/user)", "naive", "user", 1),
+        ("naive", "naive", "naive", "kv", all),
+        ("batched", "batched", "batched", "kv", all),
+        ("cached", "cached", "cached", "kv", all),
+        ("hot", "cached, hot keys", "cached", "kv", args.hot_keys),
+    ];
+    if let Some(bad) = args.only.iter().find(|o| !runs.iter().any(|r| r.0 == *o)) {
+        bail!("unknown run `{bad}` in --only (user, naive, batched, cached, hot)");
+    }
+    let runs = runs
+        .into_iter()
+        .filter(|r| args.only.contains(&r.0.to_owned()));
+    for (i, (_, path, read_path, route, keys)) in runs.enumerate() {
+        let pool_size = args.pool_size.to_string();
+        let (router, _state) = benches::server_app(
+            &db.config,
+            &[
+                "--read-path",
+                read_path,
+                "--batch-policy",
+                &args.batch_policy,
+                "--request-timeout-ms",
+                "5000",
+                "--pool-size",
+                &pool_size,
+            ],
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serve = tokio::spawn(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        eprintln!("{path}: warming up");
+        let seconds = if args.smoke { 1 } else { 3 };
+        wrk(args, script.path(), &url, route, keys, seconds, i).await?;
+        eprintln!(
+            "{path}: {} connections, {} s",
+            args.connections, args.seconds
+        );
+        let result = wrk(args, script.path(), &url, route, keys, args.seconds, i).await?;
+        let _ = stop.send(());
+        serve.await?.context("server")?;
+        let keys = if route == "user" {
+            "-".to_owned()
+        } else {
+            format!("uniform in {keys}")
+        };
+        results.push(Outcome { path, keys, result });
+    }
+    print_table(&results, args);
+    append_csv(&args.csv, &results, args)?;
+    eprintln!("appended to {}", args.csv.display());
+    Ok(())
+}
+
+/// Runs wrk once and reads its summary line.
+async fn wrk(
+    args: &Args,
+    script: &Path,
+    url: &str,
+    route: &str,
+    keys: u64,
+    seconds: u64,
+    seed: usize,
+) -> anyhow::Result<WrkResult> {
+    let out = tokio::process::Command::new("wrk")
+        .arg(format!("-t{}", args.threads))
+        .arg(format!("-c{}", args.connections))
+        .arg(format!("-d{seconds}s"))
+        .args(["--timeout", "10s", "-s"])
+        .arg(script)
+        .arg(url)
+        .args(["--", benches::ADMIN_TOKEN, route, &keys.to_string()])
+        .arg(seed.to_string())
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .context("could not run wrk; ./scripts/ensure-bench-tools.sh installs it")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "wrk failed ({}): {stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("WRK_RESULT "))
+        .with_context(|| format!("no WRK_RESULT line in wrk's output: {stdout}"))?;
+    let v: Value = serde_json::from_str(line).context("wrk's summary line")?;
+    let num = |k: &str| v[k].as_f64().unwrap_or(0.0);
+    let result = WrkResult {
+        requests: num("requests") as u64,
+        seconds: num("duration_us") / 1e6,
+        errors: [
+            "connect_errors",
+            "read_errors",
+            "write_errors",
+            "status_errors",
+            "timeouts",
+        ]
+        .iter()
+        .map(|k| num(k) as u64)
+        .sum(),
+        mean_us: num("mean_us"),
+        p50_us: num("p50_us"),
+        p99_us: num("p99_us"),
+        max_us: num("max_us"),
+    };
+    if result.requests == 0 {
+        bail!("wrk completed no requests: {stdout}");
+    }
+    Ok(result)
+}
+
+fn print_table(results: &[Outcome], args: &Args) {
+    let ceiling = results
+        .iter()
+        .find(|o| o.path.starts_with("no database"))
+        .map_or(f64::NAN, |o| o.result.per_sec());
+    println!(
+        "\n{} rows; wrk: {} threads, {} connections, {} s per run; batch policy {}\n",
+        args.rows, args.threads, args.connections, args.seconds, args.batch_policy
+    );
+    let share = |per_sec: f64| {
+        if ceiling.is_nan() {
+            "-".to_owned()
+        } else {
+            format!("{:.0}%", 100.0 * per_sec / ceiling)
+        }
+    };
+    println!(
+        "| path | keys | requests/s | of no-database ceiling | avg ms | p50 ms | p99 ms | max ms | errors |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for o in results {
+        let r = &o.result;
+        println!(
+            "| {} | {} | {:.0} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
+            o.path,
+            o.keys,
+            r.per_sec(),
+            share(r.per_sec()),
+            r.mean_us / 1e3,
+            r.p50_us / 1e3,
+            r.p99_us / 1e3,
+            r.max_us / 1e3,
+            r.errors
+        );
+    }
+    let share_of = |path: &str| {
+        results
+            .iter()
+            .find(|o| o.path == path)
+            .map(|o| o.result.per_sec() / ceiling)
+    };
+    let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+    println!();
+    for (path, goal) in [("cached, hot keys", 0.8), ("cached", 0.8), ("batched", 0.5)] {
+        let Some(got) = share_of(path).filter(|g| !g.is_nan()) else {
+            continue;
+        };
+        println!(
+            "target: {path} at least {:.0}% of the no-database ceiling: {} ({:.0}%)",
+            goal * 100.0,
+            verdict(got >= goal),
+            got * 100.0
+        );
+    }
+    if results.iter().any(|o| o.result.errors > 0) {
+        println!("warning: some requests failed (see the errors column)");
+    }
+}
+
+fn append_csv(path: &Path, results: &[Outcome], args: &Args) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let new = !path.exists();
+    let mut f = OpenOptions::new().create(true).append(true).open(path)?;
+    if new {
+        writeln!(f, "unix_time,rows,connections,seconds,batch_policy,path,keys,requests_per_sec,avg_ms,p50_ms,p99_ms,max_ms,errors")?;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    for o in results {
+        let r = &o.result;
+        writeln!(
+            f,
+            "{now},{},{},{},{},\"{}\",{},{:.0},{:.3},{:.3},{:.3},{:.3},{}",
+            args.rows,
+            args.connections,
+            args.seconds,
+            args.batch_policy,
+            o.path,
+            o.keys,
+            r.per_sec(),
+            r.mean_us / 1e3,
+            r.p50_us / 1e3,
+            r.p99_us / 1e3,
+            r.max_us / 1e3,
+            r.errors
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,333 @@
+//! The seed benchmark's read paths with added network round-trip time
+//! (after seed 004): Postgres is reached through a toxiproxy latency proxy
+//! that adds 0, 0.5 and 5 ms per round trip, and naive, pipelined and
+//! batched reads are measured at each, beside a run without the proxy.
+//!
+//! The proxies need `./scripts/ensure-bench-tools.sh` (toxiproxy, built with
+//! Go into `target/tools/bin`).
+//!
+//! ```text
+//! cargo run --release -p benches --bin latency             # 10M rows, 300 initiators
+//! cargo run --release -p benches --bin latency -- --smoke  # seconds, for CI
+//! ```
+
+use std::fs::OpenOptions;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use batcher::pg::{PgLoader, PoolOptions};
+use batcher::FlushPolicy;
+use benches::reads::{self, BatchSettings};
+use benches::toxiproxy::{self, Toxiproxy};
+use benches::RunReport;
+use clap::Parser;
+use server::config::{DbArgs, PolicyArg};
+use server::db::Database;
+use server::queries::KvQuery;
+
+/// Measures the read paths against Postgres behind added round-trip time.
+#[derive(Debug, Parser)]
+#[command(about)]
+struct Args {
+    /// Rows in `random_read_test` (added with COPY when fewer exist).
+    #[arg(long, default_value_t = 10_000_000)]
+    rows: u64,
+    /// Concurrent initiators, each doing one read at a time.
+    #[arg(long, default_value_t = 300)]
+    initiators: usize,
+    /// Seconds per run.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Added round-trip times in milliseconds (whole or half).
+    #[arg(long, value_delimiter = ',', default_value = "0,0.5,5")]
+    rtt_ms: Vec<f64>,
+    /// Connections of the naive path, and statements the batcher runs at
+    /// once: both paths get the same number of connections.
+    #[arg(long, default_value_t = 10)]
+    connections: usize,
+    /// Shared connections of the pipelined path.
+    #[arg(long, default_value_t = 4)]
+    pipeline_connections: usize,
+    /// The batcher's max batch size.
+    #[arg(long, default_value_t = 64)]
+    max_batch: usize,
+    /// The batcher's flush policy.
+    #[arg(long, value_enum, default_value_t = PolicyArg::Adaptive)]
+    policy: PolicyArg,
+    /// A Postgres reachable over TCP to use instead of the embedded one.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// Directory of the embedded cluster (kept, so rows are loaded once).
+    #[arg(long, default_value = ".data/bench-pg")]
+    data_dir: PathBuf,
+    /// Where toxiproxy-server and toxiproxy-cli are (else `PATH`).
+    #[arg(long, default_value = toxiproxy::TOOLS_DIR)]
+    tools_dir: PathBuf,
+    /// CSV file results are appended to.
+    #[arg(long, default_value = "target/loadgen/latency.csv")]
+    csv: PathBuf,
+    /// A seconds-long run on a small table (CI's proof that it works).
+    #[arg(long)]
+    smoke: bool,
+}
+
+/// One row of results.
+struct Outcome {
+    /// `None`: straight to Postgres, no proxy.
+    added_rtt_ms: Option<f64>,
+    /// `SELECT 1` round trip, mean.
+    measured_rtt: Duration,
+    path: &'static str,
+    report: RunReport,
+    mean_batch: Option<f64>,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let mut args = Args::parse();
+    if args.smoke {
+        args.rows = 20_000;
+        args.seconds = 0.3;
+        args.initiators = 32;
+        if args.data_dir == Path::new(".data/bench-pg") {
+            args.data_dir =
+                std::env::temp_dir().join(format!("pgbatch-latency-{}", std::process::id()));
+        }
+    }
+    let port = toxiproxy::free_port()?;
+    let db = Database::open_with(
+        &DbArgs {
+            database_url: args.database_url.clone(),
+            data_dir: args.data_dir.clone(),
+            pool_size: args.connections,
+            admin_token_file: PathBuf::new(),
+        },
+        |options| options.port(port).listen_tcp(true),
+    )
+    .await?;
+    let result = measure(&args, &db).await;
+    db.close().await;
+    if args.smoke {
+        let _ = std::fs::remove_dir_all(&args.data_dir); // a throwaway cluster
+    }
+    result
+}
+
+/// The TCP address and settings of the database, for the proxy to forward
+/// to.
+async fn tcp_target(db: &Database) -> anyhow::Result<(SocketAddr, tokio_postgres::Config)> {
+    if let Some(cluster) = &db.cluster {
+        let addr = cluster
+            .tcp_addr()
+            .context("the cluster has no TCP listener")?;
+        let config = cluster
+            .tcp_config(db.config.get_dbname().unwrap_or("postgres"))
+            .context("the cluster has no TCP listener")?;
+        return Ok((addr, config));
+    }
+    let (Some(tokio_postgres::config::Host::Tcp(host)), Some(port)) =
+        (db.config.get_hosts().first(), db.config.get_ports().first())
+    else {
+        bail!("latency runs need a Postgres reachable over TCP (a host name and port in DATABASE_URL)");
+    };
+    let addr = tokio::net::lookup_host((host.as_str(), *port))
+        .await?
+        .next()
+        .with_context(|| format!("{host} does not resolve"))?;
+    Ok((addr, via(&db.config, addr)))
+}
+
+/// `config` with its host and port replaced by `addr` (`Config::host`
+/// appends to the host list, so the settings are copied over instead).
+fn via(config: &tokio_postgres::Config, addr: SocketAddr) -> tokio_postgres::Config {
+    let mut out = tokio_postgres::Config::new();
+    out.host(addr.ip().to_string()).port(addr.port());
+    if let Some(user) = config.get_user() {
+        out.user(user);
+    }
+    if let Some(password) = config.get_password() {
+        out.password(password);
+    }
+    if let Some(dbname) = config.get_dbname() {
+        out.dbname(dbname);
+    }
+    out
+}
+
+async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
+    server::db::migrate(&db.config).await?;
+    reads::ensure_rows(&db.config, args.rows).await?;
+    let (upstream, direct) = tcp_target(db).await?;
+    let proxy = Toxiproxy::start(&args.tools_dir).await?;
+    let run = Duration::from_secs_f64(args.seconds);
+    let rows = args.rows;
+    let n = args.initiators;
+    let settings = BatchSettings {
+        max_batch: args.max_batch,
+        policy: FlushPolicy::from(args.policy),
+        concurrency: args.connections,
+    };
+
+    let mut targets: Vec<(Option<f64>, tokio_postgres::Config)> = vec![(None, direct.clone())];
+    for (i, &ms) in args.rtt_ms.iter().enumerate() {
+        let listen = proxy
+            .proxy(
+                &format!("pg_{i}"),
+                upstream,
+                Duration::from_secs_f64(ms / 1e3),
+            )
+            .await?;
+        targets.push((Some(ms), via(&direct, listen)));
+    }
+
+    let mut results = Vec::new();
+    for (i, (added, config)) in targets.iter().enumerate() {
+        let label = added.map_or("no proxy".to_owned(), |ms| format!("+{ms} ms"));
+        let measured_rtt = reads::round_trip(config, 200).await?;
+        eprintln!(
+            "{label}: SELECT 1 round trip {:.3} ms",
+            measured_rtt.as_secs_f64() * 1e3
+        );
+        let pool = batcher::pg::pool(
+            config.clone(),
+            &PoolOptions::with_max_size(args.connections),
+        )?;
+        let loader = PgLoader::new(pool, KvQuery);
+        if i == 0 {
+            eprintln!("warming up");
+            let warm = run.min(Duration::from_secs(5));
+            reads::batched_run(&loader, settings, n, warm, rows).await?;
+        }
+        let mut push = |path, report, mean_batch| {
+            results.push(Outcome {
+                added_rtt_ms: *added,
+                measured_rtt,
+                path,
+                report,
+                mean_batch,
+            });
+        };
+        eprintln!("{label}: naive on {} connections", args.connections);
+        push("naive", reads::naive_run(&loader, n, run, rows).await, None);
+        eprintln!(
+            "{label}: pipelined on {} connections",
+            args.pipeline_connections
+        );
+        let pipelined =
+            reads::pipelined_run(config, args.pipeline_connections, n, run, rows).await?;
+        push("pipelined", pipelined, None);
+        eprintln!(
+            "{label}: batched, {:?}, max batch {}, {} at once",
+            args.policy, args.max_batch, args.connections
+        );
+        let (report, mean) = reads::batched_run(&loader, settings, n, run, rows).await?;
+        push("batched", report, Some(mean));
+    }
+
+    print_table(&results, args);
+    append_csv(&args.csv, &results, args)?;
+    eprintln!("appended to {}", args.csv.display());
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn label(added: Option<f64>) -> String {
+    added.map_or("none (no proxy)".to_owned(), |ms| format!("{ms} ms"))
+}
+
+fn print_table(results: &[Outcome], args: &Args) {
+    println!(
+        "\n{} rows, {} initiators, {:.1} s per run; naive and batched on {} connections, pipelined on {}; batched: {:?}, max batch {}\n",
+        args.rows,
+        args.initiators,
+        args.seconds,
+        args.connections,
+        args.pipeline_connections,
+        args.policy,
+        args.max_batch
+    );
+    println!("| added RTT | SELECT 1 mean ms | path | reads/s | × naive | avg ms | p50 ms | p99 ms | max ms | mean batch |");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    let naive_at = |added: Option<f64>| {
+        results
+            .iter()
+            .find(|o| o.added_rtt_ms == added && o.path == "naive")
+            .map_or(1.0, |o| o.report.per_sec())
+    };
+    for o in results {
+        let r = &o.report;
+        println!(
+            "| {} | {:.3} | {} | {:.0} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
+            label(o.added_rtt_ms),
+            ms(o.measured_rtt),
+            o.path,
+            r.per_sec(),
+            r.per_sec() / naive_at(o.added_rtt_ms),
+            ms(r.mean()),
+            ms(r.quantile(0.5)),
+            ms(r.quantile(0.99)),
+            ms(r.max()),
+            o.mean_batch.map_or("-".to_owned(), |m| format!("{m:.1}")),
+        );
+    }
+    println!();
+    // With c connections each doing one statement per round trip, naive
+    // reads at most c per RTT, and the batched path at most n (every
+    // initiator in flight) per RTT: n / c bounds the ratio.
+    println!(
+        "bound: batched / naive ≤ initiators / connections = {:.0} once the RTT dominates",
+        args.initiators as f64 / args.connections as f64
+    );
+    if let Some(b) = results
+        .iter()
+        .find(|o| o.added_rtt_ms == Some(5.0) && o.path == "batched")
+    {
+        let ratio = b.report.per_sec() / naive_at(Some(5.0));
+        println!(
+            "target: at 5 ms added RTT, batched at least 30x naive: {} ({ratio:.1}x)",
+            if ratio >= 30.0 { "met" } else { "MISSED" }
+        );
+    }
+}
+
+fn append_csv(path: &Path, results: &[Outcome], args: &Args) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let new = !path.exists();
+    let mut f = OpenOptions::new().create(true).append(true).open(path)?;
+    if new {
+        writeln!(f, "unix_time,rows,initiators,connections,seconds,added_rtt_ms,select1_mean_ms,path,reads_per_sec,avg_ms,p50_ms,p99_ms,max_ms,mean_batch")?;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    for o in results {
+        let r = &o.report;
+        writeln!(
+            f,
+            "{now},{},{},{},{},{},{:.3},{},{:.0},{:.3},{:.3},{:.3},{:.3},{}",
+            args.rows,
+            args.initiators,
+            args.connections,
+            args.seconds,
+            o.added_rtt_ms
+                .map_or("direct".to_owned(), |m| m.to_string()),
+            ms(o.measured_rtt),
+            o.path,
+            r.per_sec(),
+            ms(r.mean()),
+            ms(r.quantile(0.5)),
+            ms(r.quantile(0.99)),
+            ms(r.max()),
+            o.mean_batch.map_or(String::new(), |m| format!("{m:.1}")),
+        )?;
+    }
+    Ok(())
+}

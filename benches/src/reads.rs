@@ -1,0 +1,324 @@
+//! The seed benchmark's read paths against `random_read_test`, shared by
+//! the load generators: the table's rows, each read path as a closed-loop
+//! run, and the database's bulk ceiling.
+
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use batcher::cache::Cache;
+use batcher::pg::copy::{self, RowSource, RowValues};
+use batcher::pg::PgLoader;
+use batcher::{Batcher, FlushPolicy};
+use server::queries::KvQuery;
+use server::seed::{kv_payload, kv_pk};
+use tokio_postgres::types::Type;
+use tokio_postgres::NoTls;
+
+use crate::{closed_loop, KeyStream, RunReport};
+
+/// The primary key of the `k`-th row (`k` in `0..rows`; rows are numbered
+/// from 1).
+pub fn key(k: u64) -> String {
+    kv_pk(k + 1)
+}
+
+struct KvRows {
+    next: u64,
+    last: u64,
+}
+
+impl RowSource for KvRows {
+    type Error = std::convert::Infallible;
+
+    async fn next_row(&mut self) -> Result<Option<RowValues>, Self::Error> {
+        if self.next > self.last {
+            return Ok(None);
+        }
+        let n = self.next;
+        self.next += 1;
+        Ok(Some(vec![Box::new(kv_pk(n)), Box::new(kv_payload(n))]))
+    }
+}
+
+/// Tops `random_read_test` up to `rows` rows (numbered from 1) with COPY,
+/// then freezes and analyses it.
+///
+/// # Errors
+///
+/// When the database fails.
+pub async fn ensure_rows(config: &tokio_postgres::Config, rows: u64) -> anyhow::Result<()> {
+    let (mut client, conn) = config.connect(NoTls).await?;
+    tokio::spawn(conn);
+    let have: i64 = client
+        .query_one("SELECT count(*) FROM random_read_test", &[])
+        .await?
+        .get(0);
+    let have = have as u64;
+    if have >= rows {
+        return Ok(());
+    }
+    eprintln!("loading rows {}..={rows} into random_read_test", have + 1);
+    let start = Instant::now();
+    let tx = client.transaction().await?;
+    let columns = [("pk", Type::TEXT), ("payload", Type::TEXT)];
+    let source = KvRows {
+        next: have + 1,
+        last: rows,
+    };
+    copy::copy_rows(&tx, "random_read_test", &columns, source, false, |_| {})
+        .await
+        .context("COPY")?;
+    tx.commit().await?;
+    eprintln!(
+        "loaded {} rows in {:.1} s; vacuuming",
+        rows - have,
+        start.elapsed().as_secs_f64()
+    );
+    // Frozen, analysed and with a visibility map, reads do not write.
+    client
+        .batch_execute("VACUUM (FREEZE, ANALYZE) random_read_test")
+        .await?;
+    Ok(())
+}
+
+/// Keys per second of back-to-back `= ANY($1)` queries of `keys` random
+/// keys on `connections` connections: what the database itself can serve.
+///
+/// # Panics
+///
+/// When a query fails: the ceiling is meaningless then.
+pub async fn ceiling(
+    pool: &batcher::pg::Pool,
+    connections: usize,
+    keys: usize,
+    rows: u64,
+    run: Duration,
+) -> f64 {
+    let stop = Instant::now() + run;
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..connections)
+        .map(|c| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let client = pool.get().await.expect("connection");
+                let stmt = client
+                    .prepare_cached("SELECT pk, payload FROM random_read_test WHERE pk = ANY($1)")
+                    .await
+                    .expect("prepare");
+                let mut stream = KeyStream::new(1_000 + c as u64);
+                let mut done = 0u64;
+                while Instant::now() < stop {
+                    let batch: Vec<String> =
+                        (0..keys).map(|_| key(stream.next_below(rows))).collect();
+                    let found = client.query(&stmt, &[&batch]).await.expect("ceiling query");
+                    done += found.len() as u64;
+                }
+                done
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.expect("ceiling task");
+    }
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Naive: `n` initiators, one `SELECT ... WHERE pk = $1` per read, each on a
+/// connection taken from the loader's pool.
+///
+/// # Panics
+///
+/// When a read fails.
+pub async fn naive_run(
+    loader: &PgLoader<KvQuery>,
+    n: usize,
+    run: Duration,
+    rows: u64,
+) -> RunReport {
+    let loader = loader.clone();
+    closed_loop(n, run, rows, move |k| {
+        let loader = loader.clone();
+        async move {
+            loader.load_one(&key(k)).await.expect("naive read");
+        }
+    })
+    .await
+}
+
+/// Pipelined: `n` initiators share `connections` connections (round robin)
+/// and send single-key queries without waiting, which tokio-postgres
+/// pipelines on each connection.
+///
+/// # Errors
+///
+/// When a connection cannot be made.
+///
+/// # Panics
+///
+/// When a read fails.
+pub async fn pipelined_run(
+    config: &tokio_postgres::Config,
+    connections: usize,
+    n: usize,
+    run: Duration,
+    rows: u64,
+) -> anyhow::Result<RunReport> {
+    let mut clients = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        let (client, conn) = config.connect(NoTls).await?;
+        tokio::spawn(conn);
+        let stmt = client
+            .prepare("SELECT pk, payload FROM random_read_test WHERE pk = $1")
+            .await?;
+        clients.push((client, stmt));
+    }
+    let clients = Arc::new(clients);
+    let next = Arc::new(AtomicUsize::new(0));
+    Ok(closed_loop(n, run, rows, move |k| {
+        let clients = Arc::clone(&clients);
+        let i = next.fetch_add(1, Relaxed) % clients.len();
+        async move {
+            let (client, stmt) = &clients[i];
+            client
+                .query_opt(stmt, &[&key(k)])
+                .await
+                .expect("pipelined read");
+        }
+    })
+    .await)
+}
+
+/// How a batched run's batcher is set up.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchSettings {
+    /// Most keys per statement.
+    pub max_batch: usize,
+    /// When to flush.
+    pub policy: FlushPolicy,
+    /// Statements in flight at once.
+    pub concurrency: usize,
+}
+
+impl BatchSettings {
+    fn batcher(&self, loader: &PgLoader<KvQuery>) -> anyhow::Result<Batcher<String, String>> {
+        Ok(Batcher::builder()
+            .max_batch_size(self.max_batch)
+            .policy(self.policy)
+            .max_delay(Duration::from_micros(500))
+            .max_concurrent_batches(self.concurrency)
+            .timeout(Duration::from_secs(30))
+            .build(loader.clone())?)
+    }
+}
+
+/// Batched: `n` initiators through one [`Batcher`]. Returns the report and
+/// the mean batch size.
+///
+/// # Errors
+///
+/// When the settings are invalid.
+///
+/// # Panics
+///
+/// When a read fails.
+pub async fn batched_run(
+    loader: &PgLoader<KvQuery>,
+    settings: BatchSettings,
+    n: usize,
+    run: Duration,
+    rows: u64,
+) -> anyhow::Result<(RunReport, f64)> {
+    let b = settings.batcher(loader)?;
+    let report = {
+        let b = b.clone();
+        closed_loop(n, run, rows, move |k| {
+            let b = b.clone();
+            async move {
+                b.load(key(k)).await.expect("batched read");
+            }
+        })
+        .await
+    };
+    let mean = b.stats().batch_size.mean().unwrap_or(0.0);
+    b.shutdown().await;
+    Ok((report, mean))
+}
+
+/// What a cached run measured.
+#[derive(Debug)]
+pub struct CachedRun {
+    /// Latencies and throughput.
+    pub report: RunReport,
+    /// The batcher's mean batch size.
+    pub mean_batch: f64,
+    /// Hits over all lookups.
+    pub hit_rate: f64,
+}
+
+/// Cached: `n` initiators through a 1M-entry [`Cache`] in front of a
+/// batcher.
+///
+/// # Errors
+///
+/// When the settings are invalid.
+///
+/// # Panics
+///
+/// When a read fails.
+pub async fn cached_run(
+    loader: &PgLoader<KvQuery>,
+    settings: BatchSettings,
+    n: usize,
+    run: Duration,
+    rows: u64,
+) -> anyhow::Result<CachedRun> {
+    let b = settings.batcher(loader)?;
+    let cache = Cache::builder()
+        .max_capacity(1_000_000)
+        .build_with_batcher(b.clone())?;
+    let report = {
+        let cache = cache.clone();
+        closed_loop(n, run, rows, move |k| {
+            let cache = cache.clone();
+            async move {
+                cache.get(key(k)).await.expect("cached read");
+            }
+        })
+        .await
+    };
+    let s = cache.stats();
+    let lookups = (s.hits + s.misses + s.coalesced).max(1);
+    let mean_batch = b.stats().batch_size.mean().unwrap_or(0.0);
+    b.shutdown().await;
+    Ok(CachedRun {
+        report,
+        mean_batch,
+        hit_rate: s.hits as f64 / lookups as f64,
+    })
+}
+
+/// The mean of `samples` sequential `SELECT 1` round trips on one
+/// connection: the round-trip time a read path pays per statement. The
+/// mean, not the median, because a half-millisecond proxy delay is 0 or
+/// 1 ms per round trip (see [`crate::toxiproxy::Toxiproxy::proxy`]).
+///
+/// # Errors
+///
+/// When the database fails.
+pub async fn round_trip(
+    config: &tokio_postgres::Config,
+    samples: usize,
+) -> anyhow::Result<Duration> {
+    let (client, conn) = config.connect(NoTls).await?;
+    tokio::spawn(conn);
+    let stmt = client.prepare("SELECT 1").await?;
+    let samples = samples.max(1);
+    let start = Instant::now();
+    for _ in 0..samples {
+        client.query_one(&stmt, &[]).await?;
+    }
+    Ok(start.elapsed() / u32::try_from(samples).unwrap_or(u32::MAX))
+}
