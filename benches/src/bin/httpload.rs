@@ -113,12 +113,15 @@ async fn main() -> anyhow::Result<()> {
                 std::env::temp_dir().join(format!("pgbatch-httpload-{}", std::process::id()));
         }
     }
-    let db = Database::open(&DbArgs {
-        database_url: args.database_url.clone(),
-        data_dir: args.data_dir.clone(),
-        pool_size: 16,
-        admin_token_file: PathBuf::new(),
-    })
+    let db = Database::open_with(
+        &DbArgs {
+            database_url: args.database_url.clone(),
+            data_dir: args.data_dir.clone(),
+            pool_size: 16,
+            admin_token_file: PathBuf::new(),
+        },
+        |options| options.setting("shared_buffers", reads::SHARED_BUFFERS),
+    )
     .await?;
     let result = measure(&args, &db).await;
     db.close().await;
@@ -131,6 +134,7 @@ async fn main() -> anyhow::Result<()> {
 async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     server::db::migrate(&db.config).await?;
     reads::ensure_rows(&db.config, args.rows).await?;
+    reads::prewarm(&db.config).await?;
     // With users present this only makes sure the bench token is an admin's.
     let token_file =
         std::env::temp_dir().join(format!("pgbatch-httpload-token-{}", std::process::id()));

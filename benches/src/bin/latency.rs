@@ -105,7 +105,12 @@ async fn main() -> anyhow::Result<()> {
             pool_size: args.connections,
             admin_token_file: PathBuf::new(),
         },
-        |options| options.port(port).listen_tcp(true),
+        |options| {
+            options
+                .port(port)
+                .listen_tcp(true)
+                .setting("shared_buffers", reads::SHARED_BUFFERS)
+        },
     )
     .await?;
     let result = measure(&args, &db).await;
@@ -160,6 +165,7 @@ fn via(config: &tokio_postgres::Config, addr: SocketAddr) -> tokio_postgres::Con
 async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     server::db::migrate(&db.config).await?;
     reads::ensure_rows(&db.config, args.rows).await?;
+    reads::prewarm(&db.config).await?;
     let (upstream, direct) = tcp_target(db).await?;
     let proxy = Toxiproxy::start(&args.tools_dir).await?;
     let run = Duration::from_secs_f64(args.seconds);

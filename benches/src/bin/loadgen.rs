@@ -110,12 +110,15 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     let run = Duration::from_secs_f64(args.seconds);
-    let db = Database::open(&DbArgs {
-        database_url: args.database_url.clone(),
-        data_dir: args.data_dir.clone(),
-        pool_size: args.pool_size,
-        admin_token_file: PathBuf::new(),
-    })
+    let db = Database::open_with(
+        &DbArgs {
+            database_url: args.database_url.clone(),
+            data_dir: args.data_dir.clone(),
+            pool_size: args.pool_size,
+            admin_token_file: PathBuf::new(),
+        },
+        |options| options.setting("shared_buffers", reads::SHARED_BUFFERS),
+    )
     .await?;
     let result = measure(&args, &db, run).await;
     db.close().await;
@@ -128,6 +131,7 @@ async fn main() -> anyhow::Result<()> {
 async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()> {
     server::db::migrate(&db.config).await?;
     reads::ensure_rows(&db.config, args.rows).await?;
+    reads::prewarm(&db.config).await?;
     let pool = batcher::pg::pool(
         db.config.clone(),
         &PoolOptions::with_max_size(args.pool_size),
