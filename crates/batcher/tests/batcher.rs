@@ -435,7 +435,12 @@ async fn overflow_wait_is_bounded_by_the_deadline() {
 
 #[tokio::test]
 async fn an_idle_worker_stays_pending_and_a_dropped_one_yields_closed() {
-    let (b, worker) = builder().build_pair(TestLoader::new()).unwrap();
+    // Through the worker: a lone caller would otherwise load directly and
+    // not depend on the worker at all.
+    let (b, worker) = builder()
+        .direct_when_idle(false)
+        .build_pair(TestLoader::new())
+        .unwrap();
     let mut worker = tokio_test::task::spawn(worker.run());
     assert_pending!(worker.poll());
     assert_pending!(worker.poll());
@@ -641,4 +646,189 @@ async fn adaptive_flushes_a_full_batch_without_waiting() {
     for h in full {
         assert!(ok(h).await.is_some());
     }
+}
+
+/// The id of the task that runs each load, and the answer.
+fn task_recording_loader(
+    ids: std::sync::Arc<std::sync::Mutex<Vec<Option<tokio::task::Id>>>>,
+) -> impl batcher::Loader<u64, String> {
+    loader_fn(move |keys: Vec<u64>| {
+        let ids = ids.clone();
+        async move {
+            ids.lock().unwrap().push(tokio::task::try_id());
+            Ok::<_, Infallible>(keys.into_iter().map(|k| (k, value_of(k))).collect())
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lone_caller_loads_in_its_own_task_unless_told_not_to() {
+    for (direct, policy) in [
+        (true, FlushPolicy::Eager),
+        (true, FlushPolicy::Adaptive),
+        (false, FlushPolicy::Eager),
+    ] {
+        let ids = std::sync::Arc::default();
+        let b = builder()
+            .policy(policy)
+            .direct_when_idle(direct)
+            .build(task_recording_loader(std::sync::Arc::clone(&ids)))
+            .unwrap();
+        settle().await; // the worker starts
+        let caller = tokio::spawn({
+            let b = b.clone();
+            async move { (tokio::task::id(), b.load(7).await) }
+        });
+        let (caller_id, reply) = caller.await.unwrap();
+        assert_eq!(reply.unwrap(), Some(value_of(7)));
+        let loaded_in = ids.lock().unwrap()[0];
+        assert_eq!(
+            loaded_in == Some(caller_id),
+            direct,
+            "direct_when_idle({direct}), {policy:?}"
+        );
+        // Counted like any batch of one.
+        let s = b.stats();
+        assert_eq!((s.requests, s.batches, s.found), (1, 1, 1));
+        assert_eq!(s.batch_size.mean(), Some(1.0));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn fixed_delay_and_join_in_flight_keep_every_load_in_the_worker() {
+    for b in [
+        builder().policy(FlushPolicy::FixedDelay),
+        builder().join_in_flight(true),
+        builder().max_concurrent_batches(1),
+    ] {
+        let ids = std::sync::Arc::default();
+        let b = b
+            .build(task_recording_loader(std::sync::Arc::clone(&ids)))
+            .unwrap();
+        settle().await;
+        let caller = tokio::spawn({
+            let b = b.clone();
+            async move { (tokio::task::id(), b.load(7).await) }
+        });
+        let (caller_id, reply) = caller.await.unwrap();
+        assert_eq!(reply.unwrap(), Some(value_of(7)));
+        assert_ne!(ids.lock().unwrap()[0], Some(caller_id));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn while_a_direct_load_runs_others_batch_and_share_its_slots() {
+    let loader = TestLoader::gated();
+    let b = builder()
+        .max_concurrent_batches(2)
+        .build(loader.clone())
+        .unwrap();
+    settle().await;
+    let lone = spawn_load(&b, 1);
+    settle().await;
+    assert_eq!(loader.calls(), vec![vec![1]]);
+    // The batcher is busy now: these go through the worker, which has one
+    // slot left, so the second group waits for a slot and forms one batch.
+    let first: Vec<_> = (10..13).map(|k| spawn_load(&b, k)).collect();
+    settle().await;
+    let second: Vec<_> = (20..23).map(|k| spawn_load(&b, k)).collect();
+    settle().await;
+    assert_eq!(loader.calls(), vec![vec![1], vec![10, 11, 12]]);
+    assert_eq!(loader.running(), 2);
+    loader.open(1); // the direct load finishes, freeing its slot
+    assert_eq!(ok(lone).await, Some(value_of(1)));
+    settle().await;
+    loader.open(10);
+    for (k, h) in (10..13).chain(20..23).zip(first.into_iter().chain(second)) {
+        assert_eq!(ok(h).await, Some(value_of(k)));
+    }
+    assert_eq!(
+        loader.calls(),
+        vec![vec![1], vec![10, 11, 12], vec![20, 21, 22]]
+    );
+    assert_eq!(loader.max_running(), 2, "the slots are shared");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_direct_load_fails_like_a_batch_and_frees_its_slot() {
+    let b = builder()
+        .max_concurrent_batches(2)
+        .build(TestLoader::new())
+        .unwrap();
+    settle().await;
+    assert!(matches!(
+        b.load(PANIC_KEY).await,
+        Err(Error::LoaderPanicked(_))
+    ));
+    let err = b.load(FAIL_KEY).await.unwrap_err();
+    assert!(err.load_error::<TestError>().is_some(), "{err:?}");
+    assert_eq!(b.load(MISSING_FROM).await.unwrap(), None);
+    let s = b.stats();
+    assert_eq!(
+        (s.batches, s.panicked_batches, s.failed_batches, s.not_found),
+        (3, 1, 1, 1)
+    );
+
+    // A hung load: the caller's deadline, then the load timeout, answer it
+    // and give the slot back.
+    let gated = TestLoader::gated();
+    let b = builder()
+        .max_concurrent_batches(2)
+        .timeout(Duration::from_millis(50))
+        .build(gated.clone())
+        .unwrap();
+    settle().await;
+    let started = Instant::now();
+    assert!(matches!(b.load(1).await, Err(Error::Timeout(_))));
+    assert_eq!(started.elapsed(), Duration::from_millis(50));
+    assert_eq!(gated.running(), 0, "the abandoned direct load is dropped");
+    let b = builder()
+        .max_concurrent_batches(2)
+        .load_timeout(Duration::from_millis(10))
+        .build(gated.clone())
+        .unwrap();
+    settle().await;
+    assert!(matches!(b.load(2).await, Err(Error::LoadTimeout(_))));
+    assert_eq!(b.stats().timed_out_batches, 1);
+    // Both slots are free again: two hung loads run at once.
+    let hung = [spawn_load(&b, 3), spawn_load(&b, 4)];
+    settle().await;
+    assert_eq!(gated.running(), 2);
+    gated.open(2);
+    for h in hung {
+        assert!(h.await.unwrap().is_ok());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lone_caller_waits_when_abandoned_loads_hold_every_slot() {
+    let gated = TestLoader::gated();
+    let b = builder()
+        .max_concurrent_batches(2)
+        .timeout(Duration::from_millis(50))
+        .build(gated.clone())
+        .unwrap();
+    settle().await;
+    let direct = spawn_load(&b, 1);
+    settle().await;
+    let second = spawn_load(&b, 2); // busy: through the worker
+    settle().await;
+    gated.open(1); // key 1's direct load ends (the gate is first come)
+    assert_eq!(ok(direct).await, Some(value_of(1)));
+    let third = spawn_load(&b, 3); // key 2 is outstanding: through the worker
+    settle().await;
+    assert_eq!(gated.running(), 2);
+    // Both callers give up; their loads still hold both slots.
+    advance(Duration::from_millis(60)).await;
+    for h in [second, third] {
+        assert!(matches!(h.await.unwrap(), Err(Error::Timeout(_))));
+    }
+    // Idle again, but no slot is free: the next caller must not load
+    // directly on top of them.
+    let fourth = spawn_load(&b, 4);
+    settle().await;
+    assert_eq!(gated.running(), 2, "the concurrency cap holds");
+    gated.open(3);
+    assert_eq!(ok(fourth).await, Some(value_of(4)));
+    assert_eq!(gated.max_running(), 2);
 }

@@ -94,8 +94,12 @@ async fn a_thousand_concurrent_gets_of_one_cold_key_cause_one_load() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_gets_over_a_hundred_keys_through_a_batcher_make_few_batches() {
     let loader = TestLoader::new();
+    // This instant loader would finish each direct load before the next
+    // spawned get runs, making every load a batch of one: this test is
+    // about coalescing through the worker.
     let batcher: Batcher<u64, String> = Batcher::builder()
         .max_concurrent_batches(2)
+        .direct_when_idle(false)
         .build(loader.clone())
         .unwrap();
     let cache = Cache::builder()

@@ -92,6 +92,7 @@ pub(crate) struct Config {
     pub(crate) timeout: Option<Duration>,
     pub(crate) load_timeout: Option<Duration>,
     pub(crate) join_in_flight: bool,
+    pub(crate) direct_when_idle: bool,
 }
 
 impl Default for Config {
@@ -107,6 +108,7 @@ impl Default for Config {
             timeout: Some(defaults::TIMEOUT),
             load_timeout: None,
             join_in_flight: false,
+            direct_when_idle: true,
         }
     }
 }
@@ -246,6 +248,22 @@ where
     /// load's start. Default `false`.
     pub fn join_in_flight(mut self, yes: bool) -> Self {
         self.config.join_in_flight = yes;
+        self
+    }
+
+    /// With the [`Eager`](FlushPolicy::Eager) and
+    /// [`Adaptive`](FlushPolicy::Adaptive) policies: when a request finds
+    /// the batcher idle (no other request in progress, a load slot free, at
+    /// least two slots in all, and [`join_in_flight`](Self::join_in_flight)
+    /// off, since only the worker's loads can be joined), the caller runs its one-key load in its own
+    /// task instead of handing it to the worker. The worker would have sent
+    /// it alone anyway; skipping it saves two task hand-offs, each a thread
+    /// wake-up when the runtime's threads are parked, which is most of what a
+    /// lone caller pays for batching. The load counts against
+    /// [`max_concurrent_batches`](Self::max_concurrent_batches) and in the
+    /// statistics like any batch of one. Default `true`.
+    pub fn direct_when_idle(mut self, yes: bool) -> Self {
+        self.config.direct_when_idle = yes;
         self
     }
 

@@ -13,7 +13,8 @@ use std::future::Future;
 use std::hash::Hash;
 use std::mem;
 use std::pin::{pin, Pin};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,8 +35,37 @@ use crate::Error;
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// The loader with its types erased, so `Worker` and `Batcher` need no
 /// loader type parameter.
-type LoadFn<K, V> =
+pub(crate) type LoadFn<K, V> =
     Arc<dyn Fn(Vec<K>) -> BoxFuture<Result<HashMap<K, V>, SharedError>> + Send + Sync>;
+
+/// Erases `loader`'s type. The loader is called inside the returned future,
+/// so even a panic in its synchronous part happens where the future is
+/// polled (the load task, or a direct caller that catches it), not in the
+/// worker.
+pub(crate) fn load_fn<K, V, L>(loader: L) -> LoadFn<K, V>
+where
+    K: Send + 'static,
+    V: Send + 'static,
+    L: Loader<K, V>,
+{
+    let loader = Arc::new(loader);
+    Arc::new(move |keys| {
+        let loader = Arc::clone(&loader);
+        Box::pin(async move {
+            loader
+                .load(keys)
+                .await
+                .map_err(|e| Arc::new(e) as SharedError)
+        })
+    })
+}
+
+/// Takes one of `max` load slots counted in `running`, if one is free.
+pub(crate) fn try_take_slot(running: &AtomicUsize, max: usize) -> bool {
+    running
+        .fetch_update(SeqCst, SeqCst, |n| (n < max).then_some(n + 1))
+        .is_ok()
+}
 
 /// The task that serves a [`Batcher`](super::Batcher).
 ///
@@ -68,23 +98,11 @@ where
     K: Clone + Eq + Hash + Send + 'static,
     V: Clone + Send + 'static,
 {
-    pub(crate) fn new<L: Loader<K, V>>(
+    pub(crate) fn new(
         rx: mpsc::Receiver<Message<K, V>>,
-        loader: L,
+        load: LoadFn<K, V>,
         shared: Arc<Shared>,
     ) -> Self {
-        let loader = Arc::new(loader);
-        let load: LoadFn<K, V> = Arc::new(move |keys| {
-            let loader = Arc::clone(&loader);
-            // The loader is called inside the future, so even a panic in its
-            // synchronous part happens in the load task, not in the worker.
-            Box::pin(async move {
-                loader
-                    .load(keys)
-                    .await
-                    .map_err(|e| Arc::new(e) as SharedError)
-            })
-        });
         let done = shared.done.clone().drop_guard();
         Self {
             rx,
@@ -97,6 +115,7 @@ where
     /// Runs the worker until shutdown, or until every [`Batcher`](super::Batcher)
     /// handle is dropped, and every queued request has been answered.
     pub async fn run(self) {
+        self.shared.worker_running.store(true, SeqCst);
         let mut state = State::new(self);
         let mut shutdown = pin!(state.shared.shutdown.clone().cancelled_owned());
         loop {
@@ -288,7 +307,8 @@ where
 
     fn flush_if_due(&mut self) {
         let c = self.config();
-        let running = self.in_flight.len();
+        // Slots are shared with callers that load directly when idle.
+        let running = self.shared.running.load(SeqCst);
         let at_once = match c.policy {
             FlushPolicy::Eager => true,
             FlushPolicy::FixedDelay => false,
@@ -296,12 +316,11 @@ where
             FlushPolicy::Adaptive => running < c.max_concurrent_batches.div_ceil(2),
         };
         let due = !self.pending.is_empty()
-            && running < c.max_concurrent_batches
             && (at_once
                 || self.pending.len() >= c.max_batch_size
                 || self.deadline_passed
                 || self.draining);
-        if due {
+        if due && try_take_slot(&self.shared.running, c.max_concurrent_batches) {
             self.dispatch();
         }
     }
@@ -325,6 +344,7 @@ where
         let stats = &self.shared.stats;
         Stats::incr(&stats.abandoned, abandoned as u64);
         if batch.is_empty() {
+            self.shared.running.fetch_sub(1, SeqCst); // the slot goes unused
             return;
         }
 
@@ -381,6 +401,7 @@ where
             Ok((id, outcome)) => (id, Ok(outcome)),
             Err(e) => (e.id(), Err(e)),
         };
+        self.shared.running.fetch_sub(1, SeqCst);
         let Some(run) = self.running.remove(&id) else {
             return;
         };
@@ -440,7 +461,7 @@ where
         stats.pending_keys.store(self.pending.len() as u64, Relaxed);
         stats
             .in_flight_batches
-            .store(self.in_flight.len() as u64, Relaxed);
+            .store(self.shared.running.load(Relaxed) as u64, Relaxed);
     }
 }
 
@@ -456,7 +477,7 @@ fn reply_all<V: Clone>(waiters: Vec<Waiter<V>>, reply: Reply<V>) {
     }
 }
 
-fn panic_message(payload: Box<dyn Any + Send>) -> String {
+pub(crate) fn panic_message(payload: Box<dyn Any + Send>) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = payload.downcast_ref::<String>() {
