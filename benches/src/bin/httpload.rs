@@ -44,6 +44,11 @@ struct Args {
     /// Seconds per run (whole seconds: wrk's resolution).
     #[arg(long, default_value_t = 10)]
     seconds: u64,
+    /// Rounds of all runs. The table shows each path's median round and
+    /// the range, so a noisy moment on a shared machine moves one round,
+    /// not the verdict; the rounds interleave, so drift hits every path.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Keys of the hot-set run of the cached path (they fit in its cache).
     #[arg(long, default_value_t = 50_000)]
     hot_keys: u64,
@@ -97,7 +102,10 @@ impl WrkResult {
 struct Outcome {
     path: &'static str,
     keys: String,
+    /// The median round.
     result: WrkResult,
+    /// Requests/s of the slowest and fastest rounds.
+    range: (f64, f64),
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -108,6 +116,7 @@ async fn main() -> anyhow::Result<()> {
         args.seconds = 1;
         args.connections = 16;
         args.hot_keys = 1_000;
+        args.rounds = 1;
         if args.data_dir == Path::new(".data/bench-pg") {
             args.data_dir =
                 std::env::temp_dir().join(format!("pgbatch-httpload-{}", std::process::id()));
@@ -160,55 +169,96 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     if let Some(bad) = args.only.iter().find(|o| !runs.iter().any(|r| r.0 == *o)) {
         bail!("unknown run `{bad}` in --only (user, naive, batched, cached, hot)");
     }
-    let runs = runs
+    let runs: Vec<_> = runs
         .into_iter()
-        .filter(|r| args.only.contains(&r.0.to_owned()));
-    for (i, (_, path, read_path, route, keys)) in runs.enumerate() {
-        let pool_size = args.pool_size.to_string();
-        let (router, _state) = benches::server_app(
-            &db.config,
-            &[
-                "--read-path",
-                read_path,
-                "--batch-policy",
-                &args.batch_policy,
-                "--request-timeout-ms",
-                "5000",
-                "--pool-size",
-                &pool_size,
-            ],
+        .filter(|r| args.only.contains(&r.0.to_owned()))
+        .collect();
+    let mut rounds: Vec<Vec<WrkResult>> = runs.iter().map(|_| Vec::new()).collect();
+    for round in 0..args.rounds.max(1) {
+        for (i, &(_, path, read_path, route, keys)) in runs.iter().enumerate() {
+            eprintln!("round {}/{}: {path}", round + 1, args.rounds.max(1));
+            let seed = round * runs.len() + i;
+            let result =
+                serve_and_drive(args, db, script.path(), read_path, route, keys, seed).await?;
+            append_csv(
+                &args.csv,
+                round,
+                path,
+                &keys_label(route, keys),
+                &result,
+                args,
+            )?;
+            rounds[i].push(result);
+        }
+    }
+    for (&(_, path, _, route, keys), mut results_of) in runs.iter().zip(rounds) {
+        results_of.sort_by(|a, b| a.per_sec().total_cmp(&b.per_sec()));
+        let range = (
+            results_of[0].per_sec(),
+            results_of[results_of.len() - 1].per_sec(),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let url = format!("http://{}", listener.local_addr()?);
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let serve = tokio::spawn(async move {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await
+        let result = results_of.swap_remove(results_of.len() / 2);
+        results.push(Outcome {
+            path,
+            keys: keys_label(route, keys),
+            result,
+            range,
         });
-        eprintln!("{path}: warming up");
-        let seconds = if args.smoke { 1 } else { 3 };
-        wrk(args, script.path(), &url, route, keys, seconds, i).await?;
-        eprintln!(
-            "{path}: {} connections, {} s",
-            args.connections, args.seconds
-        );
-        let result = wrk(args, script.path(), &url, route, keys, args.seconds, i).await?;
-        let _ = stop.send(());
-        serve.await?.context("server")?;
-        let keys = if route == "user" {
-            "-".to_owned()
-        } else {
-            format!("uniform in {keys}")
-        };
-        results.push(Outcome { path, keys, result });
     }
     print_table(&results, args);
-    append_csv(&args.csv, &results, args)?;
-    eprintln!("appended to {}", args.csv.display());
+    eprintln!("appended every round to {}", args.csv.display());
     Ok(())
+}
+
+fn keys_label(route: &str, keys: u64) -> String {
+    if route == "user" {
+        "-".to_owned()
+    } else {
+        format!("uniform in {keys}")
+    }
+}
+
+/// Serves the app with `--read-path read_path` on a fresh port, warms it
+/// up, and drives it with wrk once.
+async fn serve_and_drive(
+    args: &Args,
+    db: &Database,
+    script: &Path,
+    read_path: &str,
+    route: &str,
+    keys: u64,
+    seed: usize,
+) -> anyhow::Result<WrkResult> {
+    let pool_size = args.pool_size.to_string();
+    let (router, _state) = benches::server_app(
+        &db.config,
+        &[
+            "--read-path",
+            read_path,
+            "--batch-policy",
+            &args.batch_policy,
+            "--request-timeout-ms",
+            "5000",
+            "--pool-size",
+            &pool_size,
+        ],
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serve = tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let warm_up = if args.smoke { 1 } else { 3 };
+    wrk(args, script, &url, route, keys, warm_up, seed).await?;
+    let result = wrk(args, script, &url, route, keys, args.seconds, seed).await?;
+    let _ = stop.send(());
+    serve.await?.context("server")?;
+    Ok(result)
 }
 
 /// Runs wrk once and reads its summary line.
@@ -278,8 +328,13 @@ fn print_table(results: &[Outcome], args: &Args) {
         .find(|o| o.path.starts_with("no database"))
         .map_or(f64::NAN, |o| o.result.per_sec());
     println!(
-        "\n{} rows; wrk: {} threads, {} connections, {} s per run; batch policy {}\n",
-        args.rows, args.threads, args.connections, args.seconds, args.batch_policy
+        "\n{} rows; wrk: {} threads, {} connections, {} s per run, {} rounds; batch policy {}\n",
+        args.rows,
+        args.threads,
+        args.connections,
+        args.seconds,
+        args.rounds.max(1),
+        args.batch_policy
     );
     let share = |per_sec: f64| {
         if ceiling.is_nan() {
@@ -289,16 +344,18 @@ fn print_table(results: &[Outcome], args: &Args) {
         }
     };
     println!(
-        "| path | keys | requests/s | of no-database ceiling | avg ms | p50 ms | p99 ms | max ms | errors |"
+        "| path | keys | requests/s (median) | range of rounds | of no-database ceiling | avg ms | p50 ms | p99 ms | max ms | errors |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for o in results {
         let r = &o.result;
         println!(
-            "| {} | {} | {:.0} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
+            "| {} | {} | {:.0} | {:.0}-{:.0} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
             o.path,
             o.keys,
             r.per_sec(),
+            o.range.0,
+            o.range.1,
             share(r.per_sec()),
             r.mean_us / 1e3,
             r.p50_us / 1e3,
@@ -331,36 +388,38 @@ fn print_table(results: &[Outcome], args: &Args) {
     }
 }
 
-fn append_csv(path: &Path, results: &[Outcome], args: &Args) -> anyhow::Result<()> {
+fn append_csv(
+    path: &Path,
+    round: usize,
+    run: &str,
+    keys: &str,
+    r: &WrkResult,
+    args: &Args,
+) -> anyhow::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
     let new = !path.exists();
     let mut f = OpenOptions::new().create(true).append(true).open(path)?;
     if new {
-        writeln!(f, "unix_time,rows,connections,seconds,batch_policy,path,keys,requests_per_sec,avg_ms,p50_ms,p99_ms,max_ms,errors")?;
+        writeln!(f, "unix_time,rows,connections,seconds,batch_policy,round,path,keys,requests_per_sec,avg_ms,p50_ms,p99_ms,max_ms,errors")?;
     }
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    for o in results {
-        let r = &o.result;
-        writeln!(
-            f,
-            "{now},{},{},{},{},\"{}\",{},{:.0},{:.3},{:.3},{:.3},{:.3},{}",
-            args.rows,
-            args.connections,
-            args.seconds,
-            args.batch_policy,
-            o.path,
-            o.keys,
-            r.per_sec(),
-            r.mean_us / 1e3,
-            r.p50_us / 1e3,
-            r.p99_us / 1e3,
-            r.max_us / 1e3,
-            r.errors
-        )?;
-    }
+    writeln!(
+        f,
+        "{now},{},{},{},{},{round},\"{run}\",{keys},{:.0},{:.3},{:.3},{:.3},{:.3},{}",
+        args.rows,
+        args.connections,
+        args.seconds,
+        args.batch_policy,
+        r.per_sec(),
+        r.mean_us / 1e3,
+        r.p50_us / 1e3,
+        r.p99_us / 1e3,
+        r.max_us / 1e3,
+        r.errors
+    )?;
     Ok(())
 }

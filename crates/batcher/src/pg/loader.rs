@@ -62,7 +62,9 @@ pub trait BatchQuery: Send + Sync + 'static {
     fn batch_sql(&self) -> &str;
     /// The parameters of [`batch_sql`](Self::batch_sql) for `keys`.
     fn batch_params<'a>(&self, keys: &'a [Self::Key]) -> Params<'a>;
-    /// The statement for one key.
+    /// The statement for one key: the naive path's query, and what the
+    /// loader runs for a batch of one. It must return the same rows as
+    /// [`batch_sql`](Self::batch_sql) would for that key.
     fn single_sql(&self) -> &str;
     /// The parameters of [`single_sql`](Self::single_sql) for `key`.
     fn single_params<'a>(&self, key: &'a Self::Key) -> Params<'a>;
@@ -189,10 +191,17 @@ pub(crate) fn as_refs<'p>(params: &'p Params<'_>) -> Vec<&'p (dyn ToSql + Sync)>
 impl<Q: BatchQuery> Loader<Q::Key, Q::Value> for PgLoader<Q> {
     type Error = PgError;
 
+    /// Runs [`batch_sql`](BatchQuery::batch_sql) for the keys, or
+    /// [`single_sql`](BatchQuery::single_sql) for a batch of one: batches of
+    /// one are what a lightly loaded batcher sends, and a plain equality
+    /// costs the server less than `= ANY` over a one-element array.
     async fn load(&self, keys: Vec<Q::Key>) -> Result<HashMap<Q::Key, Q::Value>, PgError> {
         let client = self.pool.get().await?;
-        let stmt = client.prepare_cached(self.query.batch_sql()).await?;
-        let params = self.query.batch_params(&keys);
+        let (sql, params) = match keys.as_slice() {
+            [key] => (self.query.single_sql(), self.query.single_params(key)),
+            _ => (self.query.batch_sql(), self.query.batch_params(&keys)),
+        };
+        let stmt = client.prepare_cached(sql).await?;
         let rows = client.query(&stmt, &as_refs(&params)).await?;
         let mut found = HashMap::with_capacity(rows.len());
         for row in &rows {
