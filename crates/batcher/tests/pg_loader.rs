@@ -74,6 +74,46 @@ async fn a_batch_returns_found_rows_and_omits_missing_keys() {
     assert_eq!(loader.load_one(&pk(0)).await.unwrap(), None);
 }
 
+/// [`Kv`] with statements that say which one answered.
+struct Tagged;
+
+impl BatchQuery for Tagged {
+    type Key = String;
+    type Value = String;
+
+    fn batch_sql(&self) -> &str {
+        "SELECT pk, 'batch' FROM kv WHERE pk = ANY($1)"
+    }
+    fn batch_params<'a>(&self, keys: &'a [String]) -> Params<'a> {
+        vec![Box::new(keys)]
+    }
+    fn single_sql(&self) -> &str {
+        "SELECT pk, 'single' FROM kv WHERE pk = $1"
+    }
+    fn single_params<'a>(&self, key: &'a String) -> Params<'a> {
+        vec![Box::new(key)]
+    }
+    fn map_row(&self, row: &Row) -> Result<(String, String), tokio_postgres::Error> {
+        Ok((row.try_get(0)?, row.try_get(1)?))
+    }
+}
+
+#[tokio::test]
+async fn a_batch_of_one_runs_the_single_key_statement() {
+    let loader = PgLoader::new(kv_pool(2).await, Tagged);
+    let one = batcher::Loader::load(&loader, vec![pk(3)]).await.unwrap();
+    assert_eq!(one, HashMap::from([(pk(3), "single".to_owned())]));
+    let two = batcher::Loader::load(&loader, vec![pk(3), pk(4)])
+        .await
+        .unwrap();
+    assert_eq!(two[&pk(3)], "batch");
+    assert_eq!(two.len(), 2);
+    assert!(batcher::Loader::load(&loader, vec![pk(0)])
+        .await
+        .unwrap()
+        .is_empty());
+}
+
 #[tokio::test]
 async fn the_batch_statement_uses_the_primary_key_index() {
     let pool = kv_pool(1).await;
