@@ -156,8 +156,10 @@ pub struct ServeArgs {
     /// Most keys per batched statement.
     #[arg(long, env = "PGBATCH_BATCH_SIZE", default_value_t = 64)]
     pub batch_size: usize,
-    /// Batch flush policy.
-    #[arg(long, env = "PGBATCH_BATCH_POLICY", value_enum, default_value_t = PolicyArg::Eager)]
+    /// Batch flush policy. Adaptive by default: as fast as eager for a lone
+    /// request, and it formed larger batches and read the most under a
+    /// saturating load (BENCHMARKS.md §5).
+    #[arg(long, env = "PGBATCH_BATCH_POLICY", value_enum, default_value_t = PolicyArg::Adaptive)]
     pub batch_policy: PolicyArg,
     /// With `fixed-delay`: flush this many microseconds after a batch's
     /// first key.
