@@ -17,6 +17,32 @@ use hdrhistogram::Histogram;
 pub mod reads;
 pub mod toxiproxy;
 
+/// Opens the CSV file at `path` for appending (creating its directory, and
+/// writing `header` when the file is new) and returns it with the current
+/// Unix time, the first column of every row the load generators write.
+///
+/// # Errors
+///
+/// When the file cannot be created or written.
+pub fn append_csv(path: &std::path::Path, header: &str) -> anyhow::Result<(std::fs::File, u64)> {
+    use std::io::Write as _;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let new = !path.exists();
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    if new {
+        writeln!(f, "{header}")?;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Ok((f, now))
+}
+
 /// A loader over an in-memory table: as cheap as a loader can be, so a
 /// benchmark through it measures the batcher itself.
 #[derive(Debug, Clone)]

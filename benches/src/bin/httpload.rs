@@ -13,7 +13,6 @@
 //! cargo run --release -p benches --bin httpload -- --smoke  # seconds, for CI
 //! ```
 
-use std::fs::OpenOptions;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -396,17 +395,10 @@ fn append_csv(
     r: &WrkResult,
     args: &Args,
 ) -> anyhow::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let new = !path.exists();
-    let mut f = OpenOptions::new().create(true).append(true).open(path)?;
-    if new {
-        writeln!(f, "unix_time,rows,connections,seconds,batch_policy,round,path,keys,requests_per_sec,avg_ms,p50_ms,p99_ms,max_ms,errors")?;
-    }
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let (mut f, now) = benches::append_csv(
+        path,
+        "unix_time,rows,connections,seconds,batch_policy,round,path,keys,requests_per_sec,avg_ms,p50_ms,p99_ms,max_ms,errors",
+    )?;
     writeln!(
         f,
         "{now},{},{},{},{},{round},\"{run}\",{keys},{:.0},{:.3},{:.3},{:.3},{:.3},{}",

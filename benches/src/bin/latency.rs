@@ -11,7 +11,6 @@
 //! cargo run --release -p benches --bin latency -- --smoke  # seconds, for CI
 //! ```
 
-use std::fs::OpenOptions;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -303,17 +302,10 @@ fn print_table(results: &[Outcome], args: &Args) {
 }
 
 fn append_csv(path: &Path, results: &[Outcome], args: &Args) -> anyhow::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let new = !path.exists();
-    let mut f = OpenOptions::new().create(true).append(true).open(path)?;
-    if new {
-        writeln!(f, "unix_time,rows,initiators,connections,seconds,added_rtt_ms,select1_mean_ms,path,reads_per_sec,avg_ms,p50_ms,p99_ms,max_ms,mean_batch")?;
-    }
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let (mut f, now) = benches::append_csv(
+        path,
+        "unix_time,rows,initiators,connections,seconds,added_rtt_ms,select1_mean_ms,path,reads_per_sec,avg_ms,p50_ms,p99_ms,max_ms,mean_batch",
+    )?;
     for o in results {
         let r = &o.report;
         writeln!(

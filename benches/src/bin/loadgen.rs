@@ -18,7 +18,6 @@
 //! cargo run --release -p benches --bin loadgen -- --smoke  # seconds, for CI
 //! ```
 
-use std::fs::OpenOptions;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -368,17 +367,10 @@ fn runs<'a>(
 }
 
 fn append_csv(path: &Path, results: &[Outcome], ceiling: f64, args: &Args) -> anyhow::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let new = !path.exists();
-    let mut f = OpenOptions::new().create(true).append(true).open(path)?;
-    if new {
-        writeln!(f, "unix_time,rows,initiators,seconds,path,policy,max_batch,reads_per_sec,avg_ms,p50_ms,p99_ms,max_ms,mean_batch,ceiling_keys_per_sec")?;
-    }
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let (mut f, now) = benches::append_csv(
+        path,
+        "unix_time,rows,initiators,seconds,path,policy,max_batch,reads_per_sec,avg_ms,p50_ms,p99_ms,max_ms,mean_batch,ceiling_keys_per_sec",
+    )?;
     for o in results {
         let r = &o.report;
         writeln!(
