@@ -6,17 +6,96 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::path::{Path, PathBuf};
+
 use anyhow::Context as _;
 use batcher::cache::Cache;
 use batcher::pg::copy::{self, RowSource, RowValues};
 use batcher::pg::PgLoader;
 use batcher::{Batcher, FlushPolicy};
+use embedded_pg::ClusterOptions;
+use server::config::DbArgs;
+use server::db::Database;
 use server::queries::KvQuery;
 use server::seed::{kv_payload, kv_pk};
 use tokio_postgres::types::Type;
 use tokio_postgres::NoTls;
 
 use crate::{closed_loop, KeyStream, RunReport};
+
+/// The flags every load generator shares: which table, on which database.
+/// Each tool flattens these into its own flags.
+#[derive(Debug, clap::Args)]
+pub struct TableArgs {
+    /// Rows in `random_read_test` (added with COPY when fewer exist).
+    #[arg(long, default_value_t = 10_000_000)]
+    pub rows: u64,
+    /// A Postgres to use instead of the embedded one.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Directory of the embedded cluster (kept, so rows are loaded once).
+    #[arg(long, default_value = ".data/bench-pg")]
+    pub data_dir: PathBuf,
+    /// A seconds-long run on a small table (CI's proof that it works).
+    #[arg(long)]
+    pub smoke: bool,
+}
+
+impl TableArgs {
+    /// With `--smoke`: a 20,000-row table in a throwaway cluster named after
+    /// `tool` (unless `--data-dir` names one), which
+    /// [`with_table`](Self::with_table) removes afterwards.
+    pub fn apply_smoke(&mut self, tool: &str) {
+        if !self.smoke {
+            return;
+        }
+        self.rows = 20_000;
+        if self.data_dir == Path::new(".data/bench-pg") {
+            self.data_dir =
+                std::env::temp_dir().join(format!("pgbatch-{tool}-{}", std::process::id()));
+        }
+    }
+
+    /// Opens the database (the embedded cluster with its buffers sized for
+    /// the table, and `customize` applied to its options), migrates it,
+    /// tops up and prewarms the table, runs `measure`, and closes the
+    /// database again, removing a smoke run's throwaway cluster.
+    ///
+    /// # Errors
+    ///
+    /// When the database cannot be set up, or `measure` fails.
+    pub async fn with_table<T>(
+        &self,
+        pool_size: usize,
+        customize: impl FnOnce(ClusterOptions) -> ClusterOptions,
+        measure: impl AsyncFnOnce(&Database) -> anyhow::Result<T>,
+    ) -> anyhow::Result<T> {
+        let db = Database::open_with(
+            &DbArgs {
+                database_url: self.database_url.clone(),
+                data_dir: self.data_dir.clone(),
+                pool_size,
+                admin_token_file: PathBuf::new(),
+            },
+            |options| customize(options.setting("shared_buffers", SHARED_BUFFERS)),
+        )
+        .await?;
+        let result = async {
+            server::db::migrate(&db.config).await?;
+            ensure_rows(&db.config, self.rows).await?;
+            prewarm(&db.config).await?;
+            measure(&db).await
+        }
+        .await;
+        db.close().await;
+        if self.smoke {
+            // A throwaway cluster, and the server log beside it.
+            let _ = std::fs::remove_dir_all(&self.data_dir);
+            let _ = std::fs::remove_file(self.data_dir.with_extension("log"));
+        }
+        result
+    }
+}
 
 /// The primary key of the `k`-th row (`k` in `0..rows`; rows are numbered
 /// from 1).

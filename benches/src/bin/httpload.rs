@@ -18,10 +18,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use anyhow::{bail, Context as _};
-use benches::reads;
+use benches::reads::TableArgs;
 use clap::Parser;
 use serde_json::Value;
-use server::config::DbArgs;
 use server::db::Database;
 
 /// The wrk script: random keys, the token, and a JSON summary line.
@@ -31,9 +30,8 @@ const SCRIPT: &str = include_str!("../../wrk/read.lua");
 #[derive(Debug, Parser)]
 #[command(about)]
 struct Args {
-    /// Rows in `random_read_test` (added with COPY when fewer exist).
-    #[arg(long, default_value_t = 10_000_000)]
-    rows: u64,
+    #[command(flatten)]
+    table: TableArgs,
     /// wrk's open connections (each one request at a time: the initiators).
     #[arg(long, default_value_t = 300)]
     connections: usize,
@@ -65,18 +63,9 @@ struct Args {
     /// The server's pool size.
     #[arg(long, default_value_t = 16)]
     pool_size: usize,
-    /// A Postgres to use instead of the embedded one.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    database_url: Option<String>,
-    /// Directory of the embedded cluster (kept, so rows are loaded once).
-    #[arg(long, default_value = ".data/bench-pg")]
-    data_dir: PathBuf,
     /// CSV file results are appended to.
     #[arg(long, default_value = "target/loadgen/http.csv")]
     csv: PathBuf,
-    /// A seconds-long run on a small table (CI's proof that it works).
-    #[arg(long)]
-    smoke: bool,
 }
 
 /// What one wrk run measured (latencies in microseconds).
@@ -110,39 +99,19 @@ struct Outcome {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
-    if args.smoke {
-        args.rows = 20_000;
+    args.table.apply_smoke("httpload");
+    if args.table.smoke {
         args.seconds = 1;
         args.connections = 16;
         args.hot_keys = 1_000;
         args.rounds = 1;
-        if args.data_dir == Path::new(".data/bench-pg") {
-            args.data_dir =
-                std::env::temp_dir().join(format!("pgbatch-httpload-{}", std::process::id()));
-        }
     }
-    let db = Database::open_with(
-        &DbArgs {
-            database_url: args.database_url.clone(),
-            data_dir: args.data_dir.clone(),
-            pool_size: 16,
-            admin_token_file: PathBuf::new(),
-        },
-        |options| options.setting("shared_buffers", reads::SHARED_BUFFERS),
-    )
-    .await?;
-    let result = measure(&args, &db).await;
-    db.close().await;
-    if args.smoke {
-        let _ = std::fs::remove_dir_all(&args.data_dir); // a throwaway cluster
-    }
-    result
+    args.table
+        .with_table(args.pool_size, |o| o, async |db| measure(&args, db).await)
+        .await
 }
 
 async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
-    server::db::migrate(&db.config).await?;
-    reads::ensure_rows(&db.config, args.rows).await?;
-    reads::prewarm(&db.config).await?;
     // With users present this only makes sure the bench token is an admin's.
     let token_file =
         std::env::temp_dir().join(format!("pgbatch-httpload-token-{}", std::process::id()));
@@ -154,7 +123,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
         .tempfile()?;
     std::fs::write(script.path(), SCRIPT)?;
 
-    let all = args.rows;
+    let all = args.table.rows;
     let mut results = Vec::new();
     // (name, path, read-path flag, route, keys). Each run is warmed up
     // first: Postgres's buffers, the server's caches and wrk's connections.
@@ -252,7 +221,7 @@ async fn serve_and_drive(
             })
             .await
     });
-    let warm_up = if args.smoke { 1 } else { 3 };
+    let warm_up = if args.table.smoke { 1 } else { 3 };
     wrk(args, script, &url, route, keys, warm_up, seed).await?;
     let result = wrk(args, script, &url, route, keys, args.seconds, seed).await?;
     let _ = stop.send(());
@@ -328,7 +297,7 @@ fn print_table(results: &[Outcome], args: &Args) {
         .map_or(f64::NAN, |o| o.result.per_sec());
     println!(
         "\n{} rows; wrk: {} threads, {} connections, {} s per run, {} rounds; batch policy {}\n",
-        args.rows,
+        args.table.rows,
         args.threads,
         args.connections,
         args.seconds,
@@ -402,7 +371,7 @@ fn append_csv(
     writeln!(
         f,
         "{now},{},{},{},{},{round},\"{run}\",{keys},{:.0},{:.3},{:.3},{:.3},{:.3},{}",
-        args.rows,
+        args.table.rows,
         args.connections,
         args.seconds,
         args.batch_policy,

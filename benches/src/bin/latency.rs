@@ -19,11 +19,11 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use batcher::pg::{PgLoader, PoolOptions};
 use batcher::FlushPolicy;
-use benches::reads::{self, BatchSettings};
+use benches::reads::{self, BatchSettings, TableArgs};
 use benches::toxiproxy::{self, Toxiproxy};
 use benches::RunReport;
 use clap::Parser;
-use server::config::{DbArgs, PolicyArg};
+use server::config::PolicyArg;
 use server::db::Database;
 use server::queries::KvQuery;
 
@@ -31,9 +31,8 @@ use server::queries::KvQuery;
 #[derive(Debug, Parser)]
 #[command(about)]
 struct Args {
-    /// Rows in `random_read_test` (added with COPY when fewer exist).
-    #[arg(long, default_value_t = 10_000_000)]
-    rows: u64,
+    #[command(flatten)]
+    table: TableArgs,
     /// Concurrent initiators, each doing one read at a time.
     #[arg(long, default_value_t = 300)]
     initiators: usize,
@@ -56,21 +55,12 @@ struct Args {
     /// The batcher's flush policy.
     #[arg(long, value_enum, default_value_t = PolicyArg::Adaptive)]
     policy: PolicyArg,
-    /// A Postgres reachable over TCP to use instead of the embedded one.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    database_url: Option<String>,
-    /// Directory of the embedded cluster (kept, so rows are loaded once).
-    #[arg(long, default_value = ".data/bench-pg")]
-    data_dir: PathBuf,
     /// Where toxiproxy-server and toxiproxy-cli are (else `PATH`).
     #[arg(long, default_value = toxiproxy::TOOLS_DIR)]
     tools_dir: PathBuf,
     /// CSV file results are appended to.
     #[arg(long, default_value = "target/loadgen/latency.csv")]
     csv: PathBuf,
-    /// A seconds-long run on a small table (CI's proof that it works).
-    #[arg(long)]
-    smoke: bool,
 }
 
 /// One row of results.
@@ -87,37 +77,19 @@ struct Outcome {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
-    if args.smoke {
-        args.rows = 20_000;
+    args.table.apply_smoke("latency");
+    if args.table.smoke {
         args.seconds = 0.3;
         args.initiators = 32;
-        if args.data_dir == Path::new(".data/bench-pg") {
-            args.data_dir =
-                std::env::temp_dir().join(format!("pgbatch-latency-{}", std::process::id()));
-        }
     }
     let port = toxiproxy::free_port()?;
-    let db = Database::open_with(
-        &DbArgs {
-            database_url: args.database_url.clone(),
-            data_dir: args.data_dir.clone(),
-            pool_size: args.connections,
-            admin_token_file: PathBuf::new(),
-        },
-        |options| {
-            options
-                .port(port)
-                .listen_tcp(true)
-                .setting("shared_buffers", reads::SHARED_BUFFERS)
-        },
-    )
-    .await?;
-    let result = measure(&args, &db).await;
-    db.close().await;
-    if args.smoke {
-        let _ = std::fs::remove_dir_all(&args.data_dir); // a throwaway cluster
-    }
-    result
+    args.table
+        .with_table(
+            args.connections,
+            |options| options.port(port).listen_tcp(true),
+            async |db| measure(&args, db).await,
+        )
+        .await
 }
 
 /// The TCP address and settings of the database, for the proxy to forward
@@ -162,13 +134,10 @@ fn via(config: &tokio_postgres::Config, addr: SocketAddr) -> tokio_postgres::Con
 }
 
 async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
-    server::db::migrate(&db.config).await?;
-    reads::ensure_rows(&db.config, args.rows).await?;
-    reads::prewarm(&db.config).await?;
     let (upstream, direct) = tcp_target(db).await?;
     let proxy = Toxiproxy::start(&args.tools_dir).await?;
     let run = Duration::from_secs_f64(args.seconds);
-    let rows = args.rows;
+    let rows = args.table.rows;
     let n = args.initiators;
     let settings = BatchSettings {
         max_batch: args.max_batch,
@@ -249,7 +218,7 @@ fn label(added: Option<f64>) -> String {
 fn print_table(results: &[Outcome], args: &Args) {
     println!(
         "\n{} rows, {} initiators, {:.1} s per run; naive and batched on {} connections, pipelined on {}; batched: {:?}, max batch {}\n",
-        args.rows,
+        args.table.rows,
         args.initiators,
         args.seconds,
         args.connections,
@@ -311,7 +280,7 @@ fn append_csv(path: &Path, results: &[Outcome], args: &Args) -> anyhow::Result<(
         writeln!(
             f,
             "{now},{},{},{},{},{},{:.3},{},{:.0},{:.3},{:.3},{:.3},{:.3},{}",
-            args.rows,
+            args.table.rows,
             args.initiators,
             args.connections,
             args.seconds,

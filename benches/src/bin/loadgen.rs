@@ -24,10 +24,9 @@ use std::time::Duration;
 
 use batcher::pg::{PgLoader, PoolOptions};
 use batcher::FlushPolicy;
-use benches::reads::{self, BatchSettings};
+use benches::reads::{self, BatchSettings, TableArgs};
 use benches::RunReport;
 use clap::Parser;
-use server::config::DbArgs;
 use server::db::Database;
 use server::queries::KvQuery;
 
@@ -35,9 +34,8 @@ use server::queries::KvQuery;
 #[derive(Debug, Parser)]
 #[command(about)]
 struct Args {
-    /// Rows in `random_read_test` (added with COPY when fewer exist).
-    #[arg(long, default_value_t = 10_000_000)]
-    rows: u64,
+    #[command(flatten)]
+    table: TableArgs,
     /// Concurrent initiators, each doing one read at a time.
     #[arg(long, default_value_t = 300)]
     initiators: usize,
@@ -59,12 +57,6 @@ struct Args {
     /// Keys per query when measuring the bulk ceiling.
     #[arg(long, default_value_t = 10_000)]
     ceiling_keys: usize,
-    /// A Postgres to use instead of the embedded one.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    database_url: Option<String>,
-    /// Directory of the embedded cluster (kept, so rows are loaded once).
-    #[arg(long, default_value = ".data/bench-pg")]
-    data_dir: PathBuf,
     /// CSV file results are appended to.
     #[arg(long, default_value = "target/loadgen/statistics.csv")]
     csv: PathBuf,
@@ -80,9 +72,6 @@ struct Args {
         default_value = "ceiling,naive,pipelined,fixed,eager,adaptive,cached,single"
     )]
     only: Vec<String>,
-    /// A seconds-long run on a small table (CI's proof that it works).
-    #[arg(long)]
-    smoke: bool,
 }
 
 /// One row of results.
@@ -98,45 +87,29 @@ struct Outcome {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
-    if args.smoke {
-        args.rows = 20_000;
+    args.table.apply_smoke("loadgen");
+    if args.table.smoke {
         args.seconds = 0.3;
         args.batch_sizes = vec![1, 16];
         args.ceiling_keys = 1_000;
-        if args.data_dir == Path::new(".data/bench-pg") {
-            args.data_dir =
-                std::env::temp_dir().join(format!("pgbatch-loadgen-{}", std::process::id()));
-        }
     }
     let run = Duration::from_secs_f64(args.seconds);
-    let db = Database::open_with(
-        &DbArgs {
-            database_url: args.database_url.clone(),
-            data_dir: args.data_dir.clone(),
-            pool_size: args.pool_size,
-            admin_token_file: PathBuf::new(),
-        },
-        |options| options.setting("shared_buffers", reads::SHARED_BUFFERS),
-    )
-    .await?;
-    let result = measure(&args, &db, run).await;
-    db.close().await;
-    if args.smoke {
-        let _ = std::fs::remove_dir_all(&args.data_dir); // a throwaway cluster
-    }
-    result
+    args.table
+        .with_table(
+            args.pool_size,
+            |o| o,
+            async |db| measure(&args, db, run).await,
+        )
+        .await
 }
 
 async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()> {
-    server::db::migrate(&db.config).await?;
-    reads::ensure_rows(&db.config, args.rows).await?;
-    reads::prewarm(&db.config).await?;
     let pool = batcher::pg::pool(
         db.config.clone(),
         &PoolOptions::with_max_size(args.pool_size),
     )?;
     let loader = PgLoader::new(pool.clone(), KvQuery);
-    let rows = args.rows;
+    let rows = args.table.rows;
     let n = args.initiators;
     let settings = |max_batch, policy| BatchSettings {
         max_batch,
@@ -269,7 +242,7 @@ fn print_table(results: &[Outcome], ceiling: f64, args: &Args) {
     let ceiling = Some(ceiling).filter(|c| c.is_finite());
     println!(
         "\n{} rows, {} initiators, {:.1} s per run; ceiling ({} keys per `= ANY($1)`, {} connections): {} keys/s\n",
-        args.rows,
+        args.table.rows,
         args.initiators,
         args.seconds,
         args.ceiling_keys,
@@ -376,7 +349,7 @@ fn append_csv(path: &Path, results: &[Outcome], ceiling: f64, args: &Args) -> an
         writeln!(
             f,
             "{now},{},{},{},{},{},{},{:.0},{:.3},{:.3},{:.3},{:.3},{},{:.0}",
-            args.rows,
+            args.table.rows,
             o.initiators,
             args.seconds,
             o.path,
