@@ -16,7 +16,7 @@ use axum::body::Body;
 use batcher::pg::copy::ConflictPolicy;
 use batcher::pg::Written;
 
-use crate::auth::{Action, Principal};
+use crate::auth::{Action, Grant, Principal};
 use crate::error::AppError;
 use crate::input;
 use crate::input::ObjectBody;
@@ -160,19 +160,11 @@ pub(crate) async fn kv_row(
     }
 }
 
-/// A grant as the API shows it.
-#[derive(Debug, Serialize)]
-pub(crate) struct GrantBody {
-    repository: String,
-    read: bool,
-    write: bool,
-}
-
 /// The body of `GET /api/v1/user`.
 #[derive(Debug, Serialize)]
 pub(crate) struct UserBody {
     user: String,
-    grants: Vec<GrantBody>,
+    grants: Vec<Grant>,
 }
 
 /// `GET /api/v1/user`: who the token belongs to and what they may do.
@@ -183,15 +175,7 @@ pub(crate) struct UserBody {
 pub(crate) async fn current_user(Extension(user): Extension<Arc<Principal>>) -> Json<UserBody> {
     Json(UserBody {
         user: user.user.clone(),
-        grants: user
-            .grants
-            .iter()
-            .map(|g| GrantBody {
-                repository: g.repository.clone(),
-                read: g.read,
-                write: g.write,
-            })
-            .collect(),
+        grants: user.grants.clone(),
     })
 }
 

@@ -59,7 +59,8 @@ pub enum Action {
 }
 
 /// One policy row: what a user may do in one repository, or in all (`*`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Serialized as `GET /api/v1/user` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Grant {
     /// A repository name, or `*`.
     pub repository: String,
