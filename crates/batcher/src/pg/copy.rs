@@ -19,6 +19,8 @@ use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Transaction};
 
+use super::error::{classify, DbErrorKind};
+
 /// One row's values, in the order of the columns being loaded.
 pub type RowValues = Vec<Box<dyn ToSql + Sync + Send>>;
 
@@ -94,12 +96,18 @@ pub enum ImportError<E: std::error::Error + 'static> {
 
 impl<E: std::error::Error + 'static> ImportError<E> {
     fn from_db(e: tokio_postgres::Error) -> Self {
-        let class = e.as_db_error().map(|d| d.code().code().to_owned());
-        match class.as_deref() {
-            Some("23505") => ImportError::Conflict(e),
-            Some(c) if c.starts_with("23") || c.starts_with("22") => ImportError::Rejected(e),
+        match classify(&e) {
+            DbErrorKind::UniqueViolation => ImportError::Conflict(e),
+            kind if kind.is_row_fault() => ImportError::Rejected(e),
             _ => ImportError::Db(e),
         }
+    }
+
+    /// The kind of the database error ([`DbErrorKind::Other`] for a source
+    /// error).
+    pub fn kind(&self) -> DbErrorKind {
+        self.as_db_error()
+            .map_or(DbErrorKind::Other, DbErrorKind::of)
     }
 
     /// The server's report for a database error: constraint, detail.

@@ -10,6 +10,7 @@ use tokio_postgres::error::DbError;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
+use super::error::DbErrorKind;
 use crate::Loader;
 
 /// Statement parameters that may borrow from the keys they were made from.
@@ -99,8 +100,14 @@ impl PgError {
     /// Whether the server cancelled the statement because it ran past
     /// `statement_timeout` (SQLSTATE 57014): a deadline, not a failure.
     pub fn is_statement_timeout(&self) -> bool {
+        self.kind() == DbErrorKind::StatementTimeout
+    }
+
+    /// The kind of the server's error report ([`DbErrorKind::Other`] when
+    /// there is none, as for pool errors).
+    pub fn kind(&self) -> DbErrorKind {
         self.as_db_error()
-            .is_some_and(|e| *e.code() == tokio_postgres::error::SqlState::QUERY_CANCELED)
+            .map_or(DbErrorKind::Other, DbErrorKind::of)
     }
 
     /// The server's error report, if the server returned one.

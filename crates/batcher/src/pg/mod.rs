@@ -13,14 +13,20 @@
 //! single-row upserts into one statement per batch, acknowledging each
 //! caller after its batch commits; [`copy`] bulk-loads with binary COPY.
 //!
+//! [`classify`] sorts database errors into the [`DbErrorKind`]s callers act
+//! on (a duplicate key, a refused row, a statement timeout); the loaders,
+//! the writer and the import all use it.
+//!
 //! Build the pool with [`pool`], which sets the wait, create and recycle
 //! timeouts that deadpool leaves unset by default: without them, a request
 //! waits forever for a connection when the database is slow or gone.
 
 pub mod copy;
+mod error;
 mod loader;
 mod writer;
 
+pub use error::{classify, DbErrorKind};
 pub use loader::{BatchQuery, Params, PgError, PgLoader};
 pub use writer::{PgWriter, RowError, UpsertQuery, WriteRequest, WriteResult, Writer, Written};
 

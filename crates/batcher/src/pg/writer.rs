@@ -12,6 +12,7 @@ use deadpool_postgres::Pool;
 use tokio_postgres::error::DbError;
 use tokio_postgres::Row;
 
+use super::error::{classify, DbErrorKind};
 use super::loader::{as_refs, Params, PgError};
 use crate::{Batcher, BatcherBuilder, BuildError, Error, Loader};
 
@@ -65,6 +66,12 @@ impl RowError {
     pub fn as_db_error(&self) -> Option<&DbError> {
         self.0.as_db_error()
     }
+
+    /// Why the row was refused (always a row fault: a duplicate key, a
+    /// missing referenced row, or another constraint or bad value).
+    pub fn kind(&self) -> DbErrorKind {
+        classify(&self.0)
+    }
 }
 
 /// One caller's write. Unique per call, so two writes of one key in a
@@ -116,8 +123,7 @@ impl<Q> fmt::Debug for PgWriter<Q> {
 /// A refusal of the data, rather than of the connection or the server:
 /// integrity constraint violations (class 23) and data exceptions (22).
 fn is_row_fault(e: &tokio_postgres::Error) -> bool {
-    e.as_db_error()
-        .is_some_and(|db| matches!(&db.code().code()[..2], "23" | "22"))
+    classify(e).is_row_fault()
 }
 
 impl<Q: UpsertQuery> PgWriter<Q> {
