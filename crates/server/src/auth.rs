@@ -10,22 +10,18 @@
 //! much of the *digest* matches a stored one, and knowing that does not
 //! help anyone construct a token.
 
-use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
-use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use batcher::cache::Cache;
 use batcher::pg::{PgError, Pool};
 use rand::TryRngCore;
 use sha2::{Digest as _, Sha256};
 
-use crate::error::AppError;
-use crate::AppState;
+use crate::failure::Failure;
+use crate::queries::auth as sql;
+pub use crate::queries::auth::Grant;
+use crate::settings::AuthSettings;
 
 /// A token's SHA-256 digest, the only form in which tokens are stored.
 pub type TokenDigest = [u8; 32];
@@ -58,18 +54,6 @@ pub enum Action {
     Write,
 }
 
-/// One policy row: what a user may do in one repository, or in all (`*`).
-/// Serialized as `GET /api/v1/user` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Grant {
-    /// A repository name, or `*`.
-    pub repository: String,
-    /// Reads allowed.
-    pub read: bool,
-    /// Writes allowed.
-    pub write: bool,
-}
-
 /// The authenticated user of a request, with their policies.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
@@ -93,12 +77,12 @@ impl Principal {
         })
     }
 
-    /// `Ok` if the user may do `action` in `repository`, else a 403.
+    /// `Ok` if the user may do `action` in `repository`.
     ///
     /// # Errors
     ///
-    /// 403 `forbidden` naming the action and repository.
-    pub fn require(&self, action: Action, repository: &str) -> Result<(), AppError> {
+    /// [`Failure::Forbidden`] naming the user, action and repository.
+    pub fn require(&self, action: Action, repository: &str) -> Result<(), Failure> {
         if self.may(action, repository) {
             return Ok(());
         }
@@ -111,11 +95,10 @@ impl Principal {
         } else {
             format!("repository `{repository}`")
         };
-        Err(AppError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            format!("user `{}` may not {verb} {scope}", self.user),
-        ))
+        Err(Failure::Forbidden(format!(
+            "user `{}` may not {verb} {scope}",
+            self.user
+        )))
     }
 }
 
@@ -126,45 +109,27 @@ pub struct Authenticator {
     cache: Option<Cache<TokenDigest, Arc<Principal>>>,
 }
 
-/// Settings of the token cache.
-#[derive(Debug, Clone, Copy)]
-pub struct AuthCacheConfig {
-    /// Entries (tokens) held at most.
-    pub capacity: u64,
-    /// How long a resolved token is trusted before it is looked up again.
-    pub ttl: Duration,
-    /// Up to this much is added to each entry's TTL.
-    pub jitter: Duration,
-}
-
 impl Authenticator {
-    /// An authenticator over `pool`; `cache: None` looks every token up in
-    /// the database (for comparison).
+    /// An authenticator over `pool`, with the token cache `settings` ask
+    /// for (none: every token is looked up, for comparison).
     ///
     /// # Errors
     ///
     /// When the cache settings are invalid.
-    pub fn new(pool: Pool, cache: Option<AuthCacheConfig>) -> anyhow::Result<Self> {
-        let cache = match cache {
+    pub fn new(pool: Pool, settings: &AuthSettings) -> Result<Self, batcher::BuildError> {
+        let cache = match &settings.cache {
             None => None,
             Some(c) => {
                 let pool = pool.clone();
-                Some(
-                    Cache::builder()
-                        .name("auth")
-                        .max_capacity(c.capacity)
-                        .time_to_live(c.ttl)
-                        .jitter(c.jitter)
-                        .build(move |digest: TokenDigest| {
-                            let pool = pool.clone();
-                            async move {
-                                load_principal(&pool, &digest)
-                                    .await
-                                    .map(|p| p.map(Arc::new))
-                                    .map_err(batcher::Error::load)
-                            }
-                        })?,
-                )
+                Some(c.builder("auth").build(move |digest: TokenDigest| {
+                    let pool = pool.clone();
+                    async move {
+                        load_principal(&pool, &digest)
+                            .await
+                            .map(|p| p.map(Arc::new))
+                            .map_err(batcher::Error::load)
+                    }
+                })?)
             }
         };
         Ok(Self { pool, cache })
@@ -174,12 +139,17 @@ impl Authenticator {
     ///
     /// # Errors
     ///
-    /// When the database fails.
-    pub async fn principal(&self, token: &str) -> anyhow::Result<Option<Arc<Principal>>> {
+    /// [`Failure::Unavailable`] whatever stopped the lookup: a request
+    /// whose token cannot be checked is told only that the database is
+    /// unavailable.
+    pub async fn principal(&self, token: &str) -> Result<Option<Arc<Principal>>, Failure> {
         let digest = digest(token);
         match &self.cache {
-            Some(cache) => Ok(cache.get(digest).await?),
-            None => Ok(load_principal(&self.pool, &digest).await?.map(Arc::new)),
+            Some(cache) => cache.get(digest).await.map_err(Failure::unavailable),
+            None => load_principal(&self.pool, &digest)
+                .await
+                .map(|p| p.map(Arc::new))
+                .map_err(Failure::unavailable),
         }
     }
 
@@ -192,102 +162,8 @@ impl Authenticator {
 /// One round trip: the token's user and all their policies.
 async fn load_principal(pool: &Pool, digest: &TokenDigest) -> Result<Option<Principal>, PgError> {
     let client = pool.get().await?;
-    let stmt = client
-        .prepare_cached(
-            "SELECT u.name, p.repository, p.can_read, p.can_write \
-             FROM tokens t JOIN users u ON u.id = t.user_id \
-             LEFT JOIN policies p ON p.user_id = u.id \
-             WHERE t.digest = $1",
-        )
-        .await?;
-    let rows = client.query(&stmt, &[&digest.as_slice()]).await?;
-    let Some(first) = rows.first() else {
-        return Ok(None);
-    };
-    let mut principal = Principal {
-        user: first.try_get(0)?,
-        grants: Vec::new(),
-    };
-    for row in &rows {
-        if let Some(repository) = row.try_get::<_, Option<String>>(1)? {
-            principal.grants.push(Grant {
-                repository,
-                read: row.try_get(2)?,
-                write: row.try_get(3)?,
-            });
-        }
-    }
-    Ok(Some(principal))
-}
-
-/// The longest token accepted; anything longer is malformed.
-const MAX_TOKEN_BYTES: usize = 256;
-
-/// Middleware for `/api`: resolves `Authorization: Bearer <token>` and puts
-/// the [`Principal`] into the request's extensions.
-pub async fn require_token(
-    State(state): State<AppState>,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    let token = match bearer_token(req.headers().get(header::AUTHORIZATION)) {
-        Ok(token) => token.to_owned(),
-        Err(e) => return unauthorized(e),
-    };
-    match state.auth.principal(&token).await {
-        Ok(Some(principal)) => {
-            req.extensions_mut().insert(principal);
-            next.run(req).await
-        }
-        Ok(None) => unauthorized(AppError::new(
-            StatusCode::UNAUTHORIZED,
-            "unknown_token",
-            "the bearer token is not valid",
-        )),
-        Err(e) => {
-            tracing::error!(error = ?e, "token lookup failed");
-            AppError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "database_unavailable",
-                "the database is unavailable; retry later",
-            )
-            .into_response()
-        }
-    }
-}
-
-fn bearer_token(value: Option<&HeaderValue>) -> Result<&str, AppError> {
-    let malformed = |msg: &str| AppError::new(StatusCode::UNAUTHORIZED, "malformed_token", msg);
-    let value = value.ok_or_else(|| {
-        AppError::new(
-            StatusCode::UNAUTHORIZED,
-            "missing_token",
-            "this route needs an `Authorization: Bearer <token>` header",
-        )
-    })?;
-    let value = value
-        .to_str()
-        .map_err(|_| malformed("the Authorization header is not visible ASCII"))?;
-    let (scheme, token) = value
-        .split_once(' ')
-        .ok_or_else(|| malformed("expected `Authorization: Bearer <token>`"))?;
-    if !scheme.eq_ignore_ascii_case("bearer") {
-        return Err(malformed("expected `Authorization: Bearer <token>`"));
-    }
-    let token = token.trim();
-    if token.is_empty() || token.len() > MAX_TOKEN_BYTES || token.contains(' ') {
-        return Err(malformed(
-            "the bearer token is empty, too long or contains spaces",
-        ));
-    }
-    Ok(token)
-}
-
-fn unauthorized(e: AppError) -> Response {
-    let mut res = e.into_response();
-    res.headers_mut()
-        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    res
+    let found = sql::user_of_token(&client, digest).await?;
+    Ok(found.map(|(user, grants)| Principal { user, grants }))
 }
 
 /// Creates a user with read access to `read` and read-write access to
@@ -303,25 +179,14 @@ pub async fn create_user(
     write: &[String],
 ) -> anyhow::Result<()> {
     let tx = client.transaction().await?;
-    let id: i64 = tx
-        .query_one(
-            "INSERT INTO users (name) VALUES ($1) RETURNING id",
-            &[&name],
-        )
-        .await
-        .with_context(|| {
-            format!("could not create user `{name}` (taken, or not 1-64 of A-Z a-z 0-9 . _ -)")
-        })?
-        .get(0);
+    let id = sql::insert_user(&tx, name).await.with_context(|| {
+        format!("could not create user `{name}` (taken, or not 1-64 of A-Z a-z 0-9 . _ -)")
+    })?;
     for (repos, can_write) in [(read, false), (write, true)] {
         for repo in repos {
-            tx.execute(
-                "INSERT INTO policies (user_id, repository, can_read, can_write) VALUES ($1, $2, true, $3) \
-                 ON CONFLICT (user_id, repository) DO UPDATE SET can_write = policies.can_write OR EXCLUDED.can_write",
-                &[&id, repo, &can_write],
-            )
-            .await
-            .with_context(|| format!("invalid repository `{repo}` in a policy"))?;
+            sql::grant(&tx, id, repo, can_write)
+                .await
+                .with_context(|| format!("invalid repository `{repo}` in a policy"))?;
         }
     }
     tx.commit().await?;
@@ -340,19 +205,12 @@ pub async fn add_token(
     description: &str,
 ) -> anyhow::Result<()> {
     let digest = digest(token);
-    let n = client
-        .execute(
-            "INSERT INTO tokens (digest, user_id, description) \
-             SELECT $1, id, $3 FROM users WHERE name = $2 ON CONFLICT (digest) DO NOTHING",
-            &[&digest.as_slice(), &user, &description],
-        )
-        .await?;
-    if n == 0 {
-        let exists = client
-            .query_opt("SELECT 1 FROM users WHERE name = $1", &[&user])
-            .await?
-            .is_some();
-        anyhow::ensure!(exists, "no user named `{user}`");
+    if !sql::insert_token(client, &digest, user, description).await? {
+        // Nothing inserted: no such user, or the token is stored already.
+        anyhow::ensure!(
+            sql::user_exists(client, user).await?,
+            "no user named `{user}`"
+        );
     }
     Ok(())
 }
@@ -362,25 +220,21 @@ pub const ADMIN_USER: &str = "admin";
 
 /// On first start (no users yet), creates user `admin` with read-write
 /// access to everything and a token: `preset` if given (for example from
-/// an environment variable), else a new random one. The token is written
-/// to `token_file` (mode 0600) and returned so it can be shown once. With
-/// users present, only makes sure `preset` (if any) is an admin token.
+/// an environment variable), else a new random one. Returns the token so
+/// the caller can show it once and store it where it chooses. With users
+/// present, only makes sure `preset` (if any) is an admin token, and
+/// returns `None`.
 ///
 /// # Errors
 ///
-/// When the database fails or the token file cannot be written.
+/// When the database fails.
 pub async fn bootstrap_admin(
     config: &tokio_postgres::Config,
     preset: Option<&str>,
-    token_file: &Path,
 ) -> anyhow::Result<Option<String>> {
     let (mut client, conn) = config.connect(tokio_postgres::NoTls).await?;
     let conn = tokio::spawn(conn);
-    let has_users = client
-        .query_opt("SELECT 1 FROM users LIMIT 1", &[])
-        .await?
-        .is_some();
-    let created = if has_users {
+    let created = if sql::any_user(&client).await? {
         if let Some(token) = preset {
             add_token(&client, ADMIN_USER, token, "preset admin token").await?;
         }
@@ -392,30 +246,11 @@ pub async fn bootstrap_admin(
             None => new_token()?,
         };
         add_token(&client, ADMIN_USER, &token, "created on first start").await?;
-        write_secret(token_file, &token)?;
         Some(token)
     };
     drop(client);
     let _ = conn.await; // ends as the client is dropped; nothing to report
     Ok(created)
-}
-
-fn write_secret(path: &Path, secret: &str) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("could not create {}", dir.display()))?;
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("could not write {}", path.display()))?;
-    writeln!(f, "{secret}")?;
-    Ok(())
 }
 
 #[cfg(test)]
@@ -450,30 +285,10 @@ mod tests {
         assert!(admin.may(Action::Write, "anything") && admin.may(Action::Read, "*"));
         let writer = principal(&[("demo", false, true)]);
         assert!(writer.may(Action::Read, "demo"), "write implies read");
-        assert_eq!(
-            reader.require(Action::Write, "demo").unwrap_err().code(),
-            "forbidden"
-        );
-    }
-
-    #[test]
-    fn bearer_tokens_are_parsed_strictly() {
-        let h = |s: &str| HeaderValue::from_str(s).unwrap();
-        assert_eq!(bearer_token(Some(&h("Bearer abc"))).unwrap(), "abc");
-        assert_eq!(bearer_token(Some(&h("bearer abc"))).unwrap(), "abc");
-        assert_eq!(bearer_token(None).unwrap_err().code(), "missing_token");
-        for bad in ["Basic abc", "Bearer", "Bearer ", "abc", "Bearer a b"] {
-            assert_eq!(
-                bearer_token(Some(&h(bad))).unwrap_err().code(),
-                "malformed_token",
-                "{bad}"
-            );
-        }
-        let long = format!("Bearer {}", "x".repeat(MAX_TOKEN_BYTES + 1));
-        assert_eq!(
-            bearer_token(Some(&h(&long))).unwrap_err().code(),
-            "malformed_token"
-        );
+        assert!(matches!(
+            reader.require(Action::Write, "demo"),
+            Err(Failure::Forbidden(m)) if m == "user `u` may not write repository `demo`"
+        ));
     }
 
     #[test]

@@ -1,14 +1,28 @@
-//! Command line and environment configuration.
+//! Command line and environment configuration, with clap: the only module
+//! besides `main` that knows the flags. [`ServeArgs::settings`] and
+//! [`DbArgs::settings`] turn them into the typed [`settings`](crate::settings)
+//! the rest of the service takes.
 //!
 //! Every flag has an environment fallback (`PGBATCH_*`, and `DATABASE_URL`),
 //! so the same binary is configured the same way in a shell, a container or
-//! a service manager.
+//! a service manager. Defaults are the settings' own constants.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use batcher::defaults as lib;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::settings::{
+    defaults, AuthSettings, BatchSettings, CacheSettings, DbSettings, Limits, ReadPath,
+    ReadSettings, Settings, WriteSettings,
+};
+
+/// `d` in whole milliseconds, for a flag's default.
+const fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
 
 /// The object-metadata service.
 #[derive(Debug, Parser)]
@@ -85,12 +99,12 @@ pub struct DbArgs {
     #[arg(
         long,
         env = "PGBATCH_DATA_DIR",
-        default_value = ".data/pg",
+        default_value = defaults::DATA_DIR,
         global = true
     )]
     pub data_dir: PathBuf,
     /// Database connections in the pool.
-    #[arg(long, env = "PGBATCH_POOL_SIZE", default_value_t = 16, global = true)]
+    #[arg(long, env = "PGBATCH_POOL_SIZE", default_value_t = defaults::POOL_SIZE, global = true)]
     pub pool_size: usize,
     /// File the first start writes the generated admin token to.
     #[arg(
@@ -102,15 +116,35 @@ pub struct DbArgs {
     pub admin_token_file: PathBuf,
 }
 
-/// How lookups reach Postgres.
+/// How lookups reach Postgres, as a flag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ReadPathKind {
+pub enum ReadPathArg {
     /// One statement per lookup, through the pool.
     Naive,
     /// Concurrent lookups coalesced by the batcher into one statement.
     Batched,
     /// A coalescing TTL cache in front of the batched path.
     Cached,
+}
+
+impl From<ReadPathArg> for ReadPath {
+    fn from(arg: ReadPathArg) -> Self {
+        match arg {
+            ReadPathArg::Naive => Self::Naive,
+            ReadPathArg::Batched => Self::Batched,
+            ReadPathArg::Cached => Self::Cached,
+        }
+    }
+}
+
+impl From<ReadPath> for ReadPathArg {
+    fn from(path: ReadPath) -> Self {
+        match path {
+            ReadPath::Naive => Self::Naive,
+            ReadPath::Batched => Self::Batched,
+            ReadPath::Cached => Self::Cached,
+        }
+    }
 }
 
 /// Whether a cache is used.
@@ -120,6 +154,16 @@ pub enum OnOff {
     On,
     /// Not used.
     Off,
+}
+
+impl From<bool> for OnOff {
+    fn from(on: bool) -> Self {
+        if on {
+            Self::On
+        } else {
+            Self::Off
+        }
+    }
 }
 
 /// The batcher's flush policy, as a flag.
@@ -144,6 +188,16 @@ impl From<PolicyArg> for batcher::FlushPolicy {
     }
 }
 
+impl PolicyArg {
+    /// The flag value for `policy`, if it has one.
+    pub fn of(policy: batcher::FlushPolicy) -> Option<Self> {
+        Self::value_variants()
+            .iter()
+            .copied()
+            .find(|arg| batcher::FlushPolicy::from(*arg) == policy)
+    }
+}
+
 /// Serving options.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
@@ -151,70 +205,70 @@ pub struct ServeArgs {
     #[arg(long, env = "PGBATCH_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
     /// How reads reach Postgres.
-    #[arg(long, env = "PGBATCH_READ_PATH", value_enum, default_value_t = ReadPathKind::Batched)]
-    pub read_path: ReadPathKind,
+    #[arg(long, env = "PGBATCH_READ_PATH", value_enum, default_value_t = ReadPath::default().into())]
+    pub read_path: ReadPathArg,
     /// Most keys per batched statement.
-    #[arg(long, env = "PGBATCH_BATCH_SIZE", default_value_t = 64)]
+    #[arg(long, env = "PGBATCH_BATCH_SIZE", default_value_t = lib::MAX_BATCH_SIZE)]
     pub batch_size: usize,
     /// Batch flush policy. Adaptive by default: as fast as eager for a lone
     /// request, and it formed larger batches and read the most under a
     /// saturating load (BENCHMARKS.md §5).
-    #[arg(long, env = "PGBATCH_BATCH_POLICY", value_enum, default_value_t = PolicyArg::Adaptive)]
+    #[arg(long, env = "PGBATCH_BATCH_POLICY", value_enum, default_value_t = PolicyArg::of(defaults::BATCH_POLICY).expect("every policy has a flag"))]
     pub batch_policy: PolicyArg,
     /// With `fixed-delay`: flush this many microseconds after a batch's
     /// first key.
-    #[arg(long, env = "PGBATCH_BATCH_DELAY_US", default_value_t = 500)]
+    #[arg(long, env = "PGBATCH_BATCH_DELAY_US", default_value_t = lib::MAX_DELAY.as_micros() as u64)]
     pub batch_delay_us: u64,
     /// Batched statements running at once, per batcher.
-    #[arg(long, env = "PGBATCH_BATCH_CONCURRENCY", default_value_t = 8)]
+    #[arg(long, env = "PGBATCH_BATCH_CONCURRENCY", default_value_t = lib::MAX_CONCURRENT_BATCHES)]
     pub batch_concurrency: usize,
     /// Requests that may wait for the batcher before new ones get 503.
-    #[arg(long, env = "PGBATCH_QUEUE_CAPACITY", default_value_t = 8192)]
+    #[arg(long, env = "PGBATCH_QUEUE_CAPACITY", default_value_t = lib::CHANNEL_CAPACITY)]
     pub queue_capacity: usize,
     /// Deadline of one lookup, in milliseconds; past it the request gets 504.
-    #[arg(long, env = "PGBATCH_REQUEST_TIMEOUT_MS", default_value_t = 500)]
+    #[arg(long, env = "PGBATCH_REQUEST_TIMEOUT_MS", default_value_t = ms(defaults::REQUEST_TIMEOUT))]
     pub request_timeout_ms: u64,
     /// Most object writes committed in one statement.
-    #[arg(long, env = "PGBATCH_WRITE_BATCH_SIZE", default_value_t = 256)]
+    #[arg(long, env = "PGBATCH_WRITE_BATCH_SIZE", default_value_t = defaults::WRITE_BATCH_SIZE)]
     pub write_batch_size: usize,
     /// Write statements running at once.
-    #[arg(long, env = "PGBATCH_WRITE_CONCURRENCY", default_value_t = 4)]
+    #[arg(long, env = "PGBATCH_WRITE_CONCURRENCY", default_value_t = defaults::WRITE_CONCURRENCY)]
     pub write_concurrency: usize,
     /// Deadline of one write, in milliseconds (it may still commit after).
-    #[arg(long, env = "PGBATCH_WRITE_TIMEOUT_MS", default_value_t = 5_000)]
+    #[arg(long, env = "PGBATCH_WRITE_TIMEOUT_MS", default_value_t = ms(defaults::WRITE_TIMEOUT))]
     pub write_timeout_ms: u64,
     /// Largest accepted import body, in bytes (streamed, not buffered).
-    #[arg(long, env = "PGBATCH_MAX_IMPORT_BYTES", default_value_t = 1 << 30)]
+    #[arg(long, env = "PGBATCH_MAX_IMPORT_BYTES", default_value_t = defaults::MAX_IMPORT_BYTES)]
     pub max_import_bytes: usize,
     /// Most paths in one `POST .../objects/stat`.
-    #[arg(long, env = "PGBATCH_MAX_STAT_PATHS", default_value_t = 1000)]
+    #[arg(long, env = "PGBATCH_MAX_STAT_PATHS", default_value_t = defaults::MAX_STAT_PATHS)]
     pub max_stat_paths: usize,
     /// Largest accepted request body, in bytes.
-    #[arg(long, env = "PGBATCH_MAX_BODY_BYTES", default_value_t = 1 << 20)]
+    #[arg(long, env = "PGBATCH_MAX_BODY_BYTES", default_value_t = defaults::MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
     /// With `--read-path cached`: most entries per cache.
-    #[arg(long, env = "PGBATCH_CACHE_CAPACITY", default_value_t = 100_000)]
+    #[arg(long, env = "PGBATCH_CACHE_CAPACITY", default_value_t = defaults::CACHE_CAPACITY)]
     pub cache_capacity: u64,
     /// With `--read-path cached`: how long a value is served from the cache.
-    #[arg(long, env = "PGBATCH_CACHE_TTL_MS", default_value_t = 20_000)]
+    #[arg(long, env = "PGBATCH_CACHE_TTL_MS", default_value_t = ms(defaults::CACHE_TTL))]
     pub cache_ttl_ms: u64,
     /// Up to this much is added to each cached value's TTL.
-    #[arg(long, env = "PGBATCH_CACHE_JITTER_MS", default_value_t = 3_000)]
+    #[arg(long, env = "PGBATCH_CACHE_JITTER_MS", default_value_t = ms(defaults::CACHE_JITTER))]
     pub cache_jitter_ms: u64,
     /// How long "not found" is cached (0: not cached).
     #[arg(long, env = "PGBATCH_CACHE_NEGATIVE_TTL_MS", default_value_t = 0)]
     pub cache_negative_ttl_ms: u64,
     /// Cache resolved tokens (`off`: look every token up, for comparison).
-    #[arg(long, env = "PGBATCH_AUTH_CACHE", value_enum, default_value_t = OnOff::On)]
+    #[arg(long, env = "PGBATCH_AUTH_CACHE", value_enum, default_value_t = OnOff::from(AuthSettings::default().cache.is_some()))]
     pub auth_cache: OnOff,
     /// Tokens held in the auth cache.
-    #[arg(long, env = "PGBATCH_AUTH_CACHE_CAPACITY", default_value_t = 1_024)]
+    #[arg(long, env = "PGBATCH_AUTH_CACHE_CAPACITY", default_value_t = defaults::AUTH_CACHE_CAPACITY)]
     pub auth_cache_capacity: u64,
     /// How long a resolved token is trusted before it is looked up again.
-    #[arg(long, env = "PGBATCH_AUTH_CACHE_TTL_MS", default_value_t = 20_000)]
+    #[arg(long, env = "PGBATCH_AUTH_CACHE_TTL_MS", default_value_t = ms(defaults::CACHE_TTL))]
     pub auth_cache_ttl_ms: u64,
     /// Up to this much is added to each token's TTL.
-    #[arg(long, env = "PGBATCH_AUTH_CACHE_JITTER_MS", default_value_t = 3_000)]
+    #[arg(long, env = "PGBATCH_AUTH_CACHE_JITTER_MS", default_value_t = ms(defaults::CACHE_JITTER))]
     pub auth_cache_jitter_ms: u64,
     /// Admin token to create on first start instead of a random one (and
     /// to accept as an admin token afterwards).
@@ -222,11 +276,11 @@ pub struct ServeArgs {
     pub admin_token: Option<String>,
     /// Demo objects to seed on start when the objects table is empty (0:
     /// none).
-    #[arg(long, env = "PGBATCH_SEED_OBJECTS", default_value_t = 1_000_000)]
+    #[arg(long, env = "PGBATCH_SEED_OBJECTS", default_value_t = SEED_ROWS)]
     pub seed_objects: u64,
     /// `random_read_test` rows to seed on start when that table is empty
     /// (0: none).
-    #[arg(long, env = "PGBATCH_SEED_KV_ROWS", default_value_t = 1_000_000)]
+    #[arg(long, env = "PGBATCH_SEED_KV_ROWS", default_value_t = SEED_ROWS)]
     pub seed_kv_rows: u64,
 }
 
@@ -234,68 +288,199 @@ pub struct ServeArgs {
 #[derive(Debug, Clone, Args)]
 pub struct SeedArgs {
     /// Demo objects to load into repository `demo`.
-    #[arg(long, default_value_t = 1_000_000)]
+    #[arg(long, default_value_t = SEED_ROWS)]
     pub objects: u64,
     /// `random_read_test` rows to load.
-    #[arg(long, default_value_t = 1_000_000)]
+    #[arg(long, default_value_t = SEED_ROWS)]
     pub kv_rows: u64,
 }
 
+/// Demo rows seeded on start, and by `seed`, into empty tables.
+const SEED_ROWS: u64 = 1_000_000;
+
 impl ServeArgs {
-    /// The per-lookup deadline.
-    pub fn request_timeout(&self) -> Duration {
-        Duration::from_millis(self.request_timeout_ms)
-    }
-
-    /// The read cache's settings, when the read path is `cached`.
-    pub fn read_cache(&self) -> Option<CacheSettings> {
-        (self.read_path == ReadPathKind::Cached).then(|| CacheSettings {
-            capacity: self.cache_capacity,
-            ttl: Duration::from_millis(self.cache_ttl_ms),
-            jitter: Duration::from_millis(self.cache_jitter_ms),
-            negative_ttl: (self.cache_negative_ttl_ms > 0)
-                .then(|| Duration::from_millis(self.cache_negative_ttl_ms)),
-        })
-    }
-
-    /// The auth cache's settings, unless it is off.
-    pub fn auth_cache(&self) -> Option<crate::auth::AuthCacheConfig> {
-        (self.auth_cache == OnOff::On).then(|| crate::auth::AuthCacheConfig {
-            capacity: self.auth_cache_capacity,
-            ttl: Duration::from_millis(self.auth_cache_ttl_ms),
-            jitter: Duration::from_millis(self.auth_cache_jitter_ms),
-        })
+    /// The typed settings these flags ask for.
+    pub fn settings(&self) -> Settings {
+        let batch = BatchSettings {
+            max_batch_size: self.batch_size,
+            policy: self.batch_policy.into(),
+            max_delay: Duration::from_micros(self.batch_delay_us),
+            concurrency: self.batch_concurrency,
+            queue_capacity: self.queue_capacity,
+        };
+        Settings {
+            read: ReadSettings {
+                path: self.read_path.into(),
+                batch,
+                timeout: Duration::from_millis(self.request_timeout_ms),
+                cache: CacheSettings {
+                    capacity: self.cache_capacity,
+                    ttl: Duration::from_millis(self.cache_ttl_ms),
+                    jitter: Duration::from_millis(self.cache_jitter_ms),
+                    negative_ttl: (self.cache_negative_ttl_ms > 0)
+                        .then(|| Duration::from_millis(self.cache_negative_ttl_ms)),
+                },
+            },
+            write: WriteSettings {
+                batch: BatchSettings {
+                    max_batch_size: self.write_batch_size,
+                    concurrency: self.write_concurrency,
+                    ..batch
+                },
+                timeout: Duration::from_millis(self.write_timeout_ms),
+                max_import_bytes: self.max_import_bytes,
+            },
+            auth: AuthSettings {
+                cache: (self.auth_cache == OnOff::On).then(|| CacheSettings {
+                    capacity: self.auth_cache_capacity,
+                    ttl: Duration::from_millis(self.auth_cache_ttl_ms),
+                    jitter: Duration::from_millis(self.auth_cache_jitter_ms),
+                    negative_ttl: None,
+                }),
+            },
+            limits: Limits {
+                max_stat_paths: self.max_stat_paths,
+                max_body_bytes: self.max_body_bytes,
+            },
+        }
     }
 }
 
-/// Settings of the read caches.
-#[derive(Debug, Clone, Copy)]
-pub struct CacheSettings {
-    /// Most entries per cache.
-    pub capacity: u64,
-    /// Lifetime of a cached value, before jitter.
-    pub ttl: Duration,
-    /// Up to this much is added to each lifetime.
-    pub jitter: Duration,
-    /// Lifetime of a cached "not found", if cached at all.
-    pub negative_ttl: Option<Duration>,
+impl DbArgs {
+    /// The typed settings these flags ask for.
+    pub fn settings(&self) -> DbSettings {
+        DbSettings {
+            url: self.database_url.clone(),
+            data_dir: self.data_dir.clone(),
+            pool_size: self.pool_size,
+        }
+    }
 }
 
-impl CacheSettings {
-    /// A cache builder with these settings.
-    pub fn builder<K, V>(&self, name: &str) -> batcher::cache::CacheBuilder<K, V>
-    where
-        K: Clone + Eq + std::hash::Hash + Send + Sync + 'static,
-        V: Clone + Send + Sync + 'static,
-    {
-        let b = batcher::cache::Cache::builder()
-            .name(name)
-            .max_capacity(self.capacity)
-            .time_to_live(self.ttl)
-            .jitter(self.jitter);
-        match self.negative_ttl {
-            Some(ttl) => b.negative_ttl(ttl),
-            None => b,
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("server").chain(args.iter().copied()))
+            .expect("valid flags")
+    }
+
+    /// One test, because it changes the process's environment: the flags'
+    /// defaults are the settings' defaults, and flags and environment
+    /// variables reach the fields they name.
+    #[test]
+    fn flags_and_environment_map_to_settings() {
+        for (name, _) in std::env::vars() {
+            if name.starts_with("PGBATCH_") {
+                std::env::remove_var(name);
+            }
+        }
+        let cli = parse(&[]);
+        assert_eq!(cli.serve.settings(), Settings::default());
+        assert_eq!(
+            DbSettings {
+                url: None,
+                ..cli.db.settings()
+            },
+            DbSettings::default()
+        );
+        assert_eq!(
+            (cli.serve.seed_objects, cli.serve.seed_kv_rows),
+            (SEED_ROWS, SEED_ROWS)
+        );
+
+        let cli = parse(&[
+            "--read-path",
+            "cached",
+            "--batch-size",
+            "7",
+            "--batch-policy",
+            "fixed-delay",
+            "--batch-delay-us",
+            "250",
+            "--batch-concurrency",
+            "3",
+            "--queue-capacity",
+            "9",
+            "--request-timeout-ms",
+            "1500",
+            "--cache-negative-ttl-ms",
+            "40",
+            "--auth-cache",
+            "off",
+            "--write-batch-size",
+            "11",
+            "--write-concurrency",
+            "2",
+            "--write-timeout-ms",
+            "700",
+            "--max-import-bytes",
+            "2000",
+            "--max-stat-paths",
+            "5",
+            "--max-body-bytes",
+            "4096",
+            "--pool-size",
+            "6",
+        ]);
+        let s = cli.serve.settings();
+        let batch = BatchSettings {
+            max_batch_size: 7,
+            policy: batcher::FlushPolicy::FixedDelay,
+            max_delay: Duration::from_micros(250),
+            concurrency: 3,
+            queue_capacity: 9,
+        };
+        assert_eq!(s.read.path, ReadPath::Cached);
+        assert_eq!(s.read.batch, batch);
+        assert_eq!(s.read.timeout, Duration::from_millis(1500));
+        assert_eq!(s.read.cache.negative_ttl, Some(Duration::from_millis(40)));
+        assert_eq!(s.auth.cache, None);
+        // The writer batches with its own size and concurrency, and the
+        // shared policy, delay and queue.
+        assert_eq!(
+            s.write.batch,
+            BatchSettings {
+                max_batch_size: 11,
+                concurrency: 2,
+                ..batch
+            }
+        );
+        assert_eq!(s.write.timeout, Duration::from_millis(700));
+        assert_eq!(s.write.max_import_bytes, 2000);
+        assert_eq!(
+            s.limits,
+            Limits {
+                max_stat_paths: 5,
+                max_body_bytes: 4096
+            }
+        );
+        assert_eq!(cli.db.settings().pool_size, 6);
+
+        std::env::set_var("PGBATCH_CACHE_TTL_MS", "1234");
+        std::env::set_var("PGBATCH_AUTH_CACHE_JITTER_MS", "0");
+        std::env::set_var("PGBATCH_READ_PATH", "naive");
+        let s = parse(&[]).serve.settings();
+        std::env::remove_var("PGBATCH_CACHE_TTL_MS");
+        std::env::remove_var("PGBATCH_AUTH_CACHE_JITTER_MS");
+        std::env::remove_var("PGBATCH_READ_PATH");
+        assert_eq!(s.read.cache.ttl, Duration::from_millis(1234));
+        assert_eq!(s.auth.cache.map(|c| c.jitter), Some(Duration::ZERO));
+        assert_eq!(s.read.path, ReadPath::Naive);
+    }
+
+    #[test]
+    fn every_policy_has_a_flag() {
+        for policy in [
+            batcher::FlushPolicy::Eager,
+            batcher::FlushPolicy::FixedDelay,
+            batcher::FlushPolicy::Adaptive,
+        ] {
+            assert_eq!(
+                PolicyArg::of(policy).map(batcher::FlushPolicy::from),
+                Some(policy)
+            );
         }
     }
 }

@@ -5,7 +5,8 @@ use anyhow::Context as _;
 use embedded_pg::{Cluster, ClusterOptions};
 use tokio_postgres::NoTls;
 
-use crate::config::DbArgs;
+use crate::queries::database;
+use crate::settings::DbSettings;
 
 mod embedded {
     refinery::embed_migrations!("../../migrations");
@@ -32,8 +33,8 @@ impl Database {
     ///
     /// When the URL is invalid or the cluster cannot start; the message says
     /// what to install or change.
-    pub async fn open(args: &DbArgs) -> anyhow::Result<Self> {
-        Self::open_with(args, |options| options).await
+    pub async fn open(settings: &DbSettings) -> anyhow::Result<Self> {
+        Self::open_with(settings, |options| options).await
     }
 
     /// Like [`open`](Self::open), with `customize` applied to the embedded
@@ -43,10 +44,10 @@ impl Database {
     ///
     /// As [`open`](Self::open).
     pub async fn open_with(
-        args: &DbArgs,
+        settings: &DbSettings,
         customize: impl FnOnce(ClusterOptions) -> ClusterOptions,
     ) -> anyhow::Result<Self> {
-        if let Some(url) = &args.database_url {
+        if let Some(url) = &settings.url {
             let config = url
                 .parse()
                 .context("DATABASE_URL is not a valid Postgres connection string")?;
@@ -58,7 +59,7 @@ impl Database {
         // No replication from the embedded cluster, so WAL need only cover
         // crash recovery; bulk loads into fresh tables then skip it.
         let options = customize(
-            ClusterOptions::new(&args.data_dir)
+            ClusterOptions::new(&settings.data_dir)
                 .setting("wal_level", "minimal")
                 .setting("max_wal_senders", "0"),
         );
@@ -86,15 +87,7 @@ async fn create_database_if_missing(
 ) -> anyhow::Result<()> {
     let (client, conn) = admin.connect(NoTls).await?;
     let conn = tokio::spawn(conn);
-    let exists = client
-        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
-        .await?
-        .is_some();
-    if !exists {
-        client
-            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
-            .await?;
-    }
+    database::create_database_if_missing(&client, name).await?;
     drop(client);
     let _ = conn.await; // ends as the client is dropped; nothing to report
     Ok(())
@@ -152,4 +145,15 @@ pub fn pool(
     config.options(&options);
     batcher::pg::pool(config, &batcher::pg::PoolOptions::with_max_size(pool_size))
         .context("invalid pool settings")
+}
+
+/// One round trip on a pooled connection: the database answers.
+///
+/// # Errors
+///
+/// When no connection can be had or the database does not answer.
+pub async fn ping(pool: &batcher::pg::Pool) -> anyhow::Result<()> {
+    let client = pool.get().await?;
+    database::ping(&client).await?;
+    Ok(())
 }

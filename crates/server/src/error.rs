@@ -1,8 +1,12 @@
 //! Errors as HTTP responses: `{"error": {"code": ..., "message": ...}}`.
+//! This module only maps; what went wrong is a [`Failure`], or an axum
+//! rejection.
 //!
 //! A 4xx says what was wrong with the request. A 5xx gives a generic
 //! message and logs the cause, which may hold details a client should not
 //! see.
+
+use std::any::Any;
 
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -10,8 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use crate::read_path::ReadError;
-use crate::write_path::WriteError;
+use crate::failure::Failure;
 
 /// Seconds a client is asked to wait after a 503.
 const RETRY_AFTER_SECS: u64 = 1;
@@ -37,14 +40,18 @@ impl AppError {
         }
     }
 
-    /// 400 with `code` and `message`.
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, code, message)
+    /// 401 with `code` and `message` (and `WWW-Authenticate: Bearer`).
+    pub fn unauthorized(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, code, message)
     }
 
-    /// 404 with `code` and `message`.
-    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, code, message)
+    /// 500 for a bug: the details are logged, not sent.
+    pub fn internal() -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "internal server error",
+        )
     }
 
     /// The response status.
@@ -63,54 +70,30 @@ impl AppError {
     }
 }
 
-impl From<WriteError> for AppError {
-    fn from(e: WriteError) -> Self {
-        let message = e.to_string();
-        match e {
-            WriteError::NoSuchRepository(_) => Self::not_found("repository_not_found", message),
-            WriteError::RepositoryExists(_) => {
-                Self::new(StatusCode::CONFLICT, "repository_exists", message)
-            }
-            WriteError::Conflict(_) => Self::new(StatusCode::CONFLICT, "conflict", message),
-            WriteError::Refused(_) => {
-                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "rejected", message)
-            }
-            WriteError::BadLine { .. } => Self::bad_request("invalid_import_line", message),
-            WriteError::TooLarge(_) => {
-                Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
-            }
-            WriteError::Overloaded => ReadError::Overloaded.into(),
-            WriteError::Timeout => Self::new(
-                StatusCode::GATEWAY_TIMEOUT,
-                "timeout",
-                "the write did not complete within its deadline; it may still be applied",
-            ),
-            WriteError::Database(cause) => ReadError::Database(cause).into(),
-        }
-    }
-}
-
-impl From<ReadError> for AppError {
-    fn from(e: ReadError) -> Self {
-        match e {
-            ReadError::Overloaded => Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "overloaded",
-                "the server is overloaded; retry later",
-            ),
-            ReadError::Timeout => Self::new(
-                StatusCode::GATEWAY_TIMEOUT,
-                "timeout",
-                "the lookup did not complete within its deadline",
-            ),
-            ReadError::Database(cause) => Self {
-                cause: Some(cause),
-                ..Self::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "database_unavailable",
-                    "the database is unavailable; retry later",
-                )
+impl From<Failure> for AppError {
+    fn from(failure: Failure) -> Self {
+        let (status, code) = match &failure {
+            Failure::Invalid { code, .. } => (StatusCode::BAD_REQUEST, *code),
+            Failure::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            Failure::NoSuchRepository(_) => (StatusCode::NOT_FOUND, "repository_not_found"),
+            Failure::NoSuchObject { .. } => (StatusCode::NOT_FOUND, "object_not_found"),
+            Failure::NoSuchRow(_) => (StatusCode::NOT_FOUND, "row_not_found"),
+            Failure::RepositoryExists(_) => (StatusCode::CONFLICT, "repository_exists"),
+            Failure::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            Failure::Rejected(_) => (StatusCode::UNPROCESSABLE_ENTITY, "rejected"),
+            Failure::BadImportLine { .. } => (StatusCode::BAD_REQUEST, "invalid_import_line"),
+            Failure::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Failure::Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
+            Failure::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "timeout"),
+            Failure::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "database_unavailable"),
+        };
+        let message = failure.to_string();
+        Self {
+            cause: match failure {
+                Failure::Unavailable(cause) => Some(cause),
+                _ => None,
             },
+            ..Self::new(status, code, message)
         }
     }
 }
@@ -142,11 +125,28 @@ impl IntoResponse for AppError {
         }
         let body = json!({ "error": { "code": self.code, "message": self.message } });
         let mut response = (self.status, Json(body)).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        let headers = response.headers_mut();
+        match self.status {
+            StatusCode::SERVICE_UNAVAILABLE => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+            }
+            StatusCode::UNAUTHORIZED => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
         }
         response
     }
+}
+
+/// The response to a handler's panic: a bug must cost one request a 500,
+/// not the connection or the process.
+pub fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response {
+    let detail = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    tracing::error!(panic = %detail, "handler panicked");
+    AppError::internal().into_response()
 }

@@ -1,10 +1,12 @@
 //! Validation of request input, so bad input is a 400 that names the
-//! problem, never a 500 or a silently altered lookup.
+//! problem, never a 500 or a silently altered lookup. Every check returns
+//! [`Failure::Invalid`] with the code the API documents.
 
+use batcher::pg::copy::ConflictPolicy;
 use percent_encoding::percent_decode;
 
-use crate::error::AppError;
-use crate::queries::ObjectRow;
+use crate::failure::Failure;
+use crate::queries::objects::ObjectRow;
 
 /// The longest object path accepted, in bytes (as lakeFS).
 pub const MAX_PATH_BYTES: usize = 1024;
@@ -13,7 +15,7 @@ pub const MAX_PK_BYTES: usize = 256;
 
 /// Checks a repository name: 3 to 63 characters of `a-z`, `0-9` and `-`,
 /// not starting with `-` (the rule of the `repositories` table).
-pub fn repository(name: &str) -> Result<(), AppError> {
+pub fn repository(name: &str) -> Result<(), Failure> {
     let bytes = name.as_bytes();
     let ok = (3..=63).contains(&bytes.len())
         && bytes[0] != b'-'
@@ -23,7 +25,7 @@ pub fn repository(name: &str) -> Result<(), AppError> {
     if ok {
         Ok(())
     } else {
-        Err(AppError::bad_request(
+        Err(Failure::invalid(
             "invalid_repository_name",
             "repository names are 3 to 63 characters of a-z, 0-9 and '-', not starting with '-'",
         ))
@@ -32,7 +34,7 @@ pub fn repository(name: &str) -> Result<(), AppError> {
 
 /// Checks an object path; `what` names it in the message (`path`,
 /// `paths[3]`).
-pub fn object_path(path: &str, what: &str) -> Result<(), AppError> {
+pub fn object_path(path: &str, what: &str) -> Result<(), Failure> {
     let problem = if path.is_empty() {
         format!("{what} must not be empty")
     } else if path.len() > MAX_PATH_BYTES {
@@ -45,13 +47,65 @@ pub fn object_path(path: &str, what: &str) -> Result<(), AppError> {
     } else {
         return Ok(());
     };
-    Err(AppError::bad_request("invalid_path", problem))
+    Err(Failure::invalid("invalid_path", problem))
+}
+
+/// The required query parameter `path`, decoded strictly and checked.
+///
+/// # Errors
+///
+/// `missing_path`, or as [`query_param`] and [`object_path`].
+pub fn required_path(raw_query: Option<&str>) -> Result<String, Failure> {
+    let path = query_param(raw_query, "path")?
+        .ok_or_else(|| Failure::invalid("missing_path", "query parameter `path` is required"))?;
+    object_path(&path, "path")?;
+    Ok(path)
+}
+
+/// Checks the paths of one `POST .../objects/stat`: 1 to `max` of them,
+/// each a valid object path.
+///
+/// # Errors
+///
+/// `empty_paths`, `too_many_paths`, or `invalid_path` naming the index.
+pub fn stat_paths(paths: &[String], max: usize) -> Result<(), Failure> {
+    if paths.is_empty() {
+        return Err(Failure::invalid("empty_paths", "`paths` must not be empty"));
+    }
+    if paths.len() > max {
+        return Err(Failure::invalid(
+            "too_many_paths",
+            format!("at most {max} paths per request, got {}", paths.len()),
+        ));
+    }
+    for (i, path) in paths.iter().enumerate() {
+        object_path(path, &format!("paths[{i}]"))?;
+    }
+    Ok(())
+}
+
+/// The import's conflict policy from query parameter `policy` (`skip` when
+/// absent).
+///
+/// # Errors
+///
+/// `invalid_policy`, or as [`query_param`].
+pub fn conflict_policy(raw_query: Option<&str>) -> Result<ConflictPolicy, Failure> {
+    match query_param(raw_query, "policy")?.as_deref() {
+        None | Some("skip") => Ok(ConflictPolicy::Skip),
+        Some("overwrite") => Ok(ConflictPolicy::Overwrite),
+        Some("fail") => Ok(ConflictPolicy::Fail),
+        Some(other) => Err(Failure::invalid(
+            "invalid_policy",
+            format!("`policy` is skip, overwrite or fail, not `{other}`"),
+        )),
+    }
 }
 
 /// Checks a `random_read_test` key.
-pub fn pk(pk: &str) -> Result<(), AppError> {
+pub fn pk(pk: &str) -> Result<(), Failure> {
     if pk.is_empty() || pk.len() > MAX_PK_BYTES || pk.chars().any(char::is_control) {
-        return Err(AppError::bad_request(
+        return Err(Failure::invalid(
             "invalid_key",
             format!("keys are 1 to {MAX_PK_BYTES} bytes without control characters"),
         ));
@@ -69,7 +123,7 @@ pub fn pk(pk: &str) -> Result<(), AppError> {
 /// # Errors
 ///
 /// 400 for a malformed escape, invalid UTF-8, or a repeated parameter.
-pub fn query_param(raw_query: Option<&str>, name: &str) -> Result<Option<String>, AppError> {
+pub fn query_param(raw_query: Option<&str>, name: &str) -> Result<Option<String>, Failure> {
     let mut found = None;
     for pair in raw_query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (raw_key, raw_value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -77,13 +131,13 @@ pub fn query_param(raw_query: Option<&str>, name: &str) -> Result<Option<String>
             continue;
         }
         if found.is_some() {
-            return Err(AppError::bad_request(
+            return Err(Failure::invalid(
                 "invalid_query",
                 format!("query parameter `{name}` is given more than once"),
             ));
         }
         found = Some(decode_component(raw_value).map_err(|e| {
-            AppError::bad_request("invalid_query", format!("query parameter `{name}`: {e}"))
+            Failure::invalid("invalid_query", format!("query parameter `{name}`: {e}"))
         })?);
     }
     Ok(found)
@@ -118,6 +172,23 @@ pub struct ObjectBody {
 }
 
 impl ObjectBody {
+    /// The row a `PUT` of `path` in `repository` writes.
+    ///
+    /// # Errors
+    ///
+    /// `invalid_body` naming the first invalid field, or a `path` in the
+    /// body.
+    pub fn into_put_row(self, repository: &str, path: String) -> Result<ObjectRow, Failure> {
+        if self.path.is_some() {
+            return Err(Failure::invalid(
+                "invalid_body",
+                "`path` goes in the query string, not the body",
+            ));
+        }
+        self.into_row(repository, path)
+            .map_err(|m| Failure::invalid("invalid_body", m))
+    }
+
     /// Checks the fields and makes the row to write at `repository`/`path`.
     ///
     /// # Errors
@@ -174,9 +245,9 @@ impl ObjectBody {
 /// # Errors
 ///
 /// 400 naming the problem.
-pub fn storage_namespace(ns: &str) -> Result<(), AppError> {
+pub fn storage_namespace(ns: &str) -> Result<(), Failure> {
     if ns.is_empty() || ns.len() > MAX_FIELD_BYTES || ns.contains('\0') {
-        return Err(AppError::bad_request(
+        return Err(Failure::invalid(
             "invalid_storage_namespace",
             format!("`storage_namespace` must be 1 to {MAX_FIELD_BYTES} bytes without NUL"),
         ));
@@ -192,9 +263,9 @@ enum DecodeError {
     NotUtf8,
 }
 
-impl From<DecodeError> for AppError {
+impl From<DecodeError> for Failure {
     fn from(e: DecodeError) -> Self {
-        AppError::bad_request("invalid_query", e.to_string())
+        Failure::invalid("invalid_query", e.to_string())
     }
 }
 
@@ -220,7 +291,10 @@ mod tests {
     use super::*;
 
     fn param(q: &str) -> Result<Option<String>, String> {
-        query_param(Some(q), "path").map_err(|e| e.code().to_owned())
+        query_param(Some(q), "path").map_err(|e| match e {
+            Failure::Invalid { code, .. } => code.to_owned(),
+            other => panic!("not an input error: {other}"),
+        })
     }
 
     #[test]

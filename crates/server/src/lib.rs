@@ -2,162 +2,106 @@
 //! through the micro-batcher, so the whole stack can be load-tested end to
 //! end.
 //!
-//! Data flows one way: HTTP ([`api`]) → authentication ([`auth`]) → input
-//! checks ([`input`]) → the read path ([`read_path`]: naive, batched through
-//! a [`batcher::Batcher`], or cached in front of it) → the Postgres loaders
-//! ([`queries`]) → Postgres ([`db`]).
-//!
 //! [`app`] builds the router from an [`AppState`]; `main` reads the
 //! configuration, opens the database, and serves it.
+//!
+//! # Layers
+//!
+//! A module imports only from modules below it:
+//!
+//! ```text
+//! lib            the route table, layers and fallbacks
+//! routes/*       one handler module per resource
+//! extract        extractors (caller, repository, object path, JSON) and the token middleware
+//! error          AppError: a Failure or rejection as an HTTP response
+//! state          AppState, built from Settings and a pool
+//! testing        a seeded database for tests and benchmarks
+//! metrics        the registry, the scrape-time collector, the `track` middleware
+//! writes         upserts, deletes, imports, repositories; invalidates through `reads`
+//! import         the NDJSON body as a COPY row source
+//! reads          the registry of lookups, one per query kind
+//! lookup         Lookup<Q>: get / get_many over naive, batched or cached
+//! auth           tokens, principals, grants, the authenticator, user admin
+//! input          validation and strict query decoding
+//! seed, db       demo data; the database, migrations and pool
+//! config         clap flags to Settings (used by `main` only)
+//! queries/*      all SQL, one module per table or concern
+//! failure        Failure, the domain error, from one classification
+//! settings       typed settings with their defaults
+//! ```
+//!
+//! A read goes `routes` → `reads` → [`Lookup`](lookup::Lookup) → a
+//! [`batcher::Batcher`] (and cache) or the pool → a [`queries`] statement;
+//! a write goes `routes` → [`Writes`](writes::Writes) → the micro-batched
+//! writer or COPY → `queries`, then invalidates through `reads`.
 
-pub mod api;
 pub mod auth;
 pub mod config;
 pub mod db;
 pub mod error;
+pub mod extract;
+pub mod failure;
+pub mod import;
 pub mod input;
+pub mod lookup;
 pub mod metrics;
 pub mod queries;
-pub mod read_path;
+pub mod reads;
+mod routes;
 pub mod seed;
-pub mod write_path;
-
-use std::any::Any;
-use std::sync::Arc;
+pub mod settings;
+pub mod state;
+pub mod testing;
+pub mod writes;
 
 use axum::extract::DefaultBodyLimit;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::middleware::from_fn_with_state;
+use axum::routing::{delete, get, post, put};
 use axum::Router;
-use batcher::pg::Pool;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::auth::Authenticator;
-use crate::config::ServeArgs;
-use crate::error::AppError;
-use crate::metrics::Metrics;
-use crate::read_path::Reader;
-use crate::write_path::Writes;
-
-/// Request limits.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    /// Most paths in one `POST .../objects/stat`.
-    pub max_stat_paths: usize,
-    /// Largest accepted request body, in bytes.
-    pub max_body_bytes: usize,
-}
-
-/// What every handler shares. Cheap to clone.
-#[derive(Debug, Clone)]
-pub struct AppState(Arc<Inner>);
-
-/// The contents of [`AppState`].
-#[derive(Debug)]
-pub struct Inner {
-    /// The read path.
-    pub reader: Reader,
-    /// Resolves bearer tokens.
-    pub auth: Authenticator,
-    /// The write path.
-    pub writes: Writes,
-    /// The connection pool (readiness checks).
-    pub pool: Pool,
-    /// The metrics registry.
-    pub metrics: Metrics,
-    /// Request limits.
-    pub limits: Limits,
-}
-
-impl std::ops::Deref for AppState {
-    type Target = Inner;
-
-    fn deref(&self) -> &Inner {
-        &self.0
-    }
-}
-
-impl AppState {
-    /// State for serving from `pool` with the settings in `args`; starts the
-    /// batchers on the current runtime when the read path is batched.
-    ///
-    /// # Errors
-    ///
-    /// When a batcher setting is invalid.
-    pub fn new(pool: Pool, args: &ServeArgs) -> anyhow::Result<Self> {
-        let reader = Reader::new(pool.clone(), args)?;
-        let auth = Authenticator::new(pool.clone(), args.auth_cache())?;
-        let writes = Writes::new(pool.clone(), reader.clone(), args)?;
-        let metrics = Metrics::new(reader.clone(), writes.clone(), auth.clone(), pool.clone());
-        Ok(Self(Arc::new(Inner {
-            reader,
-            auth,
-            writes,
-            pool,
-            metrics,
-            limits: Limits {
-                max_stat_paths: args.max_stat_paths,
-                max_body_bytes: args.max_body_bytes,
-            },
-        })))
-    }
-}
+pub use crate::state::AppState;
 
 /// The service's router.
 pub fn app(state: AppState) -> Router {
-    let stat = get(api::stat_object).post(api::stat_objects);
-    let repos = get(api::list_repositories).post(api::create_repository);
-    let object = axum::routing::put(api::put_object).delete(api::delete_object);
+    use routes::{health, kv, objects, repositories, user};
     // Every /api route needs a token; health and metrics stay open.
     let api = Router::new()
-        .route("/api/v1/repositories", repos)
         .route(
-            "/api/v1/repositories/{repo}",
-            axum::routing::delete(api::delete_repository),
+            "/api/v1/repositories",
+            get(repositories::list).post(repositories::create),
         )
-        .route("/api/v1/repositories/{repo}/objects", object)
+        .route("/api/v1/repositories/{repo}", delete(repositories::delete))
+        .route(
+            "/api/v1/repositories/{repo}/objects",
+            put(objects::put).delete(objects::delete),
+        )
         .route(
             "/api/v1/repositories/{repo}/objects/import",
-            axum::routing::post(api::import_objects),
+            post(objects::import),
         )
-        .route("/api/v1/repositories/{repo}/objects/stat", stat)
-        .route("/api/v1/kv/{pk}", get(api::kv_row))
-        .route("/api/v1/user", get(api::current_user))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_token,
+        .route(
+            "/api/v1/repositories/{repo}/objects/stat",
+            get(objects::stat).post(objects::stat_many),
+        )
+        .route("/api/v1/kv/{pk}", get(kv::get))
+        .route("/api/v1/user", get(user::current))
+        .route_layer(from_fn_with_state(
+            state.auth.clone(),
+            extract::require_token,
         ));
     Router::new()
         .merge(api)
-        .route("/healthz", get(api::healthz))
-        .route("/readyz", get(api::readyz))
-        .route("/metrics", get(api::metrics))
-        .fallback(api::no_route)
-        .method_not_allowed_fallback(api::wrong_method)
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
+        .fallback(health::no_route)
+        .method_not_allowed_fallback(health::wrong_method)
         .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            metrics::track,
-        ))
+        .layer(from_fn_with_state(state.metrics.clone(), metrics::track))
         .layer(TraceLayer::new_for_http())
         // A bug must cost one request a 500, not the connection or process.
-        .layer(CatchPanicLayer::custom(panic_response))
+        .layer(CatchPanicLayer::custom(error::panic_response))
         .with_state(state)
-}
-
-fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response {
-    let detail = panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_default();
-    tracing::error!(panic = %detail, "handler panicked");
-    AppError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "internal",
-        "internal server error",
-    )
-    .into_response()
 }

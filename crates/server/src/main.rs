@@ -2,11 +2,14 @@
 //! (embedded by default), applies migrations, seeds demo data into empty
 //! tables, and serves HTTP until SIGINT or SIGTERM.
 
+use std::path::Path;
+
 use anyhow::Context as _;
 use clap::Parser;
 use server::auth;
 use server::config::{Cli, Command, ServeArgs, TokenCommand, UserCommand};
 use server::db::{self, Database};
+use server::queries::kv::kv_pk;
 use server::seed::{self, SeedReport};
 use server::{app, AppState};
 use tracing_subscriber::EnvFilter;
@@ -19,7 +22,7 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let cli = Cli::parse();
-    let database = Database::open(&cli.db).await?;
+    let database = Database::open(&cli.db.settings()).await?;
     let result = run(&cli, &database).await;
     // Stop the embedded Postgres cleanly whether or not serving failed.
     database.close().await;
@@ -73,15 +76,18 @@ async fn serve(cli: &Cli, database: &Database) -> anyhow::Result<()> {
 
     let token_file = &cli.db.admin_token_file;
     let new_admin_token =
-        auth::bootstrap_admin(&database.config, args.admin_token.as_deref(), token_file).await?;
+        auth::bootstrap_admin(&database.config, args.admin_token.as_deref()).await?;
+    if let Some(token) = &new_admin_token {
+        write_secret(token_file, token)?;
+    }
 
-    let pool = db::pool(&database.config, cli.db.pool_size, args.request_timeout())?;
-    let state = AppState::new(pool.clone(), args)?;
+    let settings = args.settings();
+    let state = AppState::connect(&database.config, cli.db.pool_size, &settings)?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("could not listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, read_path = ?args.read_path, "serving");
+    tracing::info!(%addr, read_path = ?settings.read.path, "serving");
     print_try_it(&addr.to_string(), new_admin_token.as_deref(), token_file);
 
     axum::serve(listener, app(state.clone()))
@@ -90,8 +96,27 @@ async fn serve(cli: &Cli, database: &Database) -> anyhow::Result<()> {
         .context("server failed")?;
     tracing::info!("in-flight requests finished; stopping");
     // Commit and acknowledge queued writes, answer queued reads.
-    tokio::join!(state.writes.shutdown(), state.reader.shutdown());
-    pool.close();
+    state.shutdown().await;
+    Ok(())
+}
+
+/// Writes `secret` to `path` (creating its directory) readable by its owner
+/// only.
+fn write_secret(path: &Path, secret: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("could not create {}", dir.display()))?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("could not write {}", path.display()))?;
+    writeln!(f, "{secret}")?;
     Ok(())
 }
 
@@ -135,7 +160,7 @@ fn print_seed_report(r: &SeedReport) {
     );
 }
 
-fn print_try_it(addr: &str, new_admin_token: Option<&str>, token_file: &std::path::Path) {
+fn print_try_it(addr: &str, new_admin_token: Option<&str>, token_file: &Path) {
     let base = format!("http://{addr}");
     let path = seed::object_path(1);
     let repo = seed::DEMO_REPOSITORY;
@@ -162,11 +187,30 @@ Serving on {base}. Every /api request needs the token. Try:
 Stop with Ctrl-C.
 "#,
         p2 = seed::object_path(2),
-        pk = seed::kv_pk(42),
+        pk = kv_pk(42),
         token_line = if token_file.exists() {
             format!("TOKEN=$(cat {file})")
         } else {
             "TOKEN=...   # an admin token; `server token create admin` makes one".to_owned()
         },
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    #[test]
+    fn the_token_file_is_written_for_its_owner_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("sub/admin-token");
+        write_secret(&file, "pgb_secret").unwrap();
+        assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), "pgb_secret");
+        assert_eq!(
+            std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
 }

@@ -4,6 +4,7 @@
 //! The registry belongs to the application state (no global recorder), so
 //! several apps in one process (tests) keep separate counts.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
@@ -21,9 +22,8 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::auth::Authenticator;
-use crate::read_path::Reader;
-use crate::write_path::Writes;
-use crate::AppState;
+use crate::reads::Reads;
+use crate::writes::Writes;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -47,9 +47,10 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// A registry with the HTTP metrics and a collector for `reader`'s
-    /// batchers and `pool`.
-    pub fn new(reader: Reader, writes: Writes, auth: Authenticator, pool: Pool) -> Self {
+    /// A registry with the HTTP metrics and a collector reading, on each
+    /// scrape, the batchers and caches of `reads`, `writes` and `auth`, and
+    /// `pool`'s usage.
+    pub fn new(reads: Reads, writes: Writes, auth: Authenticator, pool: Pool) -> Self {
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
@@ -68,7 +69,7 @@ impl Metrics {
             latency.clone(),
         );
         registry.register_collector(Box::new(ServiceCollector {
-            reader,
+            reads,
             writes,
             auth,
             pool,
@@ -91,7 +92,7 @@ impl Metrics {
 
 /// Middleware recording every request's count and latency under its route
 /// template (`/api/v1/kv/{pk}`, not the raw path, to bound cardinality).
-pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
+pub async fn track(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
     let start = Instant::now();
     let method = method_label(req.method()).to_owned();
     let route = req
@@ -100,7 +101,6 @@ pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> R
         .map_or("unmatched", MatchedPath::as_str)
         .to_owned();
     let response = next.run(req).await;
-    let metrics = &state.metrics;
     metrics
         .latency
         .get_or_create(&RouteLabels {
@@ -152,10 +152,10 @@ fn method_label(method: &axum::http::Method) -> &'static str {
     }
 }
 
-/// Reads the batchers' and the pool's state on each scrape.
+/// Reads the batchers', caches' and pool's state on each scrape.
 #[derive(Debug)]
 struct ServiceCollector {
-    reader: Reader,
+    reads: Reads,
     writes: Writes,
     auth: Authenticator,
     pool: Pool,
@@ -163,187 +163,226 @@ struct ServiceCollector {
 
 impl Collector for ServiceCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let status = self.pool.status();
-        for (name, help, value) in [
-            (
-                "db_pool_max_size",
-                "Most connections the pool may hold",
-                status.max_size,
-            ),
-            (
-                "db_pool_size",
-                "Connections the pool holds now",
-                status.size,
-            ),
-            (
-                "db_pool_available",
-                "Idle connections in the pool",
-                status.available,
-            ),
-            (
-                "db_pool_waiting",
-                "Callers waiting for a connection",
-                status.waiting,
-            ),
-        ] {
-            let gauge = ConstGauge::new(value as i64);
-            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
-        }
-
-        let mut batchers = self.reader.batcher_stats();
+        encode_pool(&mut encoder, &self.pool)?;
+        let mut batchers = self.reads.batcher_stats();
         batchers.push(("object_write", self.writes.batcher_stats()));
-        let counters: [(&str, &str, Field); 8] = [
-            ("batcher_requests", "Lookups received", |s| s.requests),
-            ("batcher_batches", "Batched statements run", |s| s.batches),
-            (
-                "batcher_deduplicated",
-                "Lookups merged into a key already in the batch",
-                |s| s.deduplicated,
-            ),
-            (
-                "batcher_abandoned",
-                "Lookups dropped by their caller before dispatch",
-                |s| s.abandoned,
-            ),
-            (
-                "batcher_overloaded",
-                "Lookups rejected because the queue was full",
-                |s| s.overloaded,
-            ),
-            ("batcher_timed_out", "Lookups whose deadline passed", |s| {
-                s.timed_out
-            }),
-            (
-                "batcher_failed_batches",
-                "Batched statements that failed",
-                |s| s.failed_batches + s.panicked_batches + s.timed_out_batches,
-            ),
-            ("batcher_not_found", "Keys looked up and not found", |s| {
-                s.not_found
-            }),
-        ];
-        for (name, help, value) in counters {
-            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for (batcher, stats) in &batchers {
-                let labels = [("batcher", *batcher)];
-                ConstCounter::new(value(stats)).encode(family.encode_family(&labels)?)?;
-            }
-        }
-        let gauges: [(&str, &str, Field); 3] = [
-            ("batcher_queued", "Lookups waiting in the queue", |s| {
-                s.queued
-            }),
-            (
-                "batcher_pending_keys",
-                "Keys waiting for the next batch",
-                |s| s.pending_keys,
-            ),
-            (
-                "batcher_in_flight_batches",
-                "Batched statements running",
-                |s| s.in_flight_batches,
-            ),
-        ];
-        for (name, help, value) in gauges {
-            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            for (batcher, stats) in &batchers {
-                let labels = [("batcher", *batcher)];
-                ConstGauge::new(value(stats) as i64).encode(family.encode_family(&labels)?)?;
-            }
-        }
-        let histograms: [HistogramSpec; 3] = [
-            (
-                "batcher_batch_size",
-                "Distinct keys per batched statement",
-                None,
-                1.0,
-                |s| &s.batch_size,
-            ),
-            (
-                "batcher_queue_wait",
-                "Time from lookup to dispatch",
-                Some(&Unit::Seconds),
-                1e-9,
-                |s| &s.queue_wait,
-            ),
-            (
-                "batcher_load_duration",
-                "Time a batched statement took",
-                Some(&Unit::Seconds),
-                1e-9,
-                |s| &s.load_duration,
-            ),
-        ];
-        for (name, help, unit, scale, hist) in histograms {
-            let mut family = encoder.encode_descriptor(name, help, unit, MetricType::Histogram)?;
-            for (batcher, stats) in &batchers {
-                let h = hist(stats);
-                let buckets: Vec<(f64, u64)> = h
-                    .buckets
-                    .iter()
-                    .map(|&(bound, n)| {
-                        let bound = if bound == u64::MAX {
-                            f64::INFINITY
-                        } else {
-                            bound as f64 * scale
-                        };
-                        (bound, n)
-                    })
-                    .collect();
-                let labels = [("batcher", *batcher)];
-                family
-                    .encode_family(&labels)?
-                    .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
-                        h.sum as f64 * scale,
-                        h.count,
-                        &buckets,
-                        None,
-                    )?;
-            }
-        }
-
-        let mut caches = self.reader.cache_stats();
+        encode_batcher_counters(&mut encoder, &batchers)?;
+        encode_batcher_gauges(&mut encoder, &batchers)?;
+        encode_batcher_histograms(&mut encoder, &batchers)?;
+        let mut caches = self.reads.cache_stats();
         if let Some(stats) = self.auth.cache_stats() {
             caches.push(("auth", stats));
         }
-        let cache_counters: [(&str, &str, CacheField); 7] = [
-            ("cache_hits", "Lookups answered from the cache", |s| s.hits),
-            ("cache_misses", "Lookups that started a load", |s| s.misses),
-            (
-                "cache_coalesced",
-                "Lookups that waited for another lookup's load",
-                |s| s.coalesced,
-            ),
-            ("cache_load_errors", "Loads that failed (not cached)", |s| {
-                s.load_errors
-            }),
-            (
-                "cache_evictions",
-                "Entries evicted to stay within capacity",
-                |s| s.evictions,
-            ),
-            ("cache_expirations", "Entries that expired", |s| {
-                s.expirations
-            }),
-            (
-                "cache_invalidations",
-                "Entries removed by invalidation",
-                |s| s.invalidations,
-            ),
-        ];
-        for (name, help, value) in cache_counters {
-            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for (cache, stats) in &caches {
-                let labels = [("cache", *cache)];
-                ConstCounter::new(value(stats)).encode(family.encode_family(&labels)?)?;
-            }
-        }
-        let mut family =
-            encoder.encode_descriptor("cache_entries", "Entries held", None, MetricType::Gauge)?;
-        for (cache, stats) in &caches {
-            let labels = [("cache", *cache)];
-            ConstGauge::new(stats.entries as i64).encode(family.encode_family(&labels)?)?;
-        }
-        Ok(())
+        encode_caches(&mut encoder, &caches)
     }
+}
+
+/// Statistics by batcher name.
+type Batchers = [(&'static str, batcher::StatsSnapshot)];
+/// Statistics by cache name.
+type Caches = [(&'static str, batcher::cache::CacheStats)];
+
+fn encode_pool(encoder: &mut DescriptorEncoder<'_>, pool: &Pool) -> Result<(), std::fmt::Error> {
+    let status = pool.status();
+    for (name, help, value) in [
+        (
+            "db_pool_max_size",
+            "Most connections the pool may hold",
+            status.max_size,
+        ),
+        (
+            "db_pool_size",
+            "Connections the pool holds now",
+            status.size,
+        ),
+        (
+            "db_pool_available",
+            "Idle connections in the pool",
+            status.available,
+        ),
+        (
+            "db_pool_waiting",
+            "Callers waiting for a connection",
+            status.waiting,
+        ),
+    ] {
+        let gauge = ConstGauge::new(value as i64);
+        gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+    }
+    Ok(())
+}
+
+fn encode_batcher_counters(
+    encoder: &mut DescriptorEncoder<'_>,
+    batchers: &Batchers,
+) -> Result<(), std::fmt::Error> {
+    let counters: [(&str, &str, Field); 8] = [
+        ("batcher_requests", "Lookups received", |s| s.requests),
+        ("batcher_batches", "Batched statements run", |s| s.batches),
+        (
+            "batcher_deduplicated",
+            "Lookups merged into a key already in the batch",
+            |s| s.deduplicated,
+        ),
+        (
+            "batcher_abandoned",
+            "Lookups dropped by their caller before dispatch",
+            |s| s.abandoned,
+        ),
+        (
+            "batcher_overloaded",
+            "Lookups rejected because the queue was full",
+            |s| s.overloaded,
+        ),
+        ("batcher_timed_out", "Lookups whose deadline passed", |s| {
+            s.timed_out
+        }),
+        (
+            "batcher_failed_batches",
+            "Batched statements that failed",
+            |s| s.failed_batches + s.panicked_batches + s.timed_out_batches,
+        ),
+        ("batcher_not_found", "Keys looked up and not found", |s| {
+            s.not_found
+        }),
+    ];
+    for (name, help, value) in counters {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for (batcher, stats) in batchers {
+            let labels = [("batcher", *batcher)];
+            ConstCounter::new(value(stats)).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
+fn encode_batcher_gauges(
+    encoder: &mut DescriptorEncoder<'_>,
+    batchers: &Batchers,
+) -> Result<(), std::fmt::Error> {
+    let gauges: [(&str, &str, Field); 3] = [
+        ("batcher_queued", "Lookups waiting in the queue", |s| {
+            s.queued
+        }),
+        (
+            "batcher_pending_keys",
+            "Keys waiting for the next batch",
+            |s| s.pending_keys,
+        ),
+        (
+            "batcher_in_flight_batches",
+            "Batched statements running",
+            |s| s.in_flight_batches,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for (batcher, stats) in batchers {
+            let labels = [("batcher", *batcher)];
+            ConstGauge::new(value(stats) as i64).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
+fn encode_batcher_histograms(
+    encoder: &mut DescriptorEncoder<'_>,
+    batchers: &Batchers,
+) -> Result<(), std::fmt::Error> {
+    let histograms: [HistogramSpec; 3] = [
+        (
+            "batcher_batch_size",
+            "Distinct keys per batched statement",
+            None,
+            1.0,
+            |s| &s.batch_size,
+        ),
+        (
+            "batcher_queue_wait",
+            "Time from lookup to dispatch",
+            Some(&Unit::Seconds),
+            1e-9,
+            |s| &s.queue_wait,
+        ),
+        (
+            "batcher_load_duration",
+            "Time a batched statement took",
+            Some(&Unit::Seconds),
+            1e-9,
+            |s| &s.load_duration,
+        ),
+    ];
+    for (name, help, unit, scale, hist) in histograms {
+        let mut family = encoder.encode_descriptor(name, help, unit, MetricType::Histogram)?;
+        for (batcher, stats) in batchers {
+            let h = hist(stats);
+            let buckets: Vec<(f64, u64)> = h
+                .buckets
+                .iter()
+                .map(|&(bound, n)| {
+                    let bound = if bound == u64::MAX {
+                        f64::INFINITY
+                    } else {
+                        bound as f64 * scale
+                    };
+                    (bound, n)
+                })
+                .collect();
+            let labels = [("batcher", *batcher)];
+            family
+                .encode_family(&labels)?
+                .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                    h.sum as f64 * scale,
+                    h.count,
+                    &buckets,
+                    None,
+                )?;
+        }
+    }
+    Ok(())
+}
+
+fn encode_caches(
+    encoder: &mut DescriptorEncoder<'_>,
+    caches: &Caches,
+) -> Result<(), std::fmt::Error> {
+    let counters: [(&str, &str, CacheField); 7] = [
+        ("cache_hits", "Lookups answered from the cache", |s| s.hits),
+        ("cache_misses", "Lookups that started a load", |s| s.misses),
+        (
+            "cache_coalesced",
+            "Lookups that waited for another lookup's load",
+            |s| s.coalesced,
+        ),
+        ("cache_load_errors", "Loads that failed (not cached)", |s| {
+            s.load_errors
+        }),
+        (
+            "cache_evictions",
+            "Entries evicted to stay within capacity",
+            |s| s.evictions,
+        ),
+        ("cache_expirations", "Entries that expired", |s| {
+            s.expirations
+        }),
+        (
+            "cache_invalidations",
+            "Entries removed by invalidation",
+            |s| s.invalidations,
+        ),
+    ];
+    for (name, help, value) in counters {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for (cache, stats) in caches {
+            let labels = [("cache", *cache)];
+            ConstCounter::new(value(stats)).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    let mut family =
+        encoder.encode_descriptor("cache_entries", "Entries held", None, MetricType::Gauge)?;
+    for (cache, stats) in caches {
+        let labels = [("cache", *cache)];
+        ConstGauge::new(stats.entries as i64).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
 }

@@ -5,20 +5,24 @@
 //! `random_read_test` rows load in parallel on two connections, so both
 //! cores work. A table that already has rows is left alone.
 
+use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
-use std::convert::Infallible;
-
 use batcher::pg::copy::{self, RowSource, RowValues};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio_postgres::types::Type;
-use tokio_postgres::NoTls;
+use tokio_postgres::{NoTls, Transaction};
 
-use crate::queries::{ObjectRow, OBJECT_COLUMNS};
+use crate::queries::database::take_if_empty;
+use crate::queries::kv::{KvRows, KV_COLUMNS, KV_TABLE};
+use crate::queries::objects::{ObjectRow, OBJECT_COLUMNS, OBJECT_TABLE};
+use crate::queries::repositories;
 
 /// The repository the demo objects live in.
 pub const DEMO_REPOSITORY: &str = "demo";
+/// Where the demo repository's data lives.
+const DEMO_NAMESPACE: &str = "s3://pgbatch-demo/";
 
 /// What one table's seeding did.
 #[derive(Debug, Clone, Copy)]
@@ -54,18 +58,6 @@ impl SeedReport {
     pub fn rows_per_sec(&self) -> f64 {
         (self.objects.rows + self.kv.rows) as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
-}
-
-/// The seed benchmark's key: the row number left-padded with zeros to 20
-/// characters.
-pub fn kv_pk(n: u64) -> String {
-    format!("{n:020}")
-}
-
-/// The seed benchmark's payload: the number and ` - `, right-padded with
-/// `*` to 33 characters.
-pub fn kv_payload(n: u64) -> String {
-    format!("{:*<33}", format!("{n} - "))
 }
 
 /// The path of demo object `n`.
@@ -105,8 +97,8 @@ pub async fn seed(
     let bars = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
     let start = Instant::now();
     let (objects, kv) = tokio::try_join!(
-        load_table(config, &bars, Table::Objects, objects),
-        load_table(config, &bars, Table::Kv, kv_rows),
+        seed_objects(config, &bars, objects),
+        seed_kv(config, &bars, kv_rows),
     )?;
     Ok(SeedReport {
         objects,
@@ -115,26 +107,46 @@ pub async fn seed(
     })
 }
 
-#[derive(Debug, Clone, Copy)]
-enum Table {
-    Objects,
-    Kv,
-}
-
-impl Table {
-    fn name(self) -> &'static str {
-        match self {
-            Table::Objects => "objects",
-            Table::Kv => "random_read_test",
-        }
-    }
-}
-
-async fn load_table(
+/// The demo objects, in repository `demo` (created if missing).
+async fn seed_objects(
     config: &tokio_postgres::Config,
     bars: &MultiProgress,
-    table: Table,
     rows: u64,
+) -> anyhow::Result<TableReport> {
+    load_if_empty(config, bars, OBJECT_TABLE.table, rows, async |tx, bar| {
+        repositories::insert(tx, DEMO_REPOSITORY, DEMO_NAMESPACE).await?;
+        let source = ObjectRows {
+            numbers: object_numbers_in_path_order(rows),
+            metadata: (0..16)
+                .map(|shard| serde_json::json!({ "source": "seed", "shard": shard.to_string() }))
+                .collect(),
+        };
+        copy_frozen(tx, OBJECT_TABLE.table, &OBJECT_COLUMNS, source, bar).await
+    })
+    .await
+}
+
+/// The seed benchmark's rows `1..=rows`.
+async fn seed_kv(
+    config: &tokio_postgres::Config,
+    bars: &MultiProgress,
+    rows: u64,
+) -> anyhow::Result<TableReport> {
+    load_if_empty(config, bars, KV_TABLE, rows, async |tx, bar| {
+        copy_frozen(tx, KV_TABLE, &KV_COLUMNS, KvRows::new(1..=rows), bar).await
+    })
+    .await
+}
+
+/// Runs `load` in one transaction on a connection of its own, holding an
+/// exclusive lock on `table`, if `rows > 0` and the table is empty. An
+/// error rolls the transaction back, leaving the table empty.
+async fn load_if_empty(
+    config: &tokio_postgres::Config,
+    bars: &MultiProgress,
+    table: &'static str,
+    rows: u64,
+    load: impl AsyncFnOnce(&Transaction<'_>, &ProgressBar) -> anyhow::Result<()>,
 ) -> anyhow::Result<TableReport> {
     let start = Instant::now();
     let skipped = |skipped| TableReport {
@@ -148,33 +160,10 @@ async fn load_table(
     let (mut client, conn) = config.connect(NoTls).await.context("seed: connect")?;
     let conn = tokio::spawn(conn);
     let tx = client.transaction().await?;
-    // Checked under the lock, so rows that arrive meanwhile are never
-    // truncated away below.
-    tx.batch_execute(&format!(
-        "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
-        table.name()
-    ))
-    .await?;
-    let has_rows: bool = tx
-        .query_one(
-            &format!("SELECT EXISTS (SELECT 1 FROM {})", table.name()),
-            &[],
-        )
-        .await?
-        .get(0);
-    if has_rows {
-        tracing::info!(
-            table = table.name(),
-            "table already has rows; not seeding it"
-        );
+    if !take_if_empty(&tx, table).await? {
+        tracing::info!(table, "table already has rows; not seeding it");
         return Ok(skipped(true));
     }
-    // Truncating the (empty) table in this transaction lets COPY FREEZE
-    // write rows already frozen (no hint-bit rewrites on first read) and,
-    // with wal_level=minimal, skip WAL for them.
-    tx.batch_execute(&format!("TRUNCATE {}", table.name()))
-        .await?;
-
     let bar = bars.add(ProgressBar::new(rows));
     bar.set_style(
         ProgressStyle::with_template(
@@ -183,35 +172,8 @@ async fn load_table(
         .expect("valid template")
         .progress_chars("=> "),
     );
-    bar.set_prefix(table.name());
-
-    match table {
-        Table::Objects => {
-            tx.execute(
-                "INSERT INTO repositories (name, storage_namespace) VALUES ($1, $2) \
-                 ON CONFLICT (name) DO NOTHING",
-                &[&DEMO_REPOSITORY, &"s3://pgbatch-demo/"],
-            )
-            .await?;
-            let source = ObjectRows {
-                numbers: object_numbers_in_path_order(rows),
-                metadata: (0..16)
-                    .map(
-                        |shard| serde_json::json!({ "source": "seed", "shard": shard.to_string() }),
-                    )
-                    .collect(),
-            };
-            copy(&tx, "objects", &OBJECT_COLUMNS, source, &bar).await?;
-        }
-        Table::Kv => {
-            let columns = [("pk", Type::TEXT), ("payload", Type::TEXT)];
-            let source = KvRows {
-                next: 1,
-                last: rows,
-            };
-            copy(&tx, "random_read_test", &columns, source, &bar).await?;
-        }
-    }
+    bar.set_prefix(table);
+    load(&tx, &bar).await?;
     tx.commit().await.context("seed: commit")?;
     bar.finish();
     drop(client);
@@ -226,8 +188,8 @@ async fn load_table(
 /// Streams generated rows into `table` with the same binary COPY code
 /// the import uses, with FREEZE (the table was truncated in this
 /// transaction).
-async fn copy<S: RowSource<Error = Infallible>>(
-    tx: &tokio_postgres::Transaction<'_>,
+async fn copy_frozen<S: RowSource<Error = Infallible>>(
+    tx: &Transaction<'_>,
     table: &str,
     columns: &[(&str, Type)],
     rows: S,
@@ -237,25 +199,6 @@ async fn copy<S: RowSource<Error = Infallible>>(
         .await
         .with_context(|| format!("seed: COPY into {table}"))?;
     Ok(())
-}
-
-/// `random_read_test` rows `1..=rows`, in key order.
-struct KvRows {
-    next: u64,
-    last: u64,
-}
-
-impl RowSource for KvRows {
-    type Error = Infallible;
-
-    async fn next_row(&mut self) -> Result<Option<RowValues>, Infallible> {
-        if self.next > self.last {
-            return Ok(None);
-        }
-        let n = self.next;
-        self.next += 1;
-        Ok(Some(vec![Box::new(kv_pk(n)), Box::new(kv_payload(n))]))
-    }
 }
 
 /// Demo objects `1..=rows`, in path order.
@@ -303,10 +246,7 @@ mod tests {
     }
 
     #[test]
-    fn kv_rows_follow_the_seed_benchmark_format() {
-        assert_eq!(kv_pk(42), "00000000000000000042");
-        assert_eq!(kv_payload(42), "42 - ****************************");
-        assert_eq!(kv_payload(42).len(), 33);
+    fn objects_have_the_documented_paths() {
         assert_eq!(object_path(1), "datasets/001/part-00000001.parquet");
     }
 }

@@ -6,18 +6,18 @@ mod support;
 use axum::http::StatusCode;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
-use server::seed::{kv_payload, kv_pk, object_path};
-use support::{get, post_json, send, send_full, setup, stat_uri, SEEDED};
-
-const PATHS: [&str; 3] = ["naive", "batched", "cached"];
+use server::queries::kv::{kv_payload, kv_pk};
+use server::seed::object_path;
+use server::settings::{Limits, ReadPath, Settings};
+use support::{get, post_json, read_path, send, send_full, setup, stat_uri, READ_PATHS, SEEDED};
 
 #[tokio::test]
 async fn stat_returns_an_objects_metadata() {
-    for read_path in PATHS {
-        let app = setup(&["--read-path", read_path]).await;
+    for path in READ_PATHS {
+        let app = setup(&read_path(path)).await;
         let path = object_path(7);
         let (status, body) = send(&app.router, get(&stat_uri("demo", &path))).await;
-        assert_eq!(status, StatusCode::OK, "{read_path}: {body}");
+        assert_eq!(status, StatusCode::OK, "{path:?}: {body}");
         assert_eq!(body["path"], path);
         assert_eq!(body["content_type"], "application/vnd.apache.parquet");
         assert_eq!(body["metadata"], json!({"source": "seed", "shard": "7"}));
@@ -33,7 +33,7 @@ async fn stat_returns_an_objects_metadata() {
 
 #[tokio::test]
 async fn a_path_needing_percent_encoding_round_trips() {
-    let app = setup(&["--read-path", "batched"]).await;
+    let app = setup(&read_path(ReadPath::Batched)).await;
     let (client, conn) = app.config.connect(tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(conn);
     client
@@ -52,8 +52,8 @@ async fn a_path_needing_percent_encoding_round_trips() {
 
 #[tokio::test]
 async fn missing_objects_and_repositories_are_404_with_distinct_codes() {
-    for read_path in PATHS {
-        let app = setup(&["--read-path", read_path]).await;
+    for path in READ_PATHS {
+        let app = setup(&read_path(path)).await;
         let cases = [
             (stat_uri("demo", "no/such/object"), "object_not_found"),
             (stat_uri("empty", "anything"), "object_not_found"),
@@ -62,8 +62,8 @@ async fn missing_objects_and_repositories_are_404_with_distinct_codes() {
         ];
         for (uri, code) in cases {
             let (status, body) = send(&app.router, get(&uri)).await;
-            assert_eq!(status, StatusCode::NOT_FOUND, "{read_path} {uri}: {body}");
-            assert_eq!(body["error"]["code"], code, "{read_path} {uri}");
+            assert_eq!(status, StatusCode::NOT_FOUND, "{path:?} {uri}: {body}");
+            assert_eq!(body["error"]["code"], code, "{path:?} {uri}");
             assert!(body["error"]["message"]
                 .as_str()
                 .is_some_and(|m| !m.is_empty()));
@@ -73,8 +73,8 @@ async fn missing_objects_and_repositories_are_404_with_distinct_codes() {
 
 #[tokio::test]
 async fn kv_returns_the_seed_benchmark_row() {
-    for read_path in PATHS {
-        let app = setup(&["--read-path", read_path]).await;
+    for path in READ_PATHS {
+        let app = setup(&read_path(path)).await;
         let (status, body) = send(&app.router, get(&format!("/api/v1/kv/{}", kv_pk(42)))).await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(body, json!({"pk": kv_pk(42), "payload": kv_payload(42)}));
@@ -83,8 +83,8 @@ async fn kv_returns_the_seed_benchmark_row() {
 
 #[tokio::test]
 async fn post_stat_answers_each_path_in_order() {
-    for read_path in PATHS {
-        let app = setup(&["--read-path", read_path]).await;
+    for path in READ_PATHS {
+        let app = setup(&read_path(path)).await;
         let paths = [
             object_path(3),
             "missing/one".to_owned(),
@@ -267,16 +267,23 @@ async fn bad_input_gets_a_4xx_json_error_naming_the_problem() {
             "method",
         ),
     ];
-    let app = setup(&["--max-stat-paths", "5", "--max-body-bytes", "4096"]).await;
+    let app = setup(&Settings {
+        limits: Limits {
+            max_stat_paths: 5,
+            max_body_bytes: 4096,
+        },
+        ..Settings::default()
+    })
+    .await;
     support::assert_error_cases(&app.router, cases).await;
 }
 
 #[tokio::test]
 async fn naive_batched_and_cached_give_identical_answers_for_random_keys() {
     let config = support::database().await;
-    let naive = support::app_on(&config, &["--read-path", "naive"]);
-    let batched = support::app_on(&config, &["--read-path", "batched"]);
-    let cached = support::app_on(&config, &["--read-path", "cached"]);
+    let naive = support::app_on(&config, &read_path(ReadPath::Naive));
+    let batched = support::app_on(&config, &read_path(ReadPath::Batched));
+    let cached = support::app_on(&config, &read_path(ReadPath::Cached));
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
 
     let mut uris = Vec::new();
@@ -301,7 +308,7 @@ async fn naive_batched_and_cached_give_identical_answers_for_random_keys() {
     let again = futures_join(&cached.router, &uris).await;
     let hits: u64 = cached
         .state
-        .reader
+        .reads
         .cache_stats()
         .iter()
         .map(|(_, s)| s.hits)
@@ -310,7 +317,7 @@ async fn naive_batched_and_cached_give_identical_answers_for_random_keys() {
     for (uri, answer) in uris.iter().zip(again) {
         assert_eq!(answer, send(&naive.router, get(uri)).await, "{uri}");
     }
-    let stats = batched.state.reader.batcher_stats();
+    let stats = batched.state.reads.batcher_stats();
     let batches: u64 = stats.iter().map(|(_, s)| s.batches).sum();
     assert!(
         batches < 300,
@@ -336,7 +343,7 @@ async fn futures_join(router: &axum::Router, uris: &[String]) -> Vec<(StatusCode
 
 #[tokio::test]
 async fn health_readiness_and_metrics() {
-    let app = setup(&["--read-path", "cached"]).await;
+    let app = setup(&read_path(ReadPath::Cached)).await;
     assert_eq!(
         send(&app.router, get("/healthz")).await,
         (StatusCode::OK, json!({"status": "ok"}))
@@ -394,14 +401,10 @@ async fn health_readiness_and_metrics() {
 async fn an_unreachable_database_is_503_without_leaking_details() {
     let mut config = support::database().await;
     config.dbname("no_such_database");
-    for read_path in PATHS {
-        let app = support::app_on(&config, &["--read-path", read_path]);
+    for path in READ_PATHS {
+        let app = support::app_on(&config, &read_path(path));
         let (status, headers, body) = send_full(&app.router, get(&stat_uri("demo", "a"))).await;
-        assert_eq!(
-            status,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "{read_path}: {body}"
-        );
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path:?}: {body}");
         assert_eq!(body["error"]["code"], "database_unavailable");
         assert!(!body.to_string().contains("no_such_database"), "{body}");
         assert_eq!(headers["retry-after"], "1");

@@ -3,14 +3,15 @@
 
 mod support;
 
-use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use axum::http::StatusCode;
 use clap::Parser;
 use server::auth;
 use server::config::{Cli, Command, TokenCommand, UserCommand};
-use server::seed::{kv_pk, object_path};
+use server::queries::kv::kv_pk;
+use server::seed::object_path;
+use server::settings::{AuthSettings, CacheSettings, Settings};
 use support::{get_as, send, send_full, stat_uri};
 use tokio_postgres::NoTls;
 
@@ -21,6 +22,16 @@ async fn client(config: &tokio_postgres::Config) -> tokio_postgres::Client {
 }
 
 /// Creates a user with `read`/`write` grants and returns a new token.
+/// The default settings with the token cache on or off.
+fn auth_cache(on: bool) -> Settings {
+    Settings {
+        auth: AuthSettings {
+            cache: on.then(|| AuthSettings::default().cache).flatten(),
+        },
+        ..Settings::default()
+    }
+}
+
 async fn user_with_token(
     config: &tokio_postgres::Config,
     name: &str,
@@ -40,8 +51,8 @@ async fn user_with_token(
 #[tokio::test]
 async fn requests_without_a_valid_token_are_401_and_health_stays_open() {
     let config = support::database().await;
-    for cache in ["on", "off"] {
-        let app = support::app_on(&config, &["--auth-cache", cache]);
+    for cache in [true, false] {
+        let app = support::app_on(&config, &auth_cache(cache));
         let uri = stat_uri("demo", &object_path(1));
         let cases = [
             (None, "missing_token"),
@@ -77,7 +88,7 @@ async fn requests_without_a_valid_token_are_401_and_health_stays_open() {
 async fn policies_limit_users_to_their_repositories() {
     let config = support::database().await;
     let token = user_with_token(&config, "reader", &["demo"], &[]).await;
-    let app = support::app_on(&config, &[]);
+    let app = support::app_on(&config, &Settings::default());
     let as_reader = |uri: &str| get_as(uri, Some(&token));
 
     let (status, body) = send(&app.router, as_reader(&stat_uri("demo", &object_path(1)))).await;
@@ -106,7 +117,7 @@ async fn policies_limit_users_to_their_repositories() {
 async fn the_current_user_route_shows_the_token_owner_and_grants() {
     let config = support::database().await;
     let token = user_with_token(&config, "bob", &["demo"], &["scratch"]).await;
-    let app = support::app_on(&config, &["--auth-cache", "on"]);
+    let app = support::app_on(&config, &auth_cache(true));
 
     let (status, body) = send(&app.router, get_as("/api/v1/user", Some(&token))).await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -196,7 +207,7 @@ async fn tokens_are_stored_only_as_digests() {
 #[tokio::test]
 async fn the_auth_cache_makes_steady_traffic_free_of_token_lookups() {
     let config = support::database().await;
-    let app = support::app_on(&config, &["--auth-cache", "on"]);
+    let app = support::app_on(&config, &auth_cache(true));
     let uri = stat_uri("demo", &object_path(1));
 
     // A cold token asked by 100 requests at once is looked up once.
@@ -220,7 +231,7 @@ async fn the_auth_cache_makes_steady_traffic_free_of_token_lookups() {
     assert_eq!(stats.misses, 1, "{stats:?}");
     assert_eq!(stats.hits + stats.coalesced, 149, "{stats:?}");
 
-    let off = support::app_on(&config, &["--auth-cache", "off"]);
+    let off = support::app_on(&config, &auth_cache(false));
     assert!(off.state.auth.cache_stats().is_none());
     assert_eq!(
         send(&off.router, support::get(&uri)).await.0,
@@ -235,9 +246,18 @@ async fn a_revoked_token_stops_working_within_the_cache_ttl() {
     let uri = stat_uri("demo", &object_path(1));
     let cached = support::app_on(
         &config,
-        &["--auth-cache-ttl-ms", "200", "--auth-cache-jitter-ms", "0"],
+        &Settings {
+            auth: AuthSettings {
+                cache: Some(CacheSettings {
+                    ttl: Duration::from_millis(200),
+                    jitter: Duration::ZERO,
+                    ..AuthSettings::default().cache.unwrap()
+                }),
+            },
+            ..Settings::default()
+        },
     );
-    let uncached = support::app_on(&config, &["--auth-cache", "off"]);
+    let uncached = support::app_on(&config, &auth_cache(false));
     for app in [&cached, &uncached] {
         assert_eq!(
             send(&app.router, get_as(&uri, Some(&token))).await.0,
@@ -265,31 +285,21 @@ async fn a_revoked_token_stops_working_within_the_cache_ttl() {
     );
 }
 
+/// The token file itself is `main`'s, tested there: written once, for its
+/// owner only.
 #[tokio::test]
-async fn the_first_start_creates_an_admin_and_writes_its_token_once() {
+async fn the_first_start_creates_an_admin_and_returns_its_token_once() {
     let db = embedded_pg::testing::database().await.unwrap();
     server::db::migrate(&db.config).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("sub/admin-token");
 
-    let token = auth::bootstrap_admin(&db.config, None, &file)
+    let token = auth::bootstrap_admin(&db.config, None)
         .await
         .unwrap()
         .expect("created");
     assert!(token.starts_with("pgb_"));
-    assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), token);
-    assert_eq!(
-        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
-        0o600
-    );
-    assert_eq!(
-        auth::bootstrap_admin(&db.config, None, &file)
-            .await
-            .unwrap(),
-        None
-    );
+    assert_eq!(auth::bootstrap_admin(&db.config, None).await.unwrap(), None);
 
-    let app = support::app_on(&db.config, &[]);
+    let app = support::app_on(&db.config, &Settings::default());
     let principal = app
         .state
         .auth
@@ -301,7 +311,7 @@ async fn the_first_start_creates_an_admin_and_writes_its_token_once() {
     assert!(principal.may(auth::Action::Write, "anything"));
 
     // A preset token given later is accepted as an admin token too.
-    auth::bootstrap_admin(&db.config, Some("preset-token"), &file)
+    auth::bootstrap_admin(&db.config, Some("preset-token"))
         .await
         .unwrap();
     assert!(app

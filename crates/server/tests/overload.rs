@@ -7,7 +7,8 @@ mod support;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use server::seed::kv_pk;
+use server::queries::kv::kv_pk;
+use server::settings::{BatchSettings, ReadPath, ReadSettings, Settings};
 use support::{get, send, send_full};
 use tokio_postgres::NoTls;
 
@@ -37,19 +38,26 @@ fn kv(n: u64) -> axum::http::Request<axum::body::Body> {
 #[tokio::test]
 async fn a_lookup_past_its_deadline_is_504_and_the_database_gives_up_too() {
     let config = support::database().await;
-    for read_path in ["naive", "batched"] {
+    for read_path in [ReadPath::Naive, ReadPath::Batched] {
         let app = support::app_on(
             &config,
-            &["--read-path", read_path, "--request-timeout-ms", "200"],
+            &Settings {
+                read: ReadSettings {
+                    path: read_path,
+                    timeout: Duration::from_millis(200),
+                    ..ReadSettings::default()
+                },
+                ..Settings::default()
+            },
         );
         let lock = TableLock::take(&config).await;
         let start = Instant::now();
         let (status, body) = send(&app.router, kv(1)).await;
-        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{read_path}: {body}");
+        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{read_path:?}: {body}");
         assert_eq!(body["error"]["code"], "timeout");
         assert!(
             start.elapsed() < Duration::from_secs(2),
-            "{read_path}: {:?}",
+            "{read_path:?}: {:?}",
             start.elapsed()
         );
 
@@ -69,14 +77,14 @@ async fn a_lookup_past_its_deadline_is_504_and_the_database_gives_up_too() {
             .get(0);
         assert_eq!(
             waiting, 0,
-            "{read_path}: statements still waiting on the lock"
+            "{read_path:?}: statements still waiting on the lock"
         );
 
         lock.release().await;
         assert_eq!(
             send(&app.router, kv(1)).await.0,
             StatusCode::OK,
-            "{read_path}"
+            "{read_path:?}"
         );
     }
 }
@@ -86,18 +94,20 @@ async fn a_full_queue_sheds_load_at_once_with_503_and_retry_after() {
     let config = support::database().await;
     let app = support::app_on(
         &config,
-        &[
-            "--read-path",
-            "batched",
-            "--batch-size",
-            "1",
-            "--batch-concurrency",
-            "1",
-            "--queue-capacity",
-            "1",
-            "--request-timeout-ms",
-            "10000",
-        ],
+        &Settings {
+            read: ReadSettings {
+                path: ReadPath::Batched,
+                batch: BatchSettings {
+                    max_batch_size: 1,
+                    concurrency: 1,
+                    queue_capacity: 1,
+                    ..BatchSettings::default()
+                },
+                timeout: Duration::from_secs(10),
+                ..ReadSettings::default()
+            },
+            ..Settings::default()
+        },
     );
     let lock = TableLock::take(&config).await;
 
@@ -109,7 +119,7 @@ async fn a_full_queue_sheds_load_at_once_with_503_and_retry_after() {
         blocked.push(tokio::spawn(async move { send(&router, kv(n)).await }));
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let (_, s) = &app.state.reader.batcher_stats()[0];
+            let (_, s) = &app.state.reads.batcher_stats()[0];
             let held = s.in_flight_batches + s.pending_keys + s.queued;
             if held >= n {
                 break;

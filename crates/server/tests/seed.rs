@@ -1,7 +1,8 @@
 //! Seeding bulk-loads both tables with binary COPY, in the seed benchmark's
 //! format, and leaves tables that already have rows alone.
 
-use server::seed::{kv_payload, kv_pk, object_path, seed, DEMO_REPOSITORY};
+use server::queries::kv::{kv_payload, kv_pk};
+use server::seed::{object_path, seed, DEMO_REPOSITORY};
 use tokio_postgres::NoTls;
 
 #[tokio::test]

@@ -7,7 +7,8 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use serde_json::{json, Value};
 use server::seed::object_path;
-use support::{get, send, stat_uri, ADMIN_TOKEN};
+use server::settings::{ReadPath, Settings, WriteSettings};
+use support::{get, read_path, send, stat_uri, ADMIN_TOKEN, READ_PATHS};
 
 fn req(method: Method, uri: &str, body: impl Into<Body>) -> Request<Body> {
     Request::builder()
@@ -42,8 +43,9 @@ fn import(repo: &str, policy: &str, ndjson: &str) -> Request<Body> {
 #[tokio::test]
 async fn a_read_after_an_acknowledged_write_sees_it_on_every_read_path() {
     let config = support::database().await;
-    for read_path in ["naive", "batched", "cached"] {
-        let app = support::app_on(&config, &["--read-path", read_path]);
+    for path in READ_PATHS {
+        let app = support::app_on(&config, &read_path(path));
+        let read_path = format!("{path:?}").to_lowercase();
         let path = format!("new/{read_path}.bin");
         // Read first, so the cached path has "not found" (or the old value) loaded.
         assert_eq!(
@@ -92,7 +94,7 @@ async fn a_read_after_an_acknowledged_write_sees_it_on_every_read_path() {
 
 #[tokio::test]
 async fn bad_writes_get_a_4xx_naming_the_problem() {
-    let app = support::setup(&[]).await;
+    let app = support::setup(&Settings::default()).await;
     let ok = object("s3://x", 1);
     let cases: Vec<(Request<Body>, StatusCode, &str, &str)> = vec![
         (
@@ -234,7 +236,7 @@ async fn count(config: &tokio_postgres::Config, repo: &str) -> i64 {
 
 #[tokio::test]
 async fn an_ndjson_import_applies_its_policy_and_reports_counts() {
-    let app = support::setup(&["--read-path", "cached"]).await;
+    let app = support::setup(&read_path(ReadPath::Cached)).await;
     let line = |path: &str, addr: &str| {
         json!({"path": path, "physical_address": addr, "size_bytes": 1, "checksum": "c"})
             .to_string()
@@ -297,7 +299,14 @@ async fn an_ndjson_import_applies_its_policy_and_reports_counts() {
 
 #[tokio::test]
 async fn a_malformed_import_line_is_named_and_nothing_is_committed() {
-    let app = support::setup(&["--max-import-bytes", "2000"]).await;
+    let app = support::setup(&Settings {
+        write: WriteSettings {
+            max_import_bytes: 2000,
+            ..WriteSettings::default()
+        },
+        ..Settings::default()
+    })
+    .await;
     let good = json!({"path": "m/a", "physical_address": "x", "size_bytes": 1, "checksum": "c"})
         .to_string();
     let cases = [
@@ -343,7 +352,7 @@ async fn a_malformed_import_line_is_named_and_nothing_is_committed() {
 
 #[tokio::test]
 async fn repositories_can_be_created_listed_and_deleted() {
-    let app = support::setup(&[]).await;
+    let app = support::setup(&Settings::default()).await;
     let (status, body) = send(
         &app.router,
         req(
@@ -399,7 +408,7 @@ async fn writes_need_write_permission() {
     server::auth::add_token(&client, "viewer", "viewer-token", "")
         .await
         .unwrap();
-    let app = support::app_on(&config, &[]);
+    let app = support::app_on(&config, &Settings::default());
     let as_viewer = |method: Method, uri: &str, body: &str| {
         Request::builder()
             .method(method)
@@ -453,7 +462,7 @@ async fn writes_need_write_permission() {
 
 #[tokio::test]
 async fn concurrent_puts_are_coalesced_into_few_statements() {
-    let app = support::setup(&[]).await;
+    let app = support::setup(&Settings::default()).await;
     let tasks: Vec<_> = (0..200)
         .map(|i| {
             let router = app.router.clone();

@@ -4,9 +4,8 @@
 use axum::body::Body;
 use axum::http::{Request, Response, StatusCode};
 use axum::Router;
-use clap::Parser;
 use http_body_util::BodyExt;
-use server::config::Cli;
+use server::settings::{ReadPath, ReadSettings, Settings};
 use server::{app, AppState};
 use tower::ServiceExt;
 
@@ -14,6 +13,8 @@ use tower::ServiceExt;
 pub const SEEDED: u64 = 300;
 /// The admin token of every test database.
 pub const ADMIN_TOKEN: &str = "test-admin-token";
+/// Every read path.
+pub const READ_PATHS: [ReadPath; 3] = [ReadPath::Naive, ReadPath::Batched, ReadPath::Cached];
 
 pub struct TestApp {
     pub router: Router,
@@ -24,34 +25,32 @@ pub struct TestApp {
 /// A migrated database seeded with [`SEEDED`] objects in repository `demo`
 /// and as many `random_read_test` rows, plus an empty repository `empty`.
 pub async fn database() -> tokio_postgres::Config {
-    let db = embedded_pg::testing::database()
+    let config = server::testing::seeded_database(SEEDED, SEEDED, ADMIN_TOKEN)
         .await
-        .expect("test database");
-    server::db::migrate(&db.config).await.expect("migrations");
-    server::seed::seed(&db.config, SEEDED, SEEDED)
-        .await
-        .expect("seed");
-    let (client, conn) = db.config.connect(tokio_postgres::NoTls).await.unwrap();
+        .expect("seeded test database");
+    let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(conn);
-    client
-        .batch_execute(
-            "INSERT INTO repositories (name, storage_namespace) VALUES ('empty', 's3://e/')",
-        )
+    server::queries::repositories::insert(&client, "empty", "s3://e/")
         .await
-        .unwrap();
-    let token_file = std::env::temp_dir().join(format!("pgbatch-test-token-{}", db.name));
-    server::auth::bootstrap_admin(&db.config, Some(ADMIN_TOKEN), &token_file)
-        .await
-        .expect("admin user");
-    let _ = std::fs::remove_file(token_file); // not needed by tests
-    db.config
+        .unwrap()
+        .expect("a new repository");
+    config
 }
 
-/// An app over `config`, configured with `flags` as on the command line.
-pub fn app_on(config: &tokio_postgres::Config, flags: &[&str]) -> TestApp {
-    let cli = Cli::parse_from(std::iter::once("server").chain(flags.iter().copied()));
-    let pool = server::db::pool(config, 4, cli.serve.request_timeout()).unwrap();
-    let state = AppState::new(pool, &cli.serve).expect("valid settings");
+/// The default settings with reads through `path`.
+pub fn read_path(path: ReadPath) -> Settings {
+    Settings {
+        read: ReadSettings {
+            path,
+            ..ReadSettings::default()
+        },
+        ..Settings::default()
+    }
+}
+
+/// An app over `config` with `settings`, on a pool of 4 connections.
+pub fn app_on(config: &tokio_postgres::Config, settings: &Settings) -> TestApp {
+    let state = AppState::connect(config, 4, settings).expect("valid settings");
     TestApp {
         router: app(state.clone()),
         state,
@@ -59,9 +58,9 @@ pub fn app_on(config: &tokio_postgres::Config, flags: &[&str]) -> TestApp {
     }
 }
 
-pub async fn setup(flags: &[&str]) -> TestApp {
+pub async fn setup(settings: &Settings) -> TestApp {
     let config = database().await;
-    app_on(&config, flags)
+    app_on(&config, settings)
 }
 
 /// The status, and the body parsed as JSON (`Null` if it is not JSON).

@@ -1,11 +1,11 @@
-//! The service's lookups as [`BatchQuery`]s: objects by (repository, path),
-//! and the seed benchmark's `random_read_test` rows by primary key.
+//! The `objects` table: stats by (repository, path) as a [`BatchQuery`],
+//! the upsert the writer batches, the columns COPY fills, and delete.
 
 use std::sync::Arc;
 
 use batcher::pg::{BatchQuery, Params};
 use serde::Serialize;
-use tokio_postgres::Row;
+use tokio_postgres::{GenericClient, Row};
 
 /// An object's identity.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -116,35 +116,6 @@ impl BatchQuery for ObjectStatQuery {
             })),
         };
         Ok((key, stat))
-    }
-}
-
-/// `random_read_test` payloads by primary key.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct KvQuery;
-
-impl BatchQuery for KvQuery {
-    type Key = String;
-    type Value = String;
-
-    fn batch_sql(&self) -> &str {
-        "SELECT pk, payload FROM random_read_test WHERE pk = ANY($1)"
-    }
-
-    fn batch_params<'a>(&self, keys: &'a [String]) -> Params<'a> {
-        vec![Box::new(keys)]
-    }
-
-    fn single_sql(&self) -> &str {
-        "SELECT pk, payload FROM random_read_test WHERE pk = $1"
-    }
-
-    fn single_params<'a>(&self, key: &'a String) -> Params<'a> {
-        vec![Box::new(key)]
-    }
-
-    fn map_row(&self, row: &Row) -> Result<(String, String), tokio_postgres::Error> {
-        Ok((row.try_get(0)?, row.try_get(1)?))
     }
 }
 
@@ -287,4 +258,22 @@ impl batcher::pg::UpsertQuery for ObjectUpsert {
         };
         Ok((key, row.try_get(2)?))
     }
+}
+
+/// Deletes the object at `key`; `false` if there was none.
+///
+/// # Errors
+///
+/// When the statement fails.
+pub async fn delete<C: GenericClient>(
+    client: &C,
+    key: &ObjectKey,
+) -> Result<bool, tokio_postgres::Error> {
+    let n = client
+        .execute(
+            "DELETE FROM objects WHERE repository = $1 AND path = $2",
+            &[&key.repository, &key.path],
+        )
+        .await?;
+    Ok(n > 0)
 }

@@ -1,0 +1,139 @@
+//! The `users`, `policies` and `tokens` tables.
+
+use tokio_postgres::GenericClient;
+
+/// One policy row: what a user may do in one repository, or in all (`*`).
+/// Serialized as `GET /api/v1/user` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Grant {
+    /// A repository name, or `*`.
+    pub repository: String,
+    /// Reads allowed.
+    pub read: bool,
+    /// Writes allowed.
+    pub write: bool,
+}
+
+/// One round trip: the name of the user whose token has SHA-256 `digest`,
+/// and all their policies; `None` if no token has that digest.
+///
+/// # Errors
+///
+/// When the statement fails.
+pub async fn user_of_token(
+    client: &deadpool_postgres::Client,
+    digest: &[u8],
+) -> Result<Option<(String, Vec<Grant>)>, tokio_postgres::Error> {
+    let stmt = client
+        .prepare_cached(
+            "SELECT u.name, p.repository, p.can_read, p.can_write \
+             FROM tokens t JOIN users u ON u.id = t.user_id \
+             LEFT JOIN policies p ON p.user_id = u.id \
+             WHERE t.digest = $1",
+        )
+        .await?;
+    let rows = client.query(&stmt, &[&digest]).await?;
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    let mut grants = Vec::new();
+    for row in &rows {
+        if let Some(repository) = row.try_get::<_, Option<String>>(1)? {
+            grants.push(Grant {
+                repository,
+                read: row.try_get(2)?,
+                write: row.try_get(3)?,
+            });
+        }
+    }
+    Ok(Some((first.try_get(0)?, grants)))
+}
+
+/// Whether any user exists.
+///
+/// # Errors
+///
+/// When the statement fails.
+pub async fn any_user<C: GenericClient>(client: &C) -> Result<bool, tokio_postgres::Error> {
+    Ok(client
+        .query_opt("SELECT 1 FROM users LIMIT 1", &[])
+        .await?
+        .is_some())
+}
+
+/// Whether user `name` exists.
+///
+/// # Errors
+///
+/// When the statement fails.
+pub async fn user_exists<C: GenericClient>(
+    client: &C,
+    name: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    Ok(client
+        .query_opt("SELECT 1 FROM users WHERE name = $1", &[&name])
+        .await?
+        .is_some())
+}
+
+/// Creates user `name`, returning its id.
+///
+/// # Errors
+///
+/// When the name is taken or invalid, or the statement fails.
+pub async fn insert_user<C: GenericClient>(
+    client: &C,
+    name: &str,
+) -> Result<i64, tokio_postgres::Error> {
+    Ok(client
+        .query_one(
+            "INSERT INTO users (name) VALUES ($1) RETURNING id",
+            &[&name],
+        )
+        .await?
+        .get(0))
+}
+
+/// Lets user `user_id` read `repository` (a name or `*`), and write it if
+/// `can_write`; an existing policy keeps any write permission it had.
+///
+/// # Errors
+///
+/// When the repository name is invalid, or the statement fails.
+pub async fn grant<C: GenericClient>(
+    client: &C,
+    user_id: i64,
+    repository: &str,
+    can_write: bool,
+) -> Result<(), tokio_postgres::Error> {
+    client
+        .execute(
+            "INSERT INTO policies (user_id, repository, can_read, can_write) VALUES ($1, $2, true, $3) \
+             ON CONFLICT (user_id, repository) DO UPDATE SET can_write = policies.can_write OR EXCLUDED.can_write",
+            &[&user_id, &repository, &can_write],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Stores a token's `digest` for user `user`; `false` if there is no such
+/// user or the digest is stored already.
+///
+/// # Errors
+///
+/// When the statement fails.
+pub async fn insert_token<C: GenericClient>(
+    client: &C,
+    digest: &[u8],
+    user: &str,
+    description: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    let n = client
+        .execute(
+            "INSERT INTO tokens (digest, user_id, description) \
+             SELECT $1, id, $3 FROM users WHERE name = $2 ON CONFLICT (digest) DO NOTHING",
+            &[&digest, &user, &description],
+        )
+        .await?;
+    Ok(n > 0)
+}

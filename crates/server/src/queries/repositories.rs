@@ -1,0 +1,96 @@
+//! The `repositories` table.
+
+use serde::Serialize;
+use tokio_postgres::{GenericClient, Row};
+
+/// A repository, as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Repository {
+    /// Its name.
+    pub name: String,
+    /// Where its objects' data lives.
+    pub storage_namespace: String,
+    /// Creation time, seconds since the Unix epoch.
+    pub created_at: i64,
+}
+
+/// The columns a [`Repository`] is read from.
+const COLUMNS: &str = "name, storage_namespace, extract(epoch FROM created_at)::bigint";
+
+impl Repository {
+    fn from_row(row: &Row) -> Result<Self, tokio_postgres::Error> {
+        Ok(Self {
+            name: row.try_get(0)?,
+            storage_namespace: row.try_get(1)?,
+            created_at: row.try_get(2)?,
+        })
+    }
+}
+
+/// Creates repository `name`; `None` if the name is taken.
+///
+/// # Errors
+///
+/// When the statement fails (an invalid name, for one).
+pub async fn insert<C: GenericClient>(
+    client: &C,
+    name: &str,
+    storage_namespace: &str,
+) -> Result<Option<Repository>, tokio_postgres::Error> {
+    let sql = format!(
+        "INSERT INTO repositories (name, storage_namespace) VALUES ($1, $2) \
+         ON CONFLICT (name) DO NOTHING RETURNING {COLUMNS}"
+    );
+    client
+        .query_opt(&sql, &[&name, &storage_namespace])
+        .await?
+        .as_ref()
+        .map(Repository::from_row)
+        .transpose()
+}
+
+/// Whether repository `name` exists.
+///
+/// # Errors
+///
+/// When the statement fails.
+pub async fn exists<C: GenericClient>(
+    client: &C,
+    name: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    Ok(client
+        .query_opt("SELECT 1 FROM repositories WHERE name = $1", &[&name])
+        .await?
+        .is_some())
+}
+
+/// All repositories, by name.
+///
+/// # Errors
+///
+/// When the statement fails.
+pub async fn list<C: GenericClient>(client: &C) -> Result<Vec<Repository>, tokio_postgres::Error> {
+    let sql = format!("SELECT {COLUMNS} FROM repositories ORDER BY name");
+    client
+        .query(&sql, &[])
+        .await?
+        .iter()
+        .map(Repository::from_row)
+        .collect()
+}
+
+/// Deletes repository `name` and (by cascade) its objects; `false` if there
+/// was none.
+///
+/// # Errors
+///
+/// When the statement fails.
+pub async fn delete<C: GenericClient>(
+    client: &C,
+    name: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    let n = client
+        .execute("DELETE FROM repositories WHERE name = $1", &[&name])
+        .await?;
+    Ok(n > 0)
+}

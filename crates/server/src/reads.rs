@@ -1,0 +1,99 @@
+//! The registry of reads: one [`Lookup`] per query kind, built once from
+//! [`ReadSettings`], and the reads that need no lookup (listing
+//! repositories).
+//!
+//! A new read endpoint adds its query to [`crate::queries`], a field here
+//! (with its entry in [`Reads::stats`] and [`Reads::shutdown`]), and a
+//! route.
+
+use batcher::cache::CacheStats;
+use batcher::pg::{PgError, Pool};
+use batcher::{BuildError, StatsSnapshot};
+
+use crate::failure::Failure;
+use crate::lookup::Lookup;
+use crate::queries::kv::KvQuery;
+use crate::queries::objects::ObjectStatQuery;
+use crate::queries::repositories::{self, Repository};
+use crate::settings::ReadSettings;
+
+/// Every read the service does. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Reads {
+    /// `random_read_test` payloads by key.
+    pub kv: Lookup<KvQuery>,
+    /// Object stats by repository and path.
+    pub object_stat: Lookup<ObjectStatQuery>,
+    pool: Pool,
+}
+
+/// One lookup's name and statistics, for `/metrics`.
+#[derive(Debug, Clone)]
+pub struct LookupStats {
+    /// The lookup's name (`kv`, `object_stat`).
+    pub name: &'static str,
+    /// Its batcher's, on the batched and cached paths.
+    pub batcher: Option<StatsSnapshot>,
+    /// Its cache's, on the cached path.
+    pub cache: Option<CacheStats>,
+}
+
+impl Reads {
+    /// The reads over `pool`; on the batched and cached paths, starts one
+    /// batcher per lookup on the current runtime.
+    ///
+    /// # Errors
+    ///
+    /// When a batcher or cache setting is invalid.
+    pub fn new(pool: Pool, settings: &ReadSettings) -> Result<Self, BuildError> {
+        Ok(Self {
+            kv: Lookup::new("kv", KvQuery, pool.clone(), settings)?,
+            object_stat: Lookup::new("object_stat", ObjectStatQuery, pool.clone(), settings)?,
+            pool,
+        })
+    }
+
+    /// Every lookup's statistics.
+    pub fn stats(&self) -> [LookupStats; 2] {
+        fn of<Q: batcher::pg::BatchQuery>(lookup: &Lookup<Q>) -> LookupStats {
+            LookupStats {
+                name: lookup.name(),
+                batcher: lookup.batcher_stats(),
+                cache: lookup.cache_stats(),
+            }
+        }
+        [of(&self.kv), of(&self.object_stat)]
+    }
+
+    /// The batchers' statistics, by lookup name.
+    pub fn batcher_stats(&self) -> Vec<(&'static str, StatsSnapshot)> {
+        self.stats()
+            .into_iter()
+            .filter_map(|s| Some((s.name, s.batcher?)))
+            .collect()
+    }
+
+    /// The caches' statistics, by lookup name.
+    pub fn cache_stats(&self) -> Vec<(&'static str, CacheStats)> {
+        self.stats()
+            .into_iter()
+            .filter_map(|s| Some((s.name, s.cache?)))
+            .collect()
+    }
+
+    /// Stops the batchers after answering what they hold.
+    pub async fn shutdown(&self) {
+        tokio::join!(self.kv.shutdown(), self.object_stat.shutdown());
+    }
+
+    /// All repositories, by name.
+    ///
+    /// # Errors
+    ///
+    /// [`Failure::Overloaded`] when no connection is free in time, else as
+    /// the database fails.
+    pub async fn list_repositories(&self) -> Result<Vec<Repository>, Failure> {
+        let client = self.pool.get().await.map_err(PgError::from)?;
+        Ok(repositories::list(&**client).await.map_err(PgError::from)?)
+    }
+}

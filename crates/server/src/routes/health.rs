@@ -1,0 +1,67 @@
+//! The routes without a token: liveness, readiness, metrics, and the
+//! answers to unknown routes and methods.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+use serde_json::json;
+
+use crate::db;
+use crate::error::AppError;
+use crate::state::AppState;
+
+/// How long the readiness check waits for the database.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// `GET /healthz`: the process is up.
+pub(crate) async fn healthz() -> impl IntoResponse {
+    Json(json!({ "status": "ok" }))
+}
+
+/// `GET /readyz`: the database answers.
+pub(crate) async fn readyz(State(state): State<AppState>) -> Result<impl IntoResponse, AppError> {
+    match tokio::time::timeout(READY_TIMEOUT, db::ping(&state.pool)).await {
+        Ok(Ok(())) => Ok(Json(json!({ "status": "ready" }))),
+        Ok(Err(e)) => {
+            tracing::warn!(error = ?e, "readiness check failed");
+            Err(not_ready())
+        }
+        Err(_) => Err(not_ready()),
+    }
+}
+
+fn not_ready() -> AppError {
+    AppError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not_ready",
+        "the database is not reachable",
+    )
+}
+
+/// `GET /metrics`: Prometheus (OpenMetrics) text.
+pub(crate) async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}
+
+/// Any other route.
+pub(crate) async fn no_route() -> AppError {
+    AppError::new(StatusCode::NOT_FOUND, "route_not_found", "no such route")
+}
+
+/// A known route with another method.
+pub(crate) async fn wrong_method() -> AppError {
+    AppError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not accept that method",
+    )
+}

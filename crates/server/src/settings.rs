@@ -1,0 +1,277 @@
+//! Typed settings of the service's parts, with defaults.
+//!
+//! The domain takes these, never the command line: `config` turns flags and
+//! environment variables into them, and tests and benchmarks build them
+//! directly (`Settings { read: ReadSettings { path: ReadPath::Cached, ..
+//! Default::default() }, ..Default::default() }`).
+//!
+//! Defaults come from one place: [`batcher::defaults`] where the value is
+//! the library's, [`defaults`] for the service's own.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use batcher::FlushPolicy;
+
+/// The service's own defaults (the batcher's are in [`batcher::defaults`]).
+pub mod defaults {
+    use std::time::Duration;
+
+    use batcher::FlushPolicy;
+
+    /// Database connections in the pool.
+    pub const POOL_SIZE: usize = 16;
+    /// Directory of the embedded cluster.
+    pub const DATA_DIR: &str = ".data/pg";
+    /// The batchers' flush policy. Not the library's `Eager`: adaptive is as
+    /// fast for a lone request, and it formed larger batches and read the
+    /// most under a saturating load (BENCHMARKS.md §5).
+    pub const BATCH_POLICY: FlushPolicy = FlushPolicy::Adaptive;
+    /// Deadline of one lookup, also the pool's `statement_timeout`.
+    pub const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
+    /// Most entries per read cache.
+    pub const CACHE_CAPACITY: u64 = 100_000;
+    /// Lifetime of a cached value (and of a resolved token), before jitter.
+    pub const CACHE_TTL: Duration = Duration::from_secs(20);
+    /// Up to this much is added to each cache entry's lifetime.
+    pub const CACHE_JITTER: Duration = Duration::from_secs(3);
+    /// Tokens held in the auth cache.
+    pub const AUTH_CACHE_CAPACITY: u64 = 1_024;
+    /// Most object writes committed in one statement.
+    pub const WRITE_BATCH_SIZE: usize = 256;
+    /// Write statements running at once.
+    pub const WRITE_CONCURRENCY: usize = 4;
+    /// Deadline of one write.
+    pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+    /// Largest import body, in bytes.
+    pub const MAX_IMPORT_BYTES: usize = 1 << 30;
+    /// Most paths in one `POST .../objects/stat`.
+    pub const MAX_STAT_PATHS: usize = 1000;
+    /// Largest request body, in bytes.
+    pub const MAX_BODY_BYTES: usize = 1 << 20;
+}
+
+/// Everything the running service is configured with.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Settings {
+    /// How lookups reach Postgres.
+    pub read: ReadSettings,
+    /// How writes reach Postgres.
+    pub write: WriteSettings,
+    /// How tokens are resolved.
+    pub auth: AuthSettings,
+    /// Request limits.
+    pub limits: Limits,
+}
+
+/// Which database to use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DbSettings {
+    /// A Postgres connection string; `None` starts the embedded cluster.
+    pub url: Option<String>,
+    /// Directory of the embedded cluster (used without `url`).
+    pub data_dir: PathBuf,
+    /// Connections in the service's pool.
+    pub pool_size: usize,
+}
+
+impl Default for DbSettings {
+    fn default() -> Self {
+        Self {
+            url: None,
+            data_dir: PathBuf::from(defaults::DATA_DIR),
+            pool_size: defaults::POOL_SIZE,
+        }
+    }
+}
+
+/// How lookups reach Postgres.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ReadPath {
+    /// One statement per lookup, through the pool.
+    Naive,
+    /// Concurrent lookups coalesced by a batcher into one statement.
+    #[default]
+    Batched,
+    /// A coalescing TTL cache in front of the batched path.
+    Cached,
+}
+
+/// Settings of the read path.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReadSettings {
+    /// Naive, batched or cached.
+    pub path: ReadPath,
+    /// The batchers (batched and cached paths).
+    pub batch: BatchSettings,
+    /// Deadline of one lookup.
+    pub timeout: Duration,
+    /// The caches (cached path).
+    pub cache: CacheSettings,
+}
+
+impl Default for ReadSettings {
+    fn default() -> Self {
+        Self {
+            path: ReadPath::default(),
+            batch: BatchSettings::default(),
+            timeout: defaults::REQUEST_TIMEOUT,
+            cache: CacheSettings::default(),
+        }
+    }
+}
+
+/// How a batcher (of lookups or of writes) forms batches.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchSettings {
+    /// Most keys (or rows) per statement.
+    pub max_batch_size: usize,
+    /// When a batch that is not full goes out.
+    pub policy: FlushPolicy,
+    /// With [`FlushPolicy::FixedDelay`] (and a busy adaptive batcher): how
+    /// long after its first key a batch goes out.
+    pub max_delay: Duration,
+    /// Statements running at once.
+    pub concurrency: usize,
+    /// Requests that may wait before new ones are rejected as overload.
+    pub queue_capacity: usize,
+}
+
+impl Default for BatchSettings {
+    fn default() -> Self {
+        Self {
+            max_batch_size: batcher::defaults::MAX_BATCH_SIZE,
+            policy: defaults::BATCH_POLICY,
+            max_delay: batcher::defaults::MAX_DELAY,
+            concurrency: batcher::defaults::MAX_CONCURRENT_BATCHES,
+            queue_capacity: batcher::defaults::CHANNEL_CAPACITY,
+        }
+    }
+}
+
+impl BatchSettings {
+    /// A batcher builder named `name` with these settings, giving each
+    /// request `timeout`.
+    pub fn builder<K, V>(
+        &self,
+        name: &'static str,
+        timeout: Duration,
+    ) -> batcher::BatcherBuilder<K, V>
+    where
+        K: Clone + Eq + std::hash::Hash + Send + 'static,
+        V: Clone + Send + 'static,
+    {
+        batcher::Batcher::builder()
+            .name(name)
+            .max_batch_size(self.max_batch_size)
+            .max_concurrent_batches(self.concurrency)
+            .channel_capacity(self.queue_capacity)
+            .policy(self.policy)
+            .max_delay(self.max_delay)
+            .timeout(timeout)
+    }
+}
+
+/// Settings of a coalescing TTL cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheSettings {
+    /// Most entries.
+    pub capacity: u64,
+    /// Lifetime of a cached value, before jitter.
+    pub ttl: Duration,
+    /// Up to this much is added to each lifetime.
+    pub jitter: Duration,
+    /// Lifetime of a cached "not found", if cached at all.
+    pub negative_ttl: Option<Duration>,
+}
+
+impl Default for CacheSettings {
+    fn default() -> Self {
+        Self {
+            capacity: defaults::CACHE_CAPACITY,
+            ttl: defaults::CACHE_TTL,
+            jitter: defaults::CACHE_JITTER,
+            negative_ttl: None,
+        }
+    }
+}
+
+impl CacheSettings {
+    /// A cache builder named `name` with these settings.
+    pub fn builder<K, V>(&self, name: &str) -> batcher::cache::CacheBuilder<K, V>
+    where
+        K: Clone + Eq + std::hash::Hash + Send + Sync + 'static,
+        V: Clone + Send + Sync + 'static,
+    {
+        let b = batcher::cache::Cache::builder()
+            .name(name)
+            .max_capacity(self.capacity)
+            .time_to_live(self.ttl)
+            .jitter(self.jitter);
+        match self.negative_ttl {
+            Some(ttl) => b.negative_ttl(ttl),
+            None => b,
+        }
+    }
+}
+
+/// Settings of the write path.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WriteSettings {
+    /// The micro-batched object writer.
+    pub batch: BatchSettings,
+    /// Deadline of one write (it may still commit after).
+    pub timeout: Duration,
+    /// Largest accepted import body, in bytes.
+    pub max_import_bytes: usize,
+}
+
+impl Default for WriteSettings {
+    fn default() -> Self {
+        Self {
+            batch: BatchSettings {
+                max_batch_size: defaults::WRITE_BATCH_SIZE,
+                concurrency: defaults::WRITE_CONCURRENCY,
+                ..BatchSettings::default()
+            },
+            timeout: defaults::WRITE_TIMEOUT,
+            max_import_bytes: defaults::MAX_IMPORT_BYTES,
+        }
+    }
+}
+
+/// Settings of token resolution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuthSettings {
+    /// The token cache; `None` looks every token up (for comparison).
+    pub cache: Option<CacheSettings>,
+}
+
+impl Default for AuthSettings {
+    fn default() -> Self {
+        Self {
+            cache: Some(CacheSettings {
+                capacity: defaults::AUTH_CACHE_CAPACITY,
+                ..CacheSettings::default()
+            }),
+        }
+    }
+}
+
+/// Request limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most paths in one `POST .../objects/stat`.
+    pub max_stat_paths: usize,
+    /// Largest accepted request body, in bytes.
+    pub max_body_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_stat_paths: defaults::MAX_STAT_PATHS,
+            max_body_bytes: defaults::MAX_BODY_BYTES,
+        }
+    }
+}

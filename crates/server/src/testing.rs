@@ -1,0 +1,24 @@
+//! A database set up the way the service sets up its own, for tests and
+//! benchmarks: fresh, migrated, seeded, with an admin whose token is known.
+
+use crate::{auth, db, seed};
+
+/// A fresh database (in a throwaway cluster the calling process starts, or
+/// on `DATABASE_URL` when set), migrated and seeded by the service's own
+/// code with `objects` demo objects and `kv_rows` `random_read_test` rows,
+/// and with user `admin` holding `admin_token`.
+///
+/// # Errors
+///
+/// When no database can be had, or setting it up fails.
+pub async fn seeded_database(
+    objects: u64,
+    kv_rows: u64,
+    admin_token: &str,
+) -> anyhow::Result<tokio_postgres::Config> {
+    let db = embedded_pg::testing::database().await?;
+    db::migrate(&db.config).await?;
+    seed::seed(&db.config, objects, kv_rows).await?;
+    auth::bootstrap_admin(&db.config, Some(admin_token)).await?;
+    Ok(db.config)
+}

@@ -1,0 +1,170 @@
+//! How writes reach Postgres: single-object upserts through the
+//! micro-batched [`Writer`], deletes, NDJSON imports through COPY, and
+//! repository management. Every acknowledged write invalidates the cache
+//! entries it touched, through the read registry, so a read after it sees
+//! the written value.
+
+use axum::body::Body;
+use batcher::pg::copy::{self, ConflictPolicy, ImportCounts};
+use batcher::pg::{DbErrorKind, PgError, Pool, RowError, Writer, Written};
+use batcher::BuildError;
+
+use crate::failure::{Failure, Work};
+use crate::import::NdjsonObjects;
+use crate::queries::objects::{self, ObjectKey, ObjectRow, ObjectUpsert, OBJECT_TABLE};
+use crate::queries::repositories::{self, Repository};
+use crate::reads::Reads;
+use crate::settings::WriteSettings;
+
+/// A write's database or pool error, classified.
+fn failed(e: impl Into<PgError>) -> Failure {
+    Failure::from_pg(e.into(), Work::Write)
+}
+
+/// Writes objects and repositories. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Writes {
+    writer: Writer<ObjectUpsert>,
+    pool: Pool,
+    reads: Reads,
+    max_import_bytes: usize,
+}
+
+impl Writes {
+    /// The write path over `pool`, invalidating `reads`' caches; starts
+    /// the object writer on the current runtime.
+    ///
+    /// # Errors
+    ///
+    /// When the writer's batching settings are invalid.
+    pub fn new(pool: Pool, reads: Reads, settings: &WriteSettings) -> Result<Self, BuildError> {
+        let builder = settings.batch.builder("object_write", settings.timeout);
+        Ok(Self {
+            writer: Writer::new(pool.clone(), ObjectUpsert, builder)?,
+            pool,
+            reads,
+            max_import_bytes: settings.max_import_bytes,
+        })
+    }
+
+    /// The writer's batcher statistics, for `/metrics`.
+    pub fn batcher_stats(&self) -> batcher::StatsSnapshot {
+        self.writer.stats()
+    }
+
+    /// Creates or replaces an object; returns once committed.
+    ///
+    /// # Errors
+    ///
+    /// [`Failure::NoSuchRepository`] when the repository is missing,
+    /// [`Failure::Rejected`] when the database refuses the row, or as the
+    /// batch fails.
+    pub async fn put(&self, row: ObjectRow) -> Result<Written, Failure> {
+        let key = row.key();
+        let written = self.writer.write(row).await.map_err(|e| {
+            match e.load_error::<RowError>().map(RowError::kind) {
+                // The only foreign key of `objects` is its repository.
+                Some(DbErrorKind::ForeignKeyViolation) => {
+                    Failure::NoSuchRepository(key.repository.clone())
+                }
+                _ => Failure::from_batcher(e, Work::Write),
+            }
+        })?;
+        self.reads.object_stat.invalidate(&key).await;
+        Ok(written)
+    }
+
+    /// Deletes an object.
+    ///
+    /// # Errors
+    ///
+    /// [`Failure::NoSuchObject`] if there was none, or as the database
+    /// fails.
+    pub async fn delete(&self, key: &ObjectKey) -> Result<(), Failure> {
+        let client = self.pool.get().await.map_err(failed)?;
+        let deleted = objects::delete(&**client, key).await.map_err(failed)?;
+        self.reads.object_stat.invalidate(key).await;
+        if deleted {
+            Ok(())
+        } else {
+            Err(Failure::NoSuchObject {
+                repository: key.repository.clone(),
+                path: key.path.clone(),
+            })
+        }
+    }
+
+    /// Imports NDJSON object lines from `body` into `repository`, all or
+    /// nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Failure::BadImportLine`] naming the first malformed line,
+    /// [`Failure::Conflict`] with [`ConflictPolicy::Fail`],
+    /// [`Failure::TooLarge`], [`Failure::NoSuchRepository`], or as the
+    /// database fails; nothing was committed then.
+    pub async fn import(
+        &self,
+        repository: &str,
+        body: Body,
+        policy: ConflictPolicy,
+    ) -> Result<ImportCounts, Failure> {
+        let mut client = self.pool.get().await.map_err(failed)?;
+        if !repositories::exists(&**client, repository)
+            .await
+            .map_err(failed)?
+        {
+            return Err(Failure::NoSuchRepository(repository.to_owned()));
+        }
+        let source = NdjsonObjects::new(body, repository, self.max_import_bytes);
+        let counts = copy::import(&mut client, &OBJECT_TABLE, source, policy).await?;
+        // An import may touch any number of keys: drop the whole cache
+        // rather than remember them all.
+        self.reads.object_stat.invalidate_all();
+        Ok(counts)
+    }
+
+    /// Creates a repository.
+    ///
+    /// # Errors
+    ///
+    /// [`Failure::RepositoryExists`], or as the database fails.
+    pub async fn create_repository(
+        &self,
+        name: &str,
+        storage_namespace: &str,
+    ) -> Result<Repository, Failure> {
+        let client = self.pool.get().await.map_err(failed)?;
+        let created = repositories::insert(&**client, name, storage_namespace)
+            .await
+            .map_err(failed)?
+            .ok_or_else(|| Failure::RepositoryExists(name.to_owned()))?;
+        // Lookups of this name may have cached "no such repository".
+        self.reads.object_stat.invalidate_all();
+        Ok(created)
+    }
+
+    /// Deletes a repository and its objects.
+    ///
+    /// # Errors
+    ///
+    /// [`Failure::NoSuchRepository`] if there was none, or as the database
+    /// fails.
+    pub async fn delete_repository(&self, name: &str) -> Result<(), Failure> {
+        let client = self.pool.get().await.map_err(failed)?;
+        let deleted = repositories::delete(&**client, name)
+            .await
+            .map_err(failed)?;
+        self.reads.object_stat.invalidate_all();
+        if deleted {
+            Ok(())
+        } else {
+            Err(Failure::NoSuchRepository(name.to_owned()))
+        }
+    }
+
+    /// Stops the writer after committing what it holds.
+    pub async fn shutdown(&self) {
+        self.writer.shutdown().await;
+    }
+}
