@@ -17,8 +17,8 @@ use batcher::cache::Cache;
 use batcher::pg::PgLoader;
 use benches::{runtime, seeded_database, server_app, time_sequential, ADMIN_TOKEN};
 use criterion::{black_box, BenchmarkId, Criterion, Throughput};
-use server::queries::KvQuery;
-use server::seed::kv_pk;
+use server::queries::kv::{kv_pk, KvQuery};
+use server::settings::{AuthSettings, ReadPath, ReadSettings, Settings};
 use tokio::runtime::Runtime;
 use tower::ServiceExt;
 
@@ -56,9 +56,19 @@ fn fixture(rt: &Runtime) -> Fixture {
         let pool = server::db::pool(&config, 4, Duration::from_secs(5)).expect("pool");
         // Data reads come from the cache in both apps, so the difference
         // between them is the token lookup.
-        let flags = |auth: &'static str| ["--read-path", "cached", "--auth-cache", auth];
-        let (auth_on, on_state) = server_app(&config, &flags("on"));
-        let (auth_off, off_state) = server_app(&config, &flags("off"));
+        let settings = |auth_cache: bool| Settings {
+            read: ReadSettings {
+                path: ReadPath::Cached,
+                ..ReadSettings::default()
+            },
+            auth: AuthSettings {
+                cache: auth_cache.then(|| AuthSettings::default().cache).flatten(),
+            },
+            ..Settings::default()
+        };
+        let pool_size = server::settings::defaults::POOL_SIZE;
+        let (auth_on, on_state) = server_app(&config, pool_size, &settings(true));
+        let (auth_off, off_state) = server_app(&config, pool_size, &settings(false));
         // Load the rows the requests read into both apps' caches first.
         for n in 0..100 {
             call(&auth_on, n).await;

@@ -19,7 +19,9 @@ use batcher::pg::copy::{self, RowSource, RowValues};
 use batcher::pg::{self, Params, PoolOptions, UpsertQuery, Writer};
 use benches::closed_loop;
 use embedded_pg::{Cluster, ClusterOptions};
-use server::queries::{ObjectRow, ObjectUpsert, OBJECT_COLUMNS};
+use server::queries::objects::{ObjectRow, ObjectUpsert, OBJECT_COLUMNS, OBJECT_TABLE};
+use server::queries::repositories;
+use server::settings::WriteSettings;
 use tokio_postgres::types::ToSql;
 
 fn row(i: u64) -> ObjectRow {
@@ -91,9 +93,16 @@ async fn multi_row(client: &mut tokio_postgres::Client, n: u64) -> Duration {
 async fn by_copy(client: &mut tokio_postgres::Client, n: u64) -> Duration {
     let start = Instant::now();
     let tx = client.transaction().await.expect("begin");
-    copy::copy_rows(&tx, "objects", &OBJECT_COLUMNS, Rows(0..n), false, |_| {})
-        .await
-        .expect("copy");
+    copy::copy_rows(
+        &tx,
+        OBJECT_TABLE.table,
+        &OBJECT_COLUMNS,
+        Rows(0..n),
+        false,
+        |_| {},
+    )
+    .await
+    .expect("copy");
     tx.commit().await.expect("commit");
     start.elapsed()
 }
@@ -124,8 +133,7 @@ fn main() {
         server::db::migrate(&config).await.expect("migrations");
         let (mut client, conn) = config.connect(tokio_postgres::NoTls).await.expect("connect");
         tokio::spawn(conn);
-        client
-            .batch_execute("INSERT INTO repositories (name, storage_namespace) VALUES ('bench', 's3://bench/')")
+        repositories::insert(&client, "bench", "s3://bench/")
             .await
             .expect("repository");
 
@@ -150,11 +158,13 @@ fn main() {
 
         reset(&client).await;
         let pool = pg::pool(config.clone(), &PoolOptions::with_max_size(16)).expect("pool");
-        // The server's defaults: 256 rows per statement, 4 statements at once.
+        // The server's writer, with its defaults (256 rows per statement,
+        // 4 statements at once).
+        let settings = WriteSettings::default();
         let writer = Writer::new(
             pool.clone(),
             ObjectUpsert,
-            Writer::<ObjectUpsert>::builder().max_batch_size(256).max_concurrent_batches(4),
+            settings.batch.builder("object_write", settings.timeout),
         )
         .expect("writer");
         println!("\n### Concurrent single-object upserts, {run_for:?} per run\n");

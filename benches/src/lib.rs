@@ -100,36 +100,23 @@ pub const ADMIN_TOKEN: &str = "bench-admin-token";
 ///
 /// When no database can be had: a benchmark cannot run without one.
 pub async fn seeded_database(objects: u64, kv_rows: u64) -> tokio_postgres::Config {
-    let db = embedded_pg::testing::database()
+    server::testing::seeded_database(objects, kv_rows, ADMIN_TOKEN)
         .await
-        .expect("a database to benchmark against");
-    server::db::migrate(&db.config).await.expect("migrations");
-    server::seed::seed(&db.config, objects, kv_rows)
-        .await
-        .expect("seed");
-    let token_file = std::env::temp_dir().join(format!("pgbatch-bench-token-{}", db.name));
-    server::auth::bootstrap_admin(&db.config, Some(ADMIN_TOKEN), &token_file)
-        .await
-        .expect("admin user");
-    let _ = std::fs::remove_file(token_file); // only the preset token is used
-    db.config
+        .expect("a database to benchmark against")
 }
 
-/// The server's app over `config`, configured with command-line `flags`.
+/// The server's app over `config` with `settings`, on a pool of
+/// `pool_size` connections.
 ///
 /// # Panics
 ///
-/// When the flags are invalid.
+/// When the settings are invalid.
 pub fn server_app(
     config: &tokio_postgres::Config,
-    flags: &[&str],
+    pool_size: usize,
+    settings: &server::settings::Settings,
 ) -> (axum::Router, server::AppState) {
-    use clap::Parser as _;
-    let cli =
-        server::config::Cli::parse_from(std::iter::once("server").chain(flags.iter().copied()));
-    let pool =
-        server::db::pool(config, cli.db.pool_size, cli.serve.request_timeout()).expect("pool");
-    let state = server::AppState::new(pool, &cli.serve).expect("valid settings");
+    let state = server::AppState::connect(config, pool_size, settings).expect("valid settings");
     (server::app(state.clone()), state)
 }
 

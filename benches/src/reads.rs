@@ -2,23 +2,20 @@
 //! the load generators: the table's rows, each read path as a closed-loop
 //! run, and the database's bulk ceiling.
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use std::path::{Path, PathBuf};
-
 use anyhow::Context as _;
-use batcher::cache::Cache;
-use batcher::pg::copy::{self, RowSource, RowValues};
-use batcher::pg::PgLoader;
-use batcher::{Batcher, FlushPolicy};
+use batcher::pg::copy;
+use batcher::pg::{BatchQuery, Pool};
 use embedded_pg::ClusterOptions;
-use server::config::DbArgs;
 use server::db::Database;
-use server::queries::KvQuery;
-use server::seed::{kv_payload, kv_pk};
-use tokio_postgres::types::Type;
+use server::lookup::Lookup;
+use server::queries::database::count_rows;
+use server::queries::kv::{kv_pk, KvQuery, KvRows, KV_COLUMNS, KV_TABLE};
+use server::settings::{BatchSettings, CacheSettings, DbSettings, ReadPath, ReadSettings};
 use tokio_postgres::NoTls;
 
 use crate::{closed_loop, KeyStream, RunReport};
@@ -66,16 +63,14 @@ impl TableArgs {
     /// When the database cannot be set up, or `measure` fails.
     pub async fn with_table<T>(
         &self,
-        pool_size: usize,
         customize: impl FnOnce(ClusterOptions) -> ClusterOptions,
         measure: impl AsyncFnOnce(&Database) -> anyhow::Result<T>,
     ) -> anyhow::Result<T> {
         let db = Database::open_with(
-            &DbArgs {
-                database_url: self.database_url.clone(),
+            &DbSettings {
+                url: self.database_url.clone(),
                 data_dir: self.data_dir.clone(),
-                pool_size,
-                admin_token_file: PathBuf::new(),
+                ..DbSettings::default()
             },
             |options| customize(options.setting("shared_buffers", SHARED_BUFFERS)),
         )
@@ -103,24 +98,6 @@ pub fn key(k: u64) -> String {
     kv_pk(k + 1)
 }
 
-struct KvRows {
-    next: u64,
-    last: u64,
-}
-
-impl RowSource for KvRows {
-    type Error = std::convert::Infallible;
-
-    async fn next_row(&mut self) -> Result<Option<RowValues>, Self::Error> {
-        if self.next > self.last {
-            return Ok(None);
-        }
-        let n = self.next;
-        self.next += 1;
-        Ok(Some(vec![Box::new(kv_pk(n)), Box::new(kv_payload(n))]))
-    }
-}
-
 /// Tops `random_read_test` up to `rows` rows (numbered from 1) with COPY,
 /// then freezes and analyses it.
 ///
@@ -130,23 +107,15 @@ impl RowSource for KvRows {
 pub async fn ensure_rows(config: &tokio_postgres::Config, rows: u64) -> anyhow::Result<()> {
     let (mut client, conn) = config.connect(NoTls).await?;
     tokio::spawn(conn);
-    let have: i64 = client
-        .query_one("SELECT count(*) FROM random_read_test", &[])
-        .await?
-        .get(0);
-    let have = have as u64;
+    let have = count_rows(&client, KV_TABLE).await?;
     if have >= rows {
         return Ok(());
     }
-    eprintln!("loading rows {}..={rows} into random_read_test", have + 1);
+    eprintln!("loading rows {}..={rows} into {KV_TABLE}", have + 1);
     let start = Instant::now();
     let tx = client.transaction().await?;
-    let columns = [("pk", Type::TEXT), ("payload", Type::TEXT)];
-    let source = KvRows {
-        next: have + 1,
-        last: rows,
-    };
-    copy::copy_rows(&tx, "random_read_test", &columns, source, false, |_| {})
+    let source = KvRows::new(have + 1..=rows);
+    copy::copy_rows(&tx, KV_TABLE, &KV_COLUMNS, source, false, |_| {})
         .await
         .context("COPY")?;
     tx.commit().await?;
@@ -157,7 +126,7 @@ pub async fn ensure_rows(config: &tokio_postgres::Config, rows: u64) -> anyhow::
     );
     // Frozen, analysed and with a visibility map, reads do not write.
     client
-        .batch_execute("VACUUM (FREEZE, ANALYZE) random_read_test")
+        .batch_execute(&format!("VACUUM (FREEZE, ANALYZE) {KV_TABLE}"))
         .await?;
     Ok(())
 }
@@ -209,7 +178,7 @@ pub async fn prewarm(config: &tokio_postgres::Config) -> anyhow::Result<()> {
 ///
 /// When a query fails: the ceiling is meaningless then.
 pub async fn ceiling(
-    pool: &batcher::pg::Pool,
+    pool: &Pool,
     connections: usize,
     keys: usize,
     rows: u64,
@@ -223,7 +192,7 @@ pub async fn ceiling(
             tokio::spawn(async move {
                 let client = pool.get().await.expect("connection");
                 let stmt = client
-                    .prepare_cached("SELECT pk, payload FROM random_read_test WHERE pk = ANY($1)")
+                    .prepare_cached(KvQuery.batch_sql())
                     .await
                     .expect("prepare");
                 let mut stream = KeyStream::new(1_000 + c as u64);
@@ -245,26 +214,50 @@ pub async fn ceiling(
     total as f64 / start.elapsed().as_secs_f64()
 }
 
-/// Naive: `n` initiators, one `SELECT ... WHERE pk = $1` per read, each on a
-/// connection taken from the loader's pool.
+/// The settings of the load generators' read paths: `batch`, a deadline
+/// long enough that a saturated run does not time out, and room in the
+/// cache for a million rows.
+pub fn read_settings(path: ReadPath, batch: BatchSettings) -> ReadSettings {
+    ReadSettings {
+        path,
+        batch,
+        timeout: Duration::from_secs(30),
+        cache: CacheSettings {
+            capacity: 1_000_000,
+            ..CacheSettings::default()
+        },
+    }
+}
+
+/// `n` initiators reading random keys through `lookup`.
 ///
 /// # Panics
 ///
 /// When a read fails.
-pub async fn naive_run(
-    loader: &PgLoader<KvQuery>,
-    n: usize,
-    run: Duration,
-    rows: u64,
-) -> RunReport {
-    let loader = loader.clone();
+async fn lookup_run(lookup: &Lookup<KvQuery>, n: usize, run: Duration, rows: u64) -> RunReport {
+    let lookup = Arc::new(lookup.clone());
     closed_loop(n, run, rows, move |k| {
-        let loader = loader.clone();
+        let lookup = Arc::clone(&lookup);
         async move {
-            loader.load_one(&key(k)).await.expect("naive read");
+            if let Err(e) = lookup.get(key(k)).await {
+                panic!("{lookup:?} read failed: {e:#}");
+            }
         }
     })
     .await
+}
+
+/// Naive: `n` initiators, one `SELECT ... WHERE pk = $1` per read, each on a
+/// connection taken from `pool`.
+///
+/// # Panics
+///
+/// When a read fails.
+pub async fn naive_run(pool: &Pool, n: usize, run: Duration, rows: u64) -> RunReport {
+    let settings = read_settings(ReadPath::Naive, BatchSettings::default());
+    let lookup = Lookup::new("kv", KvQuery, pool.clone(), &settings)
+        .expect("the naive path has no settings to reject");
+    lookup_run(&lookup, n, run, rows).await
 }
 
 /// Pipelined: `n` initiators share `connections` connections (round robin)
@@ -289,9 +282,7 @@ pub async fn pipelined_run(
     for _ in 0..connections {
         let (client, conn) = config.connect(NoTls).await?;
         tokio::spawn(conn);
-        let stmt = client
-            .prepare("SELECT pk, payload FROM random_read_test WHERE pk = $1")
-            .await?;
+        let stmt = client.prepare(KvQuery.single_sql()).await?;
         clients.push((client, stmt));
     }
     let clients = Arc::new(clients);
@@ -310,31 +301,8 @@ pub async fn pipelined_run(
     .await)
 }
 
-/// How a batched run's batcher is set up.
-#[derive(Debug, Clone, Copy)]
-pub struct BatchSettings {
-    /// Most keys per statement.
-    pub max_batch: usize,
-    /// When to flush.
-    pub policy: FlushPolicy,
-    /// Statements in flight at once.
-    pub concurrency: usize,
-}
-
-impl BatchSettings {
-    fn batcher(&self, loader: &PgLoader<KvQuery>) -> anyhow::Result<Batcher<String, String>> {
-        Ok(Batcher::builder()
-            .max_batch_size(self.max_batch)
-            .policy(self.policy)
-            .max_delay(Duration::from_micros(500))
-            .max_concurrent_batches(self.concurrency)
-            .timeout(Duration::from_secs(30))
-            .build(loader.clone())?)
-    }
-}
-
-/// Batched: `n` initiators through one [`Batcher`]. Returns the report and
-/// the mean batch size.
+/// Batched: `n` initiators through one batcher set up as `batch`. Returns
+/// the report and the mean batch size.
 ///
 /// # Errors
 ///
@@ -344,25 +312,17 @@ impl BatchSettings {
 ///
 /// When a read fails.
 pub async fn batched_run(
-    loader: &PgLoader<KvQuery>,
-    settings: BatchSettings,
+    pool: &Pool,
+    batch: BatchSettings,
     n: usize,
     run: Duration,
     rows: u64,
 ) -> anyhow::Result<(RunReport, f64)> {
-    let b = settings.batcher(loader)?;
-    let report = {
-        let b = b.clone();
-        closed_loop(n, run, rows, move |k| {
-            let b = b.clone();
-            async move {
-                b.load(key(k)).await.expect("batched read");
-            }
-        })
-        .await
-    };
-    let mean = b.stats().batch_size.mean().unwrap_or(0.0);
-    b.shutdown().await;
+    let settings = read_settings(ReadPath::Batched, batch);
+    let lookup = Lookup::new("kv", KvQuery, pool.clone(), &settings)?;
+    let report = lookup_run(&lookup, n, run, rows).await;
+    let mean = mean_batch(&lookup);
+    lookup.shutdown().await;
     Ok((report, mean))
 }
 
@@ -377,8 +337,8 @@ pub struct CachedRun {
     pub hit_rate: f64,
 }
 
-/// Cached: `n` initiators through a 1M-entry [`Cache`] in front of a
-/// batcher.
+/// Cached: `n` initiators through a 1M-entry cache in front of a batcher
+/// set up as `batch`.
 ///
 /// # Errors
 ///
@@ -388,35 +348,34 @@ pub struct CachedRun {
 ///
 /// When a read fails.
 pub async fn cached_run(
-    loader: &PgLoader<KvQuery>,
-    settings: BatchSettings,
+    pool: &Pool,
+    batch: BatchSettings,
     n: usize,
     run: Duration,
     rows: u64,
 ) -> anyhow::Result<CachedRun> {
-    let b = settings.batcher(loader)?;
-    let cache = Cache::builder()
-        .max_capacity(1_000_000)
-        .build_with_batcher(b.clone())?;
-    let report = {
-        let cache = cache.clone();
-        closed_loop(n, run, rows, move |k| {
-            let cache = cache.clone();
-            async move {
-                cache.get(key(k)).await.expect("cached read");
-            }
-        })
-        .await
-    };
-    let s = cache.stats();
+    let settings = read_settings(ReadPath::Cached, batch);
+    let lookup = Lookup::new("kv", KvQuery, pool.clone(), &settings)?;
+    let report = lookup_run(&lookup, n, run, rows).await;
+    let s = lookup
+        .cache_stats()
+        .context("a cached lookup has a cache")?;
     let lookups = (s.hits + s.misses + s.coalesced).max(1);
-    let mean_batch = b.stats().batch_size.mean().unwrap_or(0.0);
-    b.shutdown().await;
+    let mean_batch = mean_batch(&lookup);
+    lookup.shutdown().await;
     Ok(CachedRun {
         report,
         mean_batch,
         hit_rate: s.hits as f64 / lookups as f64,
     })
+}
+
+/// The mean size of the batches `lookup`'s batcher ran (0 without one).
+fn mean_batch(lookup: &Lookup<KvQuery>) -> f64 {
+    lookup
+        .batcher_stats()
+        .and_then(|s| s.batch_size.mean())
+        .unwrap_or(0.0)
 }
 
 /// The mean of `samples` sequential `SELECT 1` round trips on one

@@ -19,9 +19,11 @@ use std::process::Stdio;
 
 use anyhow::{bail, Context as _};
 use benches::reads::TableArgs;
-use clap::Parser;
+use clap::{Parser, ValueEnum as _};
 use serde_json::Value;
+use server::config::PolicyArg;
 use server::db::Database;
+use server::settings::{defaults, BatchSettings, ReadPath, ReadSettings, Settings};
 
 /// The wrk script: random keys, the token, and a JSON summary line.
 const SCRIPT: &str = include_str!("../../wrk/read.lua");
@@ -50,8 +52,8 @@ struct Args {
     #[arg(long, default_value_t = 50_000)]
     hot_keys: u64,
     /// The server's `--batch-policy` for the batched and cached paths.
-    #[arg(long, default_value = "adaptive")]
-    batch_policy: String,
+    #[arg(long, value_enum, default_value_t = PolicyArg::of(defaults::BATCH_POLICY).expect("every policy has a flag"))]
+    batch_policy: PolicyArg,
     /// Runs to make, of: user (the no-database ceiling), naive, batched,
     /// cached, hot (cached, hot keys).
     #[arg(
@@ -107,16 +109,13 @@ async fn main() -> anyhow::Result<()> {
         args.rounds = 1;
     }
     args.table
-        .with_table(args.pool_size, |o| o, async |db| measure(&args, db).await)
+        .with_table(|o| o, async |db| measure(&args, db).await)
         .await
 }
 
 async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     // With users present this only makes sure the bench token is an admin's.
-    let token_file =
-        std::env::temp_dir().join(format!("pgbatch-httpload-token-{}", std::process::id()));
-    server::auth::bootstrap_admin(&db.config, Some(benches::ADMIN_TOKEN), &token_file).await?;
-    let _ = std::fs::remove_file(&token_file); // only the preset token is used
+    server::auth::bootstrap_admin(&db.config, Some(benches::ADMIN_TOKEN)).await?;
     let script = tempfile::Builder::new()
         .prefix("pgbatch-wrk-")
         .suffix(".lua")
@@ -125,14 +124,26 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
 
     let all = args.table.rows;
     let mut results = Vec::new();
-    // (name, path, read-path flag, route, keys). Each run is warmed up
-    // first: Postgres's buffers, the server's caches and wrk's connections.
-    let runs: [(&str, &'static str, &str, &str, u64); 5] = [
-        ("user", "no database (GET /api/v1/user)", "naive", "user", 1),
-        ("naive", "naive", "naive", "kv", all),
-        ("batched", "batched", "batched", "kv", all),
-        ("cached", "cached", "cached", "kv", all),
-        ("hot", "cached, hot keys", "cached", "kv", args.hot_keys),
+    // (name, path, read path, route, keys). Each run is warmed up first:
+    // Postgres's buffers, the server's caches and wrk's connections.
+    let runs: [(&str, &'static str, ReadPath, &str, u64); 5] = [
+        (
+            "user",
+            "no database (GET /api/v1/user)",
+            ReadPath::Naive,
+            "user",
+            1,
+        ),
+        ("naive", "naive", ReadPath::Naive, "kv", all),
+        ("batched", "batched", ReadPath::Batched, "kv", all),
+        ("cached", "cached", ReadPath::Cached, "kv", all),
+        (
+            "hot",
+            "cached, hot keys",
+            ReadPath::Cached,
+            "kv",
+            args.hot_keys,
+        ),
     ];
     if let Some(bad) = args.only.iter().find(|o| !runs.iter().any(|r| r.0 == *o)) {
         bail!("unknown run `{bad}` in --only (user, naive, batched, cached, hot)");
@@ -178,6 +189,13 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The policy as its flag spells it (`adaptive`, `fixed-delay`).
+fn policy_name(policy: PolicyArg) -> String {
+    policy
+        .to_possible_value()
+        .map_or_else(|| format!("{policy:?}"), |v| v.get_name().to_owned())
+}
+
 fn keys_label(route: &str, keys: u64) -> String {
     if route == "user" {
         "-".to_owned()
@@ -186,31 +204,30 @@ fn keys_label(route: &str, keys: u64) -> String {
     }
 }
 
-/// Serves the app with `--read-path read_path` on a fresh port, warms it
+/// Serves the app with reads through `read_path` on a fresh port, warms it
 /// up, and drives it with wrk once.
 async fn serve_and_drive(
     args: &Args,
     db: &Database,
     script: &Path,
-    read_path: &str,
+    read_path: ReadPath,
     route: &str,
     keys: u64,
     seed: usize,
 ) -> anyhow::Result<WrkResult> {
-    let pool_size = args.pool_size.to_string();
-    let (router, _state) = benches::server_app(
-        &db.config,
-        &[
-            "--read-path",
-            read_path,
-            "--batch-policy",
-            &args.batch_policy,
-            "--request-timeout-ms",
-            "5000",
-            "--pool-size",
-            &pool_size,
-        ],
-    );
+    let settings = Settings {
+        read: ReadSettings {
+            path: read_path,
+            batch: BatchSettings {
+                policy: args.batch_policy.into(),
+                ..BatchSettings::default()
+            },
+            timeout: std::time::Duration::from_secs(5),
+            ..ReadSettings::default()
+        },
+        ..Settings::default()
+    };
+    let (router, _state) = benches::server_app(&db.config, args.pool_size, &settings);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -302,7 +319,7 @@ fn print_table(results: &[Outcome], args: &Args) {
         args.connections,
         args.seconds,
         args.rounds.max(1),
-        args.batch_policy
+        policy_name(args.batch_policy)
     );
     let share = |per_sec: f64| {
         if ceiling.is_nan() {
@@ -374,7 +391,7 @@ fn append_csv(
         args.table.rows,
         args.connections,
         args.seconds,
-        args.batch_policy,
+        policy_name(args.batch_policy),
         r.per_sec(),
         r.mean_us / 1e3,
         r.p50_us / 1e3,

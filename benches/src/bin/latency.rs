@@ -17,15 +17,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use batcher::pg::{PgLoader, PoolOptions};
+use batcher::pg::PoolOptions;
 use batcher::FlushPolicy;
-use benches::reads::{self, BatchSettings, TableArgs};
+use benches::reads::{self, TableArgs};
 use benches::toxiproxy::{self, Toxiproxy};
 use benches::RunReport;
 use clap::Parser;
 use server::config::PolicyArg;
 use server::db::Database;
-use server::queries::KvQuery;
+use server::settings::BatchSettings;
 
 /// Measures the read paths against Postgres behind added round-trip time.
 #[derive(Debug, Parser)]
@@ -85,7 +85,6 @@ async fn main() -> anyhow::Result<()> {
     let port = toxiproxy::free_port()?;
     args.table
         .with_table(
-            args.connections,
             |options| options.port(port).listen_tcp(true),
             async |db| measure(&args, db).await,
         )
@@ -140,9 +139,10 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     let rows = args.table.rows;
     let n = args.initiators;
     let settings = BatchSettings {
-        max_batch: args.max_batch,
+        max_batch_size: args.max_batch,
         policy: FlushPolicy::from(args.policy),
         concurrency: args.connections,
+        ..BatchSettings::default()
     };
 
     let mut targets: Vec<(Option<f64>, tokio_postgres::Config)> = vec![(None, direct.clone())];
@@ -169,11 +169,10 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
             config.clone(),
             &PoolOptions::with_max_size(args.connections),
         )?;
-        let loader = PgLoader::new(pool, KvQuery);
         if i == 0 {
             eprintln!("warming up");
             let warm = run.min(Duration::from_secs(5));
-            reads::batched_run(&loader, settings, n, warm, rows).await?;
+            reads::batched_run(&pool, settings, n, warm, rows).await?;
         }
         let mut push = |path, report, mean_batch| {
             results.push(Outcome {
@@ -185,7 +184,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
             });
         };
         eprintln!("{label}: naive on {} connections", args.connections);
-        push("naive", reads::naive_run(&loader, n, run, rows).await, None);
+        push("naive", reads::naive_run(&pool, n, run, rows).await, None);
         eprintln!(
             "{label}: pipelined on {} connections",
             args.pipeline_connections
@@ -197,7 +196,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
             "{label}: batched, {:?}, max batch {}, {} at once",
             args.policy, args.max_batch, args.connections
         );
-        let (report, mean) = reads::batched_run(&loader, settings, n, run, rows).await?;
+        let (report, mean) = reads::batched_run(&pool, settings, n, run, rows).await?;
         push("batched", report, Some(mean));
     }
 

@@ -22,13 +22,13 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use batcher::pg::{PgLoader, PoolOptions};
+use batcher::pg::PoolOptions;
 use batcher::FlushPolicy;
-use benches::reads::{self, BatchSettings, TableArgs};
+use benches::reads::{self, TableArgs};
 use benches::RunReport;
 use clap::Parser;
 use server::db::Database;
-use server::queries::KvQuery;
+use server::settings::BatchSettings;
 
 /// Reproduces the seed benchmark against this project's read paths.
 #[derive(Debug, Parser)]
@@ -95,11 +95,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let run = Duration::from_secs_f64(args.seconds);
     args.table
-        .with_table(
-            args.pool_size,
-            |o| o,
-            async |db| measure(&args, db, run).await,
-        )
+        .with_table(|o| o, async |db| measure(&args, db, run).await)
         .await
 }
 
@@ -108,13 +104,13 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
         db.config.clone(),
         &PoolOptions::with_max_size(args.pool_size),
     )?;
-    let loader = PgLoader::new(pool.clone(), KvQuery);
     let rows = args.table.rows;
     let n = args.initiators;
-    let settings = |max_batch, policy| BatchSettings {
-        max_batch,
+    let settings = |max_batch_size, policy| BatchSettings {
+        max_batch_size,
         policy,
         concurrency: args.batch_concurrency,
+        ..BatchSettings::default()
     };
     let mut results: Vec<Outcome> = Vec::new();
     let mut push = |path: &str, policy, max_batch, initiators, report, mean_batch| {
@@ -145,7 +141,7 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
 
     eprintln!("warming up");
     let warm_up = run.min(Duration::from_secs(5));
-    reads::batched_run(&loader, settings(64, FlushPolicy::Eager), n, warm_up, rows).await?;
+    reads::batched_run(&pool, settings(64, FlushPolicy::Eager), n, warm_up, rows).await?;
 
     let ceiling = if want("ceiling") {
         eprintln!(
@@ -159,7 +155,7 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
 
     if want("naive") {
         eprintln!("naive");
-        let naive = reads::naive_run(&loader, n, run, rows).await;
+        let naive = reads::naive_run(&pool, n, run, rows).await;
         push("naive", "-", None, n, naive, None);
     }
 
@@ -181,7 +177,7 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
         for &size in &args.batch_sizes {
             eprintln!("batched, {name}, max batch {size}");
             let (report, mean) =
-                reads::batched_run(&loader, settings(size, policy), n, run, rows).await?;
+                reads::batched_run(&pool, settings(size, policy), n, run, rows).await?;
             push("batched", name, Some(size), n, report, Some(mean));
         }
     }
@@ -189,7 +185,7 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
     if want("cached") {
         eprintln!("cached (cache in front of the eager batcher, max batch 64)");
         let cached =
-            reads::cached_run(&loader, settings(64, FlushPolicy::Eager), n, run, rows).await?;
+            reads::cached_run(&pool, settings(64, FlushPolicy::Eager), n, run, rows).await?;
         push(
             &format!("cached ({:.0}% hits)", cached.hit_rate * 100.0),
             "eager",
@@ -202,14 +198,14 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
 
     if want("single") {
         eprintln!("1 initiator: naive and batched (the batching tax at low load)");
-        let one_naive = reads::naive_run(&loader, 1, run, rows).await;
+        let one_naive = reads::naive_run(&pool, 1, run, rows).await;
         push("naive", "-", None, 1, one_naive, None);
         for (policy, name) in [
             (FlushPolicy::Eager, "eager"),
             (FlushPolicy::Adaptive, "adaptive"),
         ] {
             let (report, mean) =
-                reads::batched_run(&loader, settings(64, policy), 1, run, rows).await?;
+                reads::batched_run(&pool, settings(64, policy), 1, run, rows).await?;
             push("batched", name, Some(64), 1, report, Some(mean));
         }
     }

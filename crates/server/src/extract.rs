@@ -8,7 +8,6 @@
 
 use std::sync::Arc;
 
-use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequest, FromRequestParts, Path, RawQuery, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderValue};
@@ -47,9 +46,7 @@ struct RepoParam {
 /// The repository named by `{repo}`, validated, with the caller allowed to
 /// do `action` in it.
 async fn repository(parts: &mut Parts, action: Action) -> Result<String, AppError> {
-    let Path(RepoParam { repo }) = Path::<RepoParam>::from_request_parts(parts, &())
-        .await
-        .map_err(|e: PathRejection| AppError::from(e))?;
+    let Path(RepoParam { repo }) = Path::<RepoParam>::from_request_parts(parts, &()).await?;
     input::repository(&repo)?;
     let Caller(caller) = Caller::from_request_parts(parts, &()).await?;
     caller.require(action, &repo)?;

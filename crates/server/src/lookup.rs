@@ -2,7 +2,7 @@
 //! through the read path chosen at start (naive, batched or cached), so no
 //! caller repeats that choice.
 //!
-//! The service builds one per query kind (see [`crate::reads`]); the load
+//! The service builds one per query kind, in its read registry; the load
 //! generators build them too, so they measure the paths the service runs.
 
 use std::fmt;
