@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use batcher::pg::copy::{self, ConflictPolicy, ImportError, RowSource, RowValues, TableSpec};
-use batcher::pg::{self, Params, PoolOptions, RowError, UpsertQuery, Writer, Written};
+use batcher::pg::{self, DbErrorKind, Params, PoolOptions, RowError, UpsertQuery, Writer, Written};
 use batcher::{Error, FlushPolicy};
 use embedded_pg::{Cluster, ClusterOptions};
 use tokio_postgres::types::Type;
@@ -145,6 +145,7 @@ async fn a_refused_row_fails_only_its_caller() {
         "23514",
         "check_violation"
     );
+    assert_eq!(row_err.kind(), DbErrorKind::OtherRowFault);
     assert_eq!(table(&pool).await, vec![kv("x", 1), kv("y", 2)]);
 }
 
@@ -299,6 +300,7 @@ async fn each_conflict_policy_does_what_it_says_and_counts_it() {
         .await
         .unwrap_err();
     assert!(matches!(err, ImportError::Conflict(_)), "{err:?}");
+    assert_eq!(err.kind(), DbErrorKind::UniqueViolation);
     assert!(
         err.as_db_error().unwrap().detail().unwrap().contains("(a)"),
         "{err:?}"
@@ -328,6 +330,7 @@ async fn a_bad_input_row_or_a_refused_row_commits_nothing() {
         .await
         .unwrap_err();
     assert!(matches!(err, ImportError::Rejected(_)), "{err:?}");
+    assert_eq!(err.kind(), DbErrorKind::OtherRowFault);
     assert!(table(&pool).await.is_empty());
     // The connection is clean for its next user (no leftover transaction or table).
     let counts = import(&pool, &[("z", 1)], ConflictPolicy::Skip)
