@@ -195,7 +195,7 @@ async fn a_failing_statement_reaches_every_waiter_with_the_server_error() {
         let pg_err = err.load_error::<PgError>().expect("a PgError");
         let db_err = pg_err.as_db_error().expect("a server error");
         assert_eq!(db_err.code().code(), "42P01", "undefined_table: {db_err}");
-        assert_eq!(pg_err.kind(), batcher::pg::DbErrorKind::Other);
+        assert_eq!(pg_err.kind(), pg::DbErrorKind::Other);
     }
 }
 
@@ -212,6 +212,6 @@ async fn a_statement_timeout_is_reported_as_such() {
         .unwrap_err()
         .into();
     assert!(err.is_statement_timeout(), "{err:?}");
-    assert_eq!(err.kind(), batcher::pg::DbErrorKind::StatementTimeout);
+    assert_eq!(err.kind(), pg::DbErrorKind::StatementTimeout);
     assert!(!err.is_pool_timeout());
 }
