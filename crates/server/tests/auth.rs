@@ -21,7 +21,6 @@ async fn client(config: &tokio_postgres::Config) -> tokio_postgres::Client {
     client
 }
 
-/// Creates a user with `read`/`write` grants and returns a new token.
 /// The default settings with the token cache on or off.
 fn auth_cache(on: bool) -> Settings {
     Settings {
@@ -32,6 +31,7 @@ fn auth_cache(on: bool) -> Settings {
     }
 }
 
+/// Creates a user with `read`/`write` grants and returns a new token.
 async fn user_with_token(
     config: &tokio_postgres::Config,
     name: &str,
