@@ -13,11 +13,11 @@ use support::{get, post_json, read_path, send, send_full, setup, stat_uri, READ_
 
 #[tokio::test]
 async fn stat_returns_an_objects_metadata() {
-    for path in READ_PATHS {
-        let app = setup(&read_path(path)).await;
+    for mode in READ_PATHS {
+        let app = setup(&read_path(mode)).await;
         let path = object_path(7);
         let (status, body) = send(&app.router, get(&stat_uri("demo", &path))).await;
-        assert_eq!(status, StatusCode::OK, "{path:?}: {body}");
+        assert_eq!(status, StatusCode::OK, "{mode:?}: {body}");
         assert_eq!(body["path"], path);
         assert_eq!(body["content_type"], "application/vnd.apache.parquet");
         assert_eq!(body["metadata"], json!({"source": "seed", "shard": "7"}));
@@ -52,8 +52,8 @@ async fn a_path_needing_percent_encoding_round_trips() {
 
 #[tokio::test]
 async fn missing_objects_and_repositories_are_404_with_distinct_codes() {
-    for path in READ_PATHS {
-        let app = setup(&read_path(path)).await;
+    for mode in READ_PATHS {
+        let app = setup(&read_path(mode)).await;
         let cases = [
             (stat_uri("demo", "no/such/object"), "object_not_found"),
             (stat_uri("empty", "anything"), "object_not_found"),
@@ -62,8 +62,8 @@ async fn missing_objects_and_repositories_are_404_with_distinct_codes() {
         ];
         for (uri, code) in cases {
             let (status, body) = send(&app.router, get(&uri)).await;
-            assert_eq!(status, StatusCode::NOT_FOUND, "{path:?} {uri}: {body}");
-            assert_eq!(body["error"]["code"], code, "{path:?} {uri}");
+            assert_eq!(status, StatusCode::NOT_FOUND, "{mode:?} {uri}: {body}");
+            assert_eq!(body["error"]["code"], code, "{mode:?} {uri}");
             assert!(body["error"]["message"]
                 .as_str()
                 .is_some_and(|m| !m.is_empty()));
@@ -73,8 +73,8 @@ async fn missing_objects_and_repositories_are_404_with_distinct_codes() {
 
 #[tokio::test]
 async fn kv_returns_the_seed_benchmark_row() {
-    for path in READ_PATHS {
-        let app = setup(&read_path(path)).await;
+    for mode in READ_PATHS {
+        let app = setup(&read_path(mode)).await;
         let (status, body) = send(&app.router, get(&format!("/api/v1/kv/{}", kv_pk(42)))).await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(body, json!({"pk": kv_pk(42), "payload": kv_payload(42)}));
@@ -83,8 +83,8 @@ async fn kv_returns_the_seed_benchmark_row() {
 
 #[tokio::test]
 async fn post_stat_answers_each_path_in_order() {
-    for path in READ_PATHS {
-        let app = setup(&read_path(path)).await;
+    for mode in READ_PATHS {
+        let app = setup(&read_path(mode)).await;
         let paths = [
             object_path(3),
             "missing/one".to_owned(),
@@ -401,10 +401,10 @@ async fn health_readiness_and_metrics() {
 async fn an_unreachable_database_is_503_without_leaking_details() {
     let mut config = support::database().await;
     config.dbname("no_such_database");
-    for path in READ_PATHS {
-        let app = support::app_on(&config, &read_path(path));
+    for mode in READ_PATHS {
+        let app = support::app_on(&config, &read_path(mode));
         let (status, headers, body) = send_full(&app.router, get(&stat_uri("demo", "a"))).await;
-        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path:?}: {body}");
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{mode:?}: {body}");
         assert_eq!(body["error"]["code"], "database_unavailable");
         assert!(!body.to_string().contains("no_such_database"), "{body}");
         assert_eq!(headers["retry-after"], "1");
