@@ -8,110 +8,14 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
+use super::config::{Config, FlushPolicy, Overflow};
 use super::handle::Batcher;
 use super::loader::Loader;
 use super::worker::Worker;
 use crate::BuildError;
 
-/// When a batch that is not yet full goes to the loader.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum FlushPolicy {
-    /// Dispatch at once whenever a load slot is free; keys accumulate only
-    /// while all [`max_concurrent_batches`](BatcherBuilder::max_concurrent_batches)
-    /// slots are busy. An idle batcher adds no delay, and under load batches
-    /// fill by themselves. `max_delay` is not used. The default.
-    #[default]
-    Eager,
-    /// Dispatch when the batch reaches `max_batch_size`, or `max_delay` after
-    /// its first key arrived (the lakeFS design). Every lookup at low load
-    /// pays up to `max_delay`; kept for comparison and for loaders that
-    /// prefer fewer, fuller batches.
-    FixedDelay,
-    /// Eager while the backend is lightly loaded, fixed-delay once it is
-    /// busy: a batch goes out at once while fewer than half of the
-    /// `max_concurrent_batches` loads are running; with at least half
-    /// running, it waits until it is full or `max_delay` after its first
-    /// key. Low load pays no delay (as with `Eager`), and under saturation
-    /// batches fill (as with `FixedDelay`) instead of going out as soon as
-    /// any one slot frees. Under heavy read load on Postgres this made
-    /// bigger batches and more reads per second than `Eager`; see
-    /// BENCHMARKS.md.
-    Adaptive,
-}
-
-/// What [`Batcher::load`] does when the request queue is full.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Overflow {
-    /// Fail at once with [`Error::Overloaded`](crate::Error::Overloaded), so
-    /// an overloaded service sheds load instead of queueing. The default.
-    #[default]
-    Reject,
-    /// Wait for room in the queue (still bounded by the request's
-    /// [`timeout`](BatcherBuilder::timeout)).
-    Wait,
-}
-
-/// The default settings of [`BatcherBuilder`].
-pub mod defaults {
-    use std::time::Duration;
-
-    /// Default [`max_batch_size`](super::BatcherBuilder::max_batch_size):
-    /// 64 keys. lakeFS saw gains flatten past 16-32 keys on Postgres; 64
-    /// leaves headroom for bursts and costs nothing when batches are smaller.
-    pub const MAX_BATCH_SIZE: usize = 64;
-    /// Default [`max_delay`](super::BatcherBuilder::max_delay): 0.5 ms, as in
-    /// lakeFS.
-    pub const MAX_DELAY: Duration = Duration::from_micros(500);
-    /// Default
-    /// [`max_concurrent_batches`](super::BatcherBuilder::max_concurrent_batches):
-    /// 8.
-    pub const MAX_CONCURRENT_BATCHES: usize = 8;
-    /// Default [`channel_capacity`](super::BatcherBuilder::channel_capacity):
-    /// 8192 requests.
-    pub const CHANNEL_CAPACITY: usize = 8192;
-    /// Default [`timeout`](super::BatcherBuilder::timeout): 5 s, so no caller
-    /// can wait forever on a stuck loader.
-    pub const TIMEOUT: Duration = Duration::from_secs(5);
-}
-
 /// A batcher handle and its not yet running worker.
 pub type Pair<K, V> = (Batcher<K, V>, Worker<K, V>);
-
-/// The validated settings a worker and its handles share.
-#[derive(Debug, Clone)]
-pub(crate) struct Config {
-    pub(crate) name: Cow<'static, str>,
-    pub(crate) max_batch_size: usize,
-    pub(crate) max_delay: Duration,
-    pub(crate) max_concurrent_batches: usize,
-    pub(crate) channel_capacity: usize,
-    pub(crate) policy: FlushPolicy,
-    pub(crate) overflow: Overflow,
-    pub(crate) timeout: Option<Duration>,
-    pub(crate) load_timeout: Option<Duration>,
-    pub(crate) join_in_flight: bool,
-    pub(crate) direct_when_idle: bool,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            name: Cow::Borrowed("batcher"),
-            max_batch_size: defaults::MAX_BATCH_SIZE,
-            max_delay: defaults::MAX_DELAY,
-            max_concurrent_batches: defaults::MAX_CONCURRENT_BATCHES,
-            channel_capacity: defaults::CHANNEL_CAPACITY,
-            policy: FlushPolicy::Eager,
-            overflow: Overflow::Reject,
-            timeout: Some(defaults::TIMEOUT),
-            load_timeout: None,
-            join_in_flight: false,
-            direct_when_idle: true,
-        }
-    }
-}
 
 /// Builds a [`Batcher`]; get one from [`Batcher::builder`].
 ///
@@ -170,7 +74,7 @@ where
     }
 
     /// The most distinct keys in one loader call. Must be at least 1.
-    /// Default [`defaults::MAX_BATCH_SIZE`].
+    /// Default [`defaults::MAX_BATCH_SIZE`](crate::defaults::MAX_BATCH_SIZE).
     pub fn max_batch_size(mut self, n: usize) -> Self {
         self.config.max_batch_size = n;
         self
@@ -179,7 +83,7 @@ where
     /// With [`FlushPolicy::FixedDelay`] (and [`FlushPolicy::Adaptive`] when
     /// busy), how long after a batch's first key it is dispatched even if
     /// not full. Unused by the eager policy.
-    /// Default [`defaults::MAX_DELAY`].
+    /// Default [`defaults::MAX_DELAY`](crate::defaults::MAX_DELAY).
     pub fn max_delay(mut self, d: Duration) -> Self {
         self.config.max_delay = d;
         self
@@ -187,7 +91,7 @@ where
 
     /// The most loader calls running at once; usually about the size of the
     /// connection pool the loader draws from. Must be at least 1. Default
-    /// [`defaults::MAX_CONCURRENT_BATCHES`].
+    /// [`defaults::MAX_CONCURRENT_BATCHES`](crate::defaults::MAX_CONCURRENT_BATCHES).
     pub fn max_concurrent_batches(mut self, n: usize) -> Self {
         self.config.max_concurrent_batches = n;
         self
@@ -196,7 +100,7 @@ where
     /// How many requests may wait in the queue for the worker. Together with
     /// `max_batch_size × (max_concurrent_batches + 1)` keys held by the
     /// worker, this bounds the batcher's memory. Must be at least 1. Default
-    /// [`defaults::CHANNEL_CAPACITY`].
+    /// [`defaults::CHANNEL_CAPACITY`](crate::defaults::CHANNEL_CAPACITY).
     pub fn channel_capacity(mut self, n: usize) -> Self {
         self.config.channel_capacity = n;
         self
@@ -219,7 +123,7 @@ where
     /// Each request's deadline, from the call to [`Batcher::load`] until its
     /// answer, including time waiting for room in the queue. The caller gets
     /// [`Error::Timeout`](crate::Error::Timeout) when it passes. Must be
-    /// greater than zero. Default [`defaults::TIMEOUT`].
+    /// greater than zero. Default [`defaults::TIMEOUT`](crate::defaults::TIMEOUT).
     pub fn timeout(mut self, d: Duration) -> Self {
         self.config.timeout = Some(d);
         self

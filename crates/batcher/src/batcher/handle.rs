@@ -2,55 +2,23 @@
 
 use std::fmt;
 use std::hash::Hash;
-use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 
-use futures_util::FutureExt as _;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::sync::oneshot;
-use tokio::time::{timeout, timeout_at, Instant};
-use tokio_util::sync::CancellationToken;
+use tokio::time::{timeout_at, Instant};
 use tracing::Instrument as _;
 
-use super::builder::{BatcherBuilder, Config, FlushPolicy, Overflow};
+use super::builder::BatcherBuilder;
+use super::config::{Config, Overflow};
 use super::loader::Loader;
 use super::message::{Message, Reply, Rx};
-use super::worker::{load_fn, panic_message, try_take_slot, LoadFn, Worker};
+use super::policy;
+use super::run::{self, load_fn, LoadFn};
+use super::shared::{LoadSlot, Shared};
+use super::worker::Worker;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::Error;
-
-/// State shared by every handle and the worker.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) config: Config,
-    pub(crate) stats: Stats,
-    /// Cancelled by [`Batcher::shutdown`]; the worker then stops taking new
-    /// requests and answers the queued ones.
-    pub(crate) shutdown: CancellationToken,
-    /// Cancelled when the worker is gone (finished, or dropped unrun), so
-    /// `shutdown` can wait for it without a handle to the task.
-    pub(crate) done: CancellationToken,
-    /// Requests in progress in [`Batcher::load`] and
-    /// [`Batcher::load_many`] calls: zero means idle.
-    pub(crate) outstanding: AtomicUsize,
-    /// Loads running, the worker's and direct ones: the slots of
-    /// `max_concurrent_batches`.
-    pub(crate) running: AtomicUsize,
-    /// Set once the worker runs: an unrun worker answers nothing, and direct
-    /// loads must not pretend otherwise.
-    pub(crate) worker_running: AtomicBool,
-}
-
-/// Decrements an atomic counter when dropped, so a cancelled caller
-/// releases what it counted.
-struct Held<'a>(&'a AtomicUsize);
-
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, SeqCst);
-    }
-}
 
 /// Coalesces concurrent single-key lookups into batched loads.
 ///
@@ -123,15 +91,7 @@ where
     L: Loader<K, V>,
 {
     let (tx, rx) = mpsc::channel(config.channel_capacity);
-    let shared = Arc::new(Shared {
-        config,
-        stats: Stats::new(),
-        shutdown: CancellationToken::new(),
-        done: CancellationToken::new(),
-        outstanding: AtomicUsize::new(0),
-        running: AtomicUsize::new(0),
-        worker_running: AtomicBool::new(false),
-    });
+    let shared = Arc::new(Shared::new(config));
     let load = load_fn(loader);
     let worker = Worker::new(rx, Arc::clone(&load), Arc::clone(&shared));
     (Batcher { tx, shared, load }, worker)
@@ -189,13 +149,13 @@ where
     pub async fn load(&self, key: K) -> Result<Option<V>, Error> {
         let now = Instant::now();
         let deadline = self.deadline(now);
-        let alone = self.shared.outstanding.fetch_add(1, SeqCst) == 0;
-        let _outstanding = Held(&self.shared.outstanding);
-        if alone && self.may_load_directly() {
-            // Released before `_outstanding`, so a caller that finds the
-            // batcher idle also finds the slot free.
-            let _slot = Held(&self.shared.running);
-            return self.load_direct(key, now, deadline).await;
+        let request = self.shared.start_request();
+        if request.alone {
+            if let Some(slot) = self.direct_slot() {
+                // The slot is freed before `request`, so a caller that
+                // finds the batcher idle also finds the slot free.
+                return self.load_direct(key, now, deadline, slot).await;
+            }
         }
         let rx = self.enqueue(key, now, deadline).await?;
         self.wait(rx, deadline).await
@@ -218,8 +178,7 @@ where
     {
         let now = Instant::now();
         let deadline = self.deadline(now);
-        self.shared.outstanding.fetch_add(1, SeqCst);
-        let _outstanding = Held(&self.shared.outstanding);
+        let _request = self.shared.start_request();
         let keys = keys.into_iter();
         let mut queued = Vec::with_capacity(keys.size_hint().0);
         for key in keys {
@@ -257,21 +216,19 @@ where
         self.shared.stats.snapshot(queued)
     }
 
-    /// Whether a caller that found the batcher idle may run its own load;
-    /// takes a load slot when it may.
-    fn may_load_directly(&self) -> bool {
-        let c = &self.shared.config;
-        c.direct_when_idle
-            && c.policy != FlushPolicy::FixedDelay
-            // Only the worker's loads can be joined.
-            && !c.join_in_flight
-            // With one slot, a direct load could leave the worker holding
-            // keys with no load of its own to wake it.
-            && c.max_concurrent_batches > 1
-            && self.shared.worker_running.load(SeqCst)
-            && !self.shared.shutdown.is_cancelled()
-            && !self.tx.is_closed()
-            && try_take_slot(&self.shared.running, c.max_concurrent_batches)
+    /// A load slot for a caller that found the batcher idle, if the
+    /// settings allow direct loads and the worker is there to take over
+    /// once the batcher is busy.
+    fn direct_slot(&self) -> Option<LoadSlot> {
+        let shared = &self.shared;
+        if !policy::allows_direct_loads(&shared.config)
+            || !shared.is_worker_running()
+            || shared.shutdown.is_cancelled()
+            || self.tx.is_closed()
+        {
+            return None;
+        }
+        LoadSlot::try_take(shared)
     }
 
     /// A batch of one, loaded in the caller's task: the same answers,
@@ -281,26 +238,18 @@ where
         key: K,
         now: Instant,
         deadline: Option<Instant>,
+        _slot: LoadSlot,
     ) -> Result<Option<V>, Error> {
         let stats = &self.shared.stats;
         Stats::incr(&stats.requests, 1);
         Stats::incr(&stats.batches, 1);
         stats.batch_size.record(1);
         Stats::record_duration(&stats.queue_wait, now.elapsed());
-        let span = tracing::debug_span!(
-            "batch",
-            batcher = %self.shared.config.name,
-            size = 1usize,
-            direct = true,
-        );
-        let load_timeout = self.shared.config.load_timeout;
-        let load = AssertUnwindSafe((self.load)(vec![key.clone()])).catch_unwind();
-        let load = async move {
-            match load_timeout {
-                Some(t) => timeout(t, load).await.map_err(|_| t),
-                None => Ok(load.await),
-            }
-        }
+        let span = run::batch_span(&self.shared.config.name, 1, true);
+        let load = run::run(
+            (self.load)(vec![key.clone()]),
+            self.shared.config.load_timeout,
+        )
         .instrument(span.clone());
         let started = Instant::now();
         let outcome = match deadline {
@@ -309,36 +258,9 @@ where
         };
         Stats::record_duration(&stats.load_duration, started.elapsed());
         let _enter = span.enter();
-        let failure = match outcome {
-            Ok(Ok(Ok(mut values))) => {
-                let value = values.remove(&key);
-                let counter = if value.is_some() {
-                    &stats.found
-                } else {
-                    &stats.not_found
-                };
-                Stats::incr(counter, 1);
-                return Ok(value);
-            }
-            Ok(Ok(Err(e))) => {
-                Stats::incr(&stats.failed_batches, 1);
-                tracing::warn!(error = %e, keys = 1, "batch load failed");
-                Error::Load(e)
-            }
-            Err(t) => {
-                Stats::incr(&stats.timed_out_batches, 1);
-                tracing::warn!(timeout = ?t, keys = 1, "batch load timed out");
-                Error::LoadTimeout(t)
-            }
-            Ok(Err(panic)) => {
-                Stats::incr(&stats.panicked_batches, 1);
-                let msg = panic_message(panic);
-                tracing::error!(panic = %msg, keys = 1, "batch loader panicked");
-                Error::LoaderPanicked(msg.into())
-            }
-        };
-        Stats::incr(&stats.failed_keys, 1);
-        Err(failure)
+        let value = outcome.settle(stats, 1)?.remove(&key);
+        run::record_found(stats, usize::from(value.is_some()), 1);
+        Ok(value)
     }
 
     fn deadline(&self, now: Instant) -> Option<Instant> {

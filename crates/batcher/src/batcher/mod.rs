@@ -24,13 +24,35 @@
 //!   [`load_timeout`](BatcherBuilder::load_timeout) also frees the slot of a
 //!   hung load.
 
+//! # Modules
+//!
+//! A module uses only modules listed below it (`builder` and `handle` name
+//! each other, as a type and its builder do):
+//!
+//! ```text
+//! builder   BatcherBuilder: validates a Config, builds a pair or spawns it
+//! handle    Batcher: enqueues keys, loads directly when idle, shuts down
+//! worker    Worker: receives, forms batches, dispatches, answers waiters
+//! run       one load: timeout, panic capture, Outcome, its statistics
+//! policy    the flush policy's decisions, as pure functions
+//! shared    state of the handles and the worker; the LoadSlot guard
+//! message   what travels from a handle to the worker
+//! config    the validated settings and their defaults
+//! loader    the Loader trait and loader_fn
+//! ```
+
 mod builder;
+mod config;
 mod handle;
 mod loader;
 mod message;
+mod policy;
+mod run;
+mod shared;
 mod worker;
 
-pub use builder::{defaults, BatcherBuilder, FlushPolicy, Overflow, Pair};
+pub use builder::{BatcherBuilder, Pair};
+pub use config::{defaults, FlushPolicy, Overflow};
 pub use handle::Batcher;
 pub use loader::{loader_fn, Loader, LoaderFn};
 pub use worker::Worker;

@@ -5,18 +5,14 @@
 //! loader that panics, cannot take a batch's other waiters down with it, and
 //! the worker keeps receiving while loads run.
 
-use std::any::Any;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
 use std::hash::Hash;
 use std::mem;
 use std::pin::{pin, Pin};
-use std::sync::atomic::AtomicUsize;
-use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::task::{self, JoinError, JoinSet};
@@ -24,48 +20,13 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::sync::DropGuard;
 use tracing::Instrument;
 
-use super::builder::{Config, FlushPolicy};
-use super::handle::Shared;
-use super::loader::Loader;
+use super::config::Config;
 use super::message::{Message, Reply, Waiter};
-use crate::error::SharedError;
+use super::policy::{self, Pending};
+use super::run::{self, LoadFn, Outcome};
+use super::shared::{LoadSlot, Shared};
 use crate::stats::Stats;
 use crate::Error;
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-/// The loader with its types erased, so `Worker` and `Batcher` need no
-/// loader type parameter.
-pub(crate) type LoadFn<K, V> =
-    Arc<dyn Fn(Vec<K>) -> BoxFuture<Result<HashMap<K, V>, SharedError>> + Send + Sync>;
-
-/// Erases `loader`'s type. The loader is called inside the returned future,
-/// so even a panic in its synchronous part happens where the future is
-/// polled (the load task, or a direct caller that catches it), not in the
-/// worker.
-pub(crate) fn load_fn<K, V, L>(loader: L) -> LoadFn<K, V>
-where
-    K: Send + 'static,
-    V: Send + 'static,
-    L: Loader<K, V>,
-{
-    let loader = Arc::new(loader);
-    Arc::new(move |keys| {
-        let loader = Arc::clone(&loader);
-        Box::pin(async move {
-            loader
-                .load(keys)
-                .await
-                .map_err(|e| Arc::new(e) as SharedError)
-        })
-    })
-}
-
-/// Takes one of `max` load slots counted in `running`, if one is free.
-pub(crate) fn try_take_slot(running: &AtomicUsize, max: usize) -> bool {
-    running
-        .fetch_update(SeqCst, SeqCst, |n| (n < max).then_some(n + 1))
-        .is_ok()
-}
 
 /// The task that serves a [`Batcher`](super::Batcher).
 ///
@@ -115,13 +76,12 @@ where
     /// Runs the worker until shutdown, or until every [`Batcher`](super::Batcher)
     /// handle is dropped, and every queued request has been answered.
     pub async fn run(self) {
-        self.shared.worker_running.store(true, SeqCst);
+        self.shared.mark_worker_running();
         let mut state = State::new(self);
         let mut shutdown = pin!(state.shared.shutdown.clone().cancelled_owned());
         loop {
             let can_recv = !state.rx_done
-                && state.pending.len() < state.config().max_batch_size
-                && state.held < state.held_limit;
+                && policy::may_accept(state.config(), state.pending.len(), state.held);
             let event = tokio::select! {
                 // Completions first: they free load slots and memory.
                 biased;
@@ -174,18 +134,13 @@ enum Event<K, V> {
     Received(Option<Message<K, V>>),
 }
 
-/// How a load task ended, when it did not panic.
-enum Outcome<K, V> {
-    Loaded(HashMap<K, V>),
-    Failed(SharedError),
-    TimedOut(Duration),
-}
-
 /// A batch whose load is running.
 struct Running<K, V> {
     waiters: HashMap<K, Vec<Waiter<V>>>,
     started: Instant,
     span: tracing::Span,
+    /// Freed when the batch's waiters have been answered.
+    _slot: LoadSlot,
 }
 
 struct State<K, V> {
@@ -207,11 +162,9 @@ struct State<K, V> {
     draining: bool,
     /// The channel is closed and empty.
     rx_done: bool,
-    /// Waiters held in `pending` and `running`. Duplicates and joins add
-    /// waiters without adding keys, so this bounds memory where the key
-    /// count alone would not.
+    /// Waiters held in `pending` and `running`, bounded by
+    /// [`policy::held_limit`].
     held: usize,
-    held_limit: usize,
     _done: DropGuard,
 }
 
@@ -222,10 +175,6 @@ where
 {
     fn new(worker: Worker<K, V>) -> Self {
         let c = &worker.shared.config;
-        let held_limit = c
-            .max_batch_size
-            .saturating_mul(c.max_concurrent_batches.saturating_add(1))
-            .saturating_add(c.channel_capacity);
         Self {
             pending: HashMap::with_capacity(c.max_batch_size),
             in_flight: JoinSet::new(),
@@ -237,7 +186,6 @@ where
             draining: false,
             rx_done: false,
             held: 0,
-            held_limit,
             rx: worker.rx,
             load: worker.load,
             shared: worker.shared,
@@ -252,7 +200,7 @@ where
     /// Takes whatever is already queued, without waiting, so one wake-up
     /// serves a whole burst.
     fn accept_queued(&mut self) {
-        while self.pending.len() < self.config().max_batch_size && self.held < self.held_limit {
+        while policy::may_accept(self.config(), self.pending.len(), self.held) {
             match self.rx.try_recv() {
                 Ok(msg) => self.accept(msg),
                 Err(_) => break,
@@ -294,7 +242,7 @@ where
             Entry::Vacant(e) => {
                 let enqueued_at = waiter.enqueued_at;
                 e.insert(vec![waiter]);
-                if first_key && self.shared.config.policy != FlushPolicy::Eager {
+                if first_key && policy::arms_timer(&self.shared.config) {
                     // Measured from the request, not from its receipt, so
                     // time spent in the channel counts toward the delay.
                     let at = enqueued_at + self.shared.config.max_delay;
@@ -306,26 +254,21 @@ where
     }
 
     fn flush_if_due(&mut self) {
-        let c = self.config();
-        // Slots are shared with callers that load directly when idle.
-        let running = self.shared.running.load(SeqCst);
-        let at_once = match c.policy {
-            FlushPolicy::Eager => true,
-            FlushPolicy::FixedDelay => false,
-            // Lightly loaded: no delay. Busy: let the batch fill.
-            FlushPolicy::Adaptive => running < c.max_concurrent_batches.div_ceil(2),
+        let pending = Pending {
+            keys: self.pending.len(),
+            deadline_passed: self.deadline_passed,
+            draining: self.draining,
         };
-        let due = !self.pending.is_empty()
-            && (at_once
-                || self.pending.len() >= c.max_batch_size
-                || self.deadline_passed
-                || self.draining);
-        if due && try_take_slot(&self.shared.running, c.max_concurrent_batches) {
-            self.dispatch();
+        // Slots are shared with callers that load directly when idle.
+        if !policy::is_due(self.config(), pending, self.shared.running_loads()) {
+            return;
+        }
+        if let Some(slot) = LoadSlot::try_take(&self.shared) {
+            self.dispatch(slot);
         }
     }
 
-    fn dispatch(&mut self) {
+    fn dispatch(&mut self, slot: LoadSlot) {
         let capacity = self.config().max_batch_size;
         let mut batch = mem::replace(&mut self.pending, HashMap::with_capacity(capacity));
         self.timer_armed = false;
@@ -344,15 +287,10 @@ where
         let stats = &self.shared.stats;
         Stats::incr(&stats.abandoned, abandoned as u64);
         if batch.is_empty() {
-            self.shared.running.fetch_sub(1, SeqCst); // the slot goes unused
-            return;
+            return; // the slot goes unused
         }
 
-        let span = tracing::debug_span!(
-            "batch",
-            batcher = %self.shared.config.name,
-            size = batch.len(),
-        );
+        let span = run::batch_span(&self.shared.config.name, batch.len(), false);
         let now = Instant::now();
         let link = !span.is_disabled();
         for w in batch.values().flatten() {
@@ -365,21 +303,7 @@ where
         stats.batch_size.record(batch.len() as u64);
 
         let keys: Vec<K> = batch.keys().cloned().collect();
-        let load = (self.load)(keys);
-        let load_timeout = self.shared.config.load_timeout;
-        let task = async move {
-            let result = match load_timeout {
-                Some(t) => match tokio::time::timeout(t, load).await {
-                    Ok(r) => r,
-                    Err(_) => return Outcome::TimedOut(t),
-                },
-                None => load.await,
-            };
-            match result {
-                Ok(values) => Outcome::Loaded(values),
-                Err(e) => Outcome::Failed(e),
-            }
-        };
+        let task = run::run((self.load)(keys), self.shared.config.load_timeout);
         let id = self.in_flight.spawn(task.instrument(span.clone())).id();
         if self.shared.config.join_in_flight {
             for key in batch.keys() {
@@ -392,6 +316,7 @@ where
                 waiters: batch,
                 started: now,
                 span,
+                _slot: slot,
             },
         );
     }
@@ -401,7 +326,6 @@ where
             Ok((id, outcome)) => (id, Ok(outcome)),
             Err(e) => (e.id(), Err(e)),
         };
-        self.shared.running.fetch_sub(1, SeqCst);
         let Some(run) = self.running.remove(&id) else {
             return;
         };
@@ -416,8 +340,17 @@ where
         Stats::record_duration(&stats.load_duration, run.started.elapsed());
         let _enter = run.span.enter();
         let keys = run.waiters.len();
-        let failure = match outcome {
-            Ok(Outcome::Loaded(mut values)) => {
+        let settled = match outcome {
+            Ok(outcome) => outcome.settle(stats, keys),
+            // `run::run` catches the loader's panics, so the task only
+            // fails when it is cancelled: the runtime is shutting down.
+            Err(_) => {
+                Stats::incr(&stats.failed_keys, keys as u64);
+                Err(Error::Closed)
+            }
+        };
+        match settled {
+            Ok(mut values) => {
                 let mut found = 0;
                 for (key, waiters) in run.waiters {
                     let value = values.remove(&key);
@@ -425,35 +358,17 @@ where
                     self.held -= waiters.len();
                     reply_all(waiters, Ok(value));
                 }
-                Stats::incr(&stats.found, found as u64);
-                Stats::incr(&stats.not_found, (keys - found) as u64);
-                tracing::trace!(found, not_found = keys - found, "batch loaded");
-                return;
+                run::record_found(stats, found, keys);
             }
-            Ok(Outcome::Failed(e)) => {
-                Stats::incr(&stats.failed_batches, 1);
-                tracing::warn!(error = %e, keys, "batch load failed");
-                Error::Load(e)
+            Err(failure) => {
+                for waiters in run.waiters.into_values() {
+                    self.held -= waiters.len();
+                    reply_all(waiters, Err(failure.clone()));
+                }
             }
-            Ok(Outcome::TimedOut(t)) => {
-                Stats::incr(&stats.timed_out_batches, 1);
-                tracing::warn!(timeout = ?t, keys, "batch load timed out");
-                Error::LoadTimeout(t)
-            }
-            Err(e) if e.is_panic() => {
-                Stats::incr(&stats.panicked_batches, 1);
-                let msg = panic_message(e.into_panic());
-                tracing::error!(panic = %msg, keys, "batch loader panicked");
-                Error::LoaderPanicked(msg.into())
-            }
-            // Cancelled: only when the runtime shuts down under us.
-            Err(_) => Error::Closed,
-        };
-        Stats::incr(&stats.failed_keys, keys as u64);
-        for waiters in run.waiters.into_values() {
-            self.held -= waiters.len();
-            reply_all(waiters, Err(failure.clone()));
         }
+        // The slot is freed here, as `run` drops, after every waiter has
+        // its answer.
     }
 
     fn publish_gauges(&self) {
@@ -461,7 +376,7 @@ where
         stats.pending_keys.store(self.pending.len() as u64, Relaxed);
         stats
             .in_flight_batches
-            .store(self.shared.running.load(Relaxed) as u64, Relaxed);
+            .store(self.shared.running_loads() as u64, Relaxed);
     }
 }
 
@@ -474,15 +389,5 @@ fn reply_all<V: Clone>(waiters: Vec<Waiter<V>>, reply: Reply<V>) {
     }
     if let Some(w) = last {
         let _ = w.tx.send(reply); // caller dropped its future; nothing to do
-    }
-}
-
-pub(crate) fn panic_message(payload: Box<dyn Any + Send>) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_owned()
     }
 }

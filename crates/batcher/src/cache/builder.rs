@@ -1,18 +1,17 @@
 //! Configuration of a [`Cache`].
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
 use std::marker::PhantomData;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use moka::notification::RemovalCause;
 
+use super::coalescing::{Cache, Cached, Counters, LoadFn};
 use super::expiry::JitteredExpiry;
-use super::{Cache, Cached, Counters, Inner, LoadFn};
 use crate::{Batcher, BuildError, Error};
 
 type Weigher<K, V> = Arc<dyn Fn(&K, &V) -> u32 + Send + Sync>;
@@ -179,15 +178,12 @@ where
                 Cached::NotFound => 1,
             });
         }
-        Ok(Cache {
-            inner: Arc::new(Inner {
-                store: store.build(),
-                flights: Mutex::new(HashMap::new()),
-                load,
-                cache_not_found: self.negative_ttl.is_some(),
-                counters,
-            }),
-        })
+        Ok(Cache::new(
+            store.build(),
+            load,
+            self.negative_ttl.is_some(),
+            counters,
+        ))
     }
 
     /// A cache in front of `batcher`: concurrent misses for different keys

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use moka::Expiry;
 
-use super::Cached;
+use super::coalescing::Cached;
 
 #[derive(Debug)]
 pub(super) struct JitteredExpiry {

@@ -1,0 +1,191 @@
+//! The flush policy's decisions, as pure functions of the settings and the
+//! worker's counts, so each rule is stated once and tested here without a
+//! runtime. The worker and the handle only gather the counts and act.
+
+use super::config::{Config, FlushPolicy};
+
+/// What the worker knows about the batch it is forming.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Pending {
+    /// Distinct keys waiting for the next load.
+    pub(crate) keys: usize,
+    /// `max_delay` passed since the batch's first key.
+    pub(crate) deadline_passed: bool,
+    /// Shutting down: nothing waits any more.
+    pub(crate) draining: bool,
+}
+
+/// Whether the pending batch should go to the loader now, given `running`
+/// loads (the worker's and direct ones). Taking a free slot is still the
+/// caller's job: a due batch waits while every slot is busy.
+pub(crate) fn is_due(config: &Config, pending: Pending, running: usize) -> bool {
+    if pending.keys == 0 {
+        return false;
+    }
+    let at_once = match config.policy {
+        FlushPolicy::Eager => true,
+        FlushPolicy::FixedDelay => false,
+        // Lightly loaded: no delay. Busy: let the batch fill.
+        FlushPolicy::Adaptive => running < config.max_concurrent_batches.div_ceil(2),
+    };
+    at_once || pending.keys >= config.max_batch_size || pending.deadline_passed || pending.draining
+}
+
+/// Whether a batch's first key starts the `max_delay` timer. The eager
+/// policy never waits, so its worker never sets a timer at all.
+pub(crate) fn arms_timer(config: &Config) -> bool {
+    config.policy != FlushPolicy::Eager
+}
+
+/// Whether the settings let a caller that finds the batcher idle run its
+/// one-key load itself. The runtime conditions (worker running, a free
+/// slot, not shut down) are checked by the handle.
+pub(crate) fn allows_direct_loads(config: &Config) -> bool {
+    config.direct_when_idle
+        // Fixed delay promises the loader full batches, never singles.
+        && config.policy != FlushPolicy::FixedDelay
+        // Only the worker's loads can be joined.
+        && !config.join_in_flight
+        // With one slot, a direct load could leave the worker holding keys
+        // with no load of its own to wake it.
+        && config.max_concurrent_batches > 1
+}
+
+/// The most waiters the worker holds in its pending batch and running
+/// loads. Duplicates and joins add waiters without adding keys, so this
+/// bounds memory where the key count alone would not: a full batch for
+/// every slot, one forming, and a channel's worth.
+pub(crate) fn held_limit(config: &Config) -> usize {
+    config
+        .max_batch_size
+        .saturating_mul(config.max_concurrent_batches.saturating_add(1))
+        .saturating_add(config.channel_capacity)
+}
+
+/// Whether the worker may take another message: the batch is not full and
+/// the waiters it holds are under [`held_limit`]. When it may not, messages
+/// stay in the bounded channel, which then pushes back on callers.
+pub(crate) fn may_accept(config: &Config, pending_keys: usize, held: usize) -> bool {
+    pending_keys < config.max_batch_size && held < held_limit(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(policy: FlushPolicy) -> Config {
+        Config {
+            policy,
+            max_batch_size: 4,
+            max_concurrent_batches: 4,
+            ..Config::default()
+        }
+    }
+
+    fn pending(keys: usize) -> Pending {
+        Pending {
+            keys,
+            ..Pending::default()
+        }
+    }
+
+    #[test]
+    fn nothing_pending_is_never_due() {
+        for policy in [
+            FlushPolicy::Eager,
+            FlushPolicy::FixedDelay,
+            FlushPolicy::Adaptive,
+        ] {
+            let all = Pending {
+                keys: 0,
+                deadline_passed: true,
+                draining: true,
+            };
+            assert!(!is_due(&config(policy), all, 0), "{policy:?}");
+        }
+    }
+
+    #[test]
+    fn eager_is_due_with_any_key() {
+        let c = config(FlushPolicy::Eager);
+        assert!(is_due(&c, pending(1), 0));
+        assert!(is_due(&c, pending(1), 3), "busy slots do not delay eager");
+        assert!(!arms_timer(&c));
+    }
+
+    #[test]
+    fn fixed_delay_waits_for_a_full_batch_the_deadline_or_shutdown() {
+        let c = config(FlushPolicy::FixedDelay);
+        assert!(arms_timer(&c));
+        assert!(!is_due(&c, pending(3), 0), "idle does not matter");
+        assert!(is_due(&c, pending(4), 0), "full");
+        let late = Pending {
+            deadline_passed: true,
+            ..pending(1)
+        };
+        assert!(is_due(&c, late, 0));
+        let draining = Pending {
+            draining: true,
+            ..pending(1)
+        };
+        assert!(is_due(&c, draining, 3));
+    }
+
+    #[test]
+    fn adaptive_is_eager_below_half_the_slots_and_waits_above() {
+        let c = config(FlushPolicy::Adaptive);
+        assert!(arms_timer(&c));
+        assert!(is_due(&c, pending(1), 0));
+        assert!(is_due(&c, pending(1), 1), "1 of 4 running is light");
+        assert!(!is_due(&c, pending(1), 2), "half running is busy");
+        assert!(is_due(&c, pending(4), 3), "a full batch always goes");
+        // Odd slot counts round the threshold up: 3 slots, eager below 2.
+        let odd = Config {
+            max_concurrent_batches: 3,
+            ..c
+        };
+        assert!(is_due(&odd, pending(1), 1));
+        assert!(!is_due(&odd, pending(1), 2));
+    }
+
+    #[test]
+    fn direct_loads_need_the_option_two_slots_and_no_joining() {
+        let eager = config(FlushPolicy::Eager);
+        assert!(allows_direct_loads(&eager));
+        assert!(allows_direct_loads(&config(FlushPolicy::Adaptive)));
+        assert!(!allows_direct_loads(&config(FlushPolicy::FixedDelay)));
+        let off = Config {
+            direct_when_idle: false,
+            ..eager.clone()
+        };
+        let joining = Config {
+            join_in_flight: true,
+            ..eager.clone()
+        };
+        let one_slot = Config {
+            max_concurrent_batches: 1,
+            ..eager
+        };
+        for c in [off, joining, one_slot] {
+            assert!(!allows_direct_loads(&c), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn the_worker_holds_a_bounded_number_of_waiters() {
+        let c = Config {
+            channel_capacity: 10,
+            ..config(FlushPolicy::Eager)
+        };
+        assert_eq!(held_limit(&c), 4 * 5 + 10);
+        assert!(may_accept(&c, 3, 29));
+        assert!(!may_accept(&c, 4, 0), "batch full");
+        assert!(!may_accept(&c, 0, 30), "held limit reached");
+        let huge = Config {
+            max_batch_size: usize::MAX,
+            max_concurrent_batches: usize::MAX,
+            ..c
+        };
+        assert_eq!(held_limit(&huge), usize::MAX, "saturates, never wraps");
+    }
+}

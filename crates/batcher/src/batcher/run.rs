@@ -1,0 +1,186 @@
+//! Running one load: the type-erased loader, the load timeout, panic
+//! capture, and what a finished load means for its waiters and the
+//! statistics. The worker (for its batches) and the handle (for a direct
+//! load of one key) both go through here, so a load ends the same way
+//! whichever ran it.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt as _;
+
+use super::loader::Loader;
+use crate::error::SharedError;
+use crate::stats::Stats;
+use crate::Error;
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+/// A load started by a [`LoadFn`], not yet polled.
+pub(crate) type Load<K, V> = BoxFuture<Result<HashMap<K, V>, SharedError>>;
+
+/// The loader with its types erased, so `Worker` and `Batcher` need no
+/// loader type parameter.
+pub(crate) type LoadFn<K, V> = Arc<dyn Fn(Vec<K>) -> Load<K, V> + Send + Sync>;
+
+/// Erases `loader`'s type. The loader is called inside the returned future,
+/// so even a panic in its synchronous part happens where the future is
+/// polled, inside [`run`]'s panic capture, not in the worker.
+pub(crate) fn load_fn<K, V, L>(loader: L) -> LoadFn<K, V>
+where
+    K: Send + 'static,
+    V: Send + 'static,
+    L: Loader<K, V>,
+{
+    let loader = Arc::new(loader);
+    Arc::new(move |keys| {
+        let loader = Arc::clone(&loader);
+        Box::pin(async move {
+            loader
+                .load(keys)
+                .await
+                .map_err(|e| Arc::new(e) as SharedError)
+        })
+    })
+}
+
+/// How a load ended.
+pub(crate) enum Outcome<K, V> {
+    Loaded(HashMap<K, V>),
+    Failed(SharedError),
+    TimedOut(Duration),
+    Panicked(Arc<str>),
+}
+
+/// Runs `load`, giving up after `load_timeout` and turning a panic into an
+/// [`Outcome`] instead of unwinding into whoever polls this.
+pub(crate) async fn run<K, V>(load: Load<K, V>, load_timeout: Option<Duration>) -> Outcome<K, V> {
+    let load = AssertUnwindSafe(load).catch_unwind();
+    let result = match load_timeout {
+        Some(t) => match tokio::time::timeout(t, load).await {
+            Ok(r) => r,
+            Err(_) => return Outcome::TimedOut(t),
+        },
+        None => load.await,
+    };
+    match result {
+        Ok(Ok(values)) => Outcome::Loaded(values),
+        Ok(Err(e)) => Outcome::Failed(e),
+        Err(panic) => Outcome::Panicked(panic_message(panic).into()),
+    }
+}
+
+impl<K, V> Outcome<K, V> {
+    /// The values of a successful load, or the error every waiter of a
+    /// failed one receives. A failure is counted and logged here, once per
+    /// batch of `keys` distinct keys; a success is counted by the caller,
+    /// which knows how many keys were found ([`record_found`]).
+    pub(crate) fn settle(self, stats: &Stats, keys: usize) -> Result<HashMap<K, V>, Error> {
+        let failure = match self {
+            Outcome::Loaded(values) => return Ok(values),
+            Outcome::Failed(e) => {
+                Stats::incr(&stats.failed_batches, 1);
+                tracing::warn!(error = %e, keys, "batch load failed");
+                Error::Load(e)
+            }
+            Outcome::TimedOut(t) => {
+                Stats::incr(&stats.timed_out_batches, 1);
+                tracing::warn!(timeout = ?t, keys, "batch load timed out");
+                Error::LoadTimeout(t)
+            }
+            Outcome::Panicked(msg) => {
+                Stats::incr(&stats.panicked_batches, 1);
+                tracing::error!(panic = %msg, keys, "batch loader panicked");
+                Error::LoaderPanicked(msg)
+            }
+        };
+        Stats::incr(&stats.failed_keys, keys as u64);
+        Err(failure)
+    }
+}
+
+/// Counts a successful load of `keys` distinct keys, `found` of which the
+/// loader returned.
+pub(crate) fn record_found(stats: &Stats, found: usize, keys: usize) {
+    Stats::incr(&stats.found, found as u64);
+    Stats::incr(&stats.not_found, (keys - found) as u64);
+    tracing::trace!(found, not_found = keys - found, "batch loaded");
+}
+
+/// The span every load runs in, whoever runs it.
+pub(crate) fn batch_span(name: &str, size: usize, direct: bool) -> tracing::Span {
+    tracing::debug_span!("batch", batcher = %name, size, direct)
+}
+
+fn panic_message(payload: Box<dyn Any + Send>) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loader_fn;
+
+    fn stats() -> Stats {
+        Stats::new()
+    }
+
+    #[tokio::test]
+    async fn a_panic_becomes_an_outcome_with_its_message() {
+        let load: LoadFn<u32, u32> = load_fn(loader_fn(|_keys: Vec<u32>| async move {
+            if true {
+                panic!("boom {}", 7);
+            }
+            Ok::<HashMap<u32, u32>, std::io::Error>(HashMap::new())
+        }));
+        let outcome = run(load(vec![1, 2]), None).await;
+        let s = stats();
+        let err = outcome.settle(&s, 2).unwrap_err();
+        assert!(
+            matches!(&err, Error::LoaderPanicked(m) if &**m == "boom 7"),
+            "{err:?}"
+        );
+        let snap = s.snapshot(0);
+        assert_eq!((snap.panicked_batches, snap.failed_keys), (1, 2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_load_times_out() {
+        let load: LoadFn<u32, u32> = load_fn(loader_fn(|_keys: Vec<u32>| async move {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok::<HashMap<u32, u32>, std::io::Error>(HashMap::new())
+        }));
+        let t = Duration::from_millis(10);
+        let s = stats();
+        let err = run(load(vec![1]), Some(t)).await.settle(&s, 1).unwrap_err();
+        assert!(matches!(err, Error::LoadTimeout(d) if d == t), "{err:?}");
+        assert_eq!(s.snapshot(0).timed_out_batches, 1);
+    }
+
+    #[tokio::test]
+    async fn errors_and_values_settle_apart() {
+        let load: LoadFn<u32, u32> = load_fn(loader_fn(|keys: Vec<u32>| async move {
+            if keys.contains(&0) {
+                return Err(std::io::Error::other("no zero"));
+            }
+            Ok(keys.into_iter().map(|k| (k, k * 2)).collect())
+        }));
+        let s = stats();
+        let values = run(load(vec![1, 2]), None).await.settle(&s, 2).unwrap();
+        assert_eq!(values.get(&2), Some(&4));
+        let err = run(load(vec![0]), None).await.settle(&s, 1).unwrap_err();
+        assert!(err.load_error::<std::io::Error>().is_some(), "{err:?}");
+        let snap = s.snapshot(0);
+        assert_eq!((snap.failed_batches, snap.failed_keys), (1, 1));
+    }
+}

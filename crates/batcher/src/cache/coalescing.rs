@@ -1,0 +1,306 @@
+//! The [`Cache`] itself: moka as the store, and the flights (one running
+//! load per key) that coalesce concurrent misses.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::hash::Hash;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use moka::ops::compute::Op;
+use tokio::sync::watch;
+
+use super::CacheBuilder;
+use crate::Error;
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+pub(super) type LoadFn<K, V> = Arc<dyn Fn(K) -> BoxFuture<Result<Option<V>, Error>> + Send + Sync>;
+
+/// What the store holds for a key.
+#[derive(Debug, Clone)]
+pub(super) enum Cached<V> {
+    Found(V),
+    /// Only stored with a negative TTL.
+    NotFound,
+}
+
+/// The answer a flight delivers to its waiters.
+type Answer<V> = Option<Result<Option<V>, Error>>;
+
+/// A load in progress for one key.
+struct Flight<V> {
+    rx: watch::Receiver<Answer<V>>,
+    /// Set by invalidation: the load must not store its result.
+    stale: AtomicBool,
+}
+
+struct Inner<K, V> {
+    store: moka::future::Cache<K, Cached<V>>,
+    /// std Mutex: held only for map operations, never across an await.
+    flights: Mutex<HashMap<K, Arc<Flight<V>>>>,
+    load: LoadFn<K, V>,
+    cache_not_found: bool,
+    counters: Arc<Counters>,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    coalesced: AtomicU64,
+    load_errors: AtomicU64,
+    pub(super) evictions: AtomicU64,
+    pub(super) expirations: AtomicU64,
+    invalidations: AtomicU64,
+}
+
+/// A point-in-time copy of a cache's counters, from [`Cache::stats`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CacheStats {
+    /// Lookups answered from the cache.
+    pub hits: u64,
+    /// Lookups that started a load (one per load).
+    pub misses: u64,
+    /// Lookups that waited for a load another lookup had started.
+    pub coalesced: u64,
+    /// Loads that failed (their errors are not cached).
+    pub load_errors: u64,
+    /// Entries evicted to stay within capacity.
+    pub evictions: u64,
+    /// Entries that expired.
+    pub expirations: u64,
+    /// Entries removed by `invalidate` or `invalidate_all`.
+    pub invalidations: u64,
+    /// Entries held now (approximate; see moka's `entry_count`).
+    pub entries: u64,
+}
+
+/// A coalescing TTL cache; see the [module docs](super). Cheap to clone.
+pub struct Cache<K, V> {
+    inner: Arc<Inner<K, V>>,
+}
+
+impl<K, V> Clone for Cache<K, V> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<K, V> fmt::Debug for Cache<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cache")
+            .field("name", &self.inner.store.name())
+            .field("entries", &self.inner.store.entry_count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K, V> Cache<K, V>
+where
+    K: Clone + Eq + Hash + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    /// Starts configuring a cache.
+    pub fn builder() -> CacheBuilder<K, V> {
+        CacheBuilder::default()
+    }
+
+    /// A cache over a configured moka `store`; [`CacheBuilder`] makes both.
+    pub(super) fn new(
+        store: moka::future::Cache<K, Cached<V>>,
+        load: LoadFn<K, V>,
+        cache_not_found: bool,
+        counters: Arc<Counters>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                flights: Mutex::new(HashMap::new()),
+                load,
+                cache_not_found,
+                counters,
+            }),
+        }
+    }
+
+    /// The value for `key`: from the cache, or loaded (once, however many
+    /// callers ask at the same time) and then cached. `Ok(None)` means the
+    /// loader found nothing.
+    ///
+    /// # Errors
+    ///
+    /// The loader's error, shared by every caller that waited for that load;
+    /// [`Error::LoaderPanicked`] if the load panicked. Neither is cached.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future is safe and affects no other caller: the load
+    /// runs in its own task and still fills the cache.
+    pub async fn get(&self, key: K) -> Result<Option<V>, Error> {
+        let inner = &self.inner;
+        if let Some(cached) = inner.store.get(&key).await {
+            inner.counters.hits.fetch_add(1, Relaxed);
+            return Ok(match cached {
+                Cached::Found(v) => Some(v),
+                Cached::NotFound => None,
+            });
+        }
+        let mut rx = self.join_or_start(key);
+        let answer = rx.wait_for(Option::is_some).await;
+        match answer {
+            Ok(answer) => answer.clone().unwrap_or(Err(Error::Closed)),
+            // The load task ended without answering: it panicked.
+            Err(_) => Err(Error::LoaderPanicked(
+                "cache load task ended without an answer".into(),
+            )),
+        }
+    }
+
+    /// Removes `key`. A load for it already running still answers its
+    /// callers but does not store its result, so later lookups load afresh.
+    pub async fn invalidate(&self, key: &K) {
+        let flight = self.lock_flights().remove(key);
+        if let Some(flight) = flight {
+            flight.stale.store(true, Relaxed);
+        }
+        self.inner.counters.invalidations.fetch_add(1, Relaxed);
+        // Through the same per-key serialization as the loads' puts, so
+        // a put either sees `stale` or is removed here.
+        self.inner
+            .store
+            .entry(key.clone())
+            .and_compute_with(|_| async { Op::Remove })
+            .await;
+    }
+
+    /// Removes every entry; running loads do not store their results.
+    pub fn invalidate_all(&self) {
+        for (_, flight) in self.lock_flights().drain() {
+            flight.stale.store(true, Relaxed);
+        }
+        self.inner.counters.invalidations.fetch_add(1, Relaxed);
+        self.inner.store.invalidate_all();
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> CacheStats {
+        let c = &self.inner.counters;
+        CacheStats {
+            hits: c.hits.load(Relaxed),
+            misses: c.misses.load(Relaxed),
+            coalesced: c.coalesced.load(Relaxed),
+            load_errors: c.load_errors.load(Relaxed),
+            evictions: c.evictions.load(Relaxed),
+            expirations: c.expirations.load(Relaxed),
+            invalidations: c.invalidations.load(Relaxed),
+            entries: self.inner.store.entry_count(),
+        }
+    }
+
+    /// Runs moka's pending housekeeping (expirations, evictions, counts)
+    /// now instead of lazily; useful in tests and before reading stats.
+    pub async fn run_pending_tasks(&self) {
+        self.inner.store.run_pending_tasks().await;
+    }
+
+    fn lock_flights(&self) -> std::sync::MutexGuard<'_, HashMap<K, Arc<Flight<V>>>> {
+        // A panic while holding this lock cannot leave the map half-updated
+        // (single inserts and removes), so a poisoned lock is still usable.
+        self.inner
+            .flights
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Joins the running load for `key`, or starts one.
+    fn join_or_start(&self, key: K) -> watch::Receiver<Answer<V>> {
+        let mut flights = self.lock_flights();
+        if let Some(flight) = flights.get(&key) {
+            self.inner.counters.coalesced.fetch_add(1, Relaxed);
+            return flight.rx.clone();
+        }
+        self.inner.counters.misses.fetch_add(1, Relaxed);
+        let (tx, rx) = watch::channel(None);
+        let flight = Arc::new(Flight {
+            rx: rx.clone(),
+            stale: AtomicBool::new(false),
+        });
+        flights.insert(key.clone(), Arc::clone(&flight));
+        drop(flights);
+        tokio::spawn(run_flight(Arc::clone(&self.inner), key, flight, tx));
+        rx
+    }
+}
+
+/// Removes a flight from the map when its task ends, however it ends
+/// (panics included), unless invalidation already replaced it.
+struct FlightGuard<K: Eq + Hash, V> {
+    inner: Arc<Inner<K, V>>,
+    key: K,
+    flight: Arc<Flight<V>>,
+}
+
+impl<K: Eq + Hash, V> Drop for FlightGuard<K, V> {
+    fn drop(&mut self) {
+        let mut flights = self
+            .inner
+            .flights
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if flights
+            .get(&self.key)
+            .is_some_and(|f| Arc::ptr_eq(f, &self.flight))
+        {
+            flights.remove(&self.key);
+        }
+    }
+}
+
+async fn run_flight<K, V>(
+    inner: Arc<Inner<K, V>>,
+    key: K,
+    flight: Arc<Flight<V>>,
+    tx: watch::Sender<Answer<V>>,
+) where
+    K: Clone + Eq + Hash + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    let guard = FlightGuard {
+        inner: Arc::clone(&inner),
+        key: key.clone(),
+        flight: Arc::clone(&flight),
+    };
+    let result = (inner.load)(key.clone()).await;
+    let to_store = match &result {
+        Ok(Some(v)) => Some(Cached::Found(v.clone())),
+        Ok(None) if inner.cache_not_found => Some(Cached::NotFound),
+        Ok(None) => None,
+        Err(_) => {
+            inner.counters.load_errors.fetch_add(1, Relaxed);
+            None
+        }
+    };
+    if let Some(value) = to_store {
+        let flight = Arc::clone(&flight);
+        inner
+            .store
+            .entry(key)
+            .and_compute_with(|_| async move {
+                if flight.stale.load(Relaxed) {
+                    Op::Nop
+                } else {
+                    Op::Put(value)
+                }
+            })
+            .await;
+    }
+    // Stored before answering, so a caller that got this answer and asks
+    // again finds it in the cache.
+    tx.send_replace(Some(result));
+    drop(guard);
+}
