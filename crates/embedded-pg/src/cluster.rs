@@ -391,20 +391,7 @@ impl Cluster {
     ///
     /// When the postmaster's PID cannot be read from `postmaster.pid`.
     pub async fn crash(&self) -> Result<(), Error> {
-        let pid_file = self.data_dir.join("postmaster.pid");
-        let text = fs::read_to_string(&pid_file).map_err(|source| Error::Io {
-            what: "could not read",
-            path: pid_file.clone(),
-            source,
-        })?;
-        let pid: i32 = text
-            .lines()
-            .next()
-            .and_then(|l| l.trim().parse().ok())
-            .ok_or_else(|| Error::Command {
-                program: "postgres",
-                output: format!("no PID in {}", pid_file.display()),
-            })?;
+        let pid = self.postmaster_pid()?;
         // The postmaster may have exited on its own meanwhile; that is fine.
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),
@@ -413,6 +400,40 @@ impl Cluster {
         // The supervisor exits once the postmaster is gone.
         self.stop().await;
         Ok(())
+    }
+
+    /// Freezes the server as a network partition or a stalled host would:
+    /// SIGSTOP to the postmaster and every process it started. Connections
+    /// stay open and nothing answers, not even a statement timeout, until
+    /// the returned guard is dropped (SIGCONT). For fault tests.
+    ///
+    /// # Errors
+    ///
+    /// When the postmaster's PID cannot be read from `postmaster.pid`.
+    pub fn freeze(&self) -> Result<Frozen, Error> {
+        let postmaster = self.postmaster_pid()?;
+        // Children first, so none sees its parent stop while it runs on.
+        let mut pids = children_of(postmaster);
+        pids.push(postmaster);
+        let frozen = Frozen { pids };
+        frozen.signal(nix::sys::signal::Signal::SIGSTOP);
+        Ok(frozen)
+    }
+
+    fn postmaster_pid(&self) -> Result<i32, Error> {
+        let pid_file = self.data_dir.join("postmaster.pid");
+        let text = fs::read_to_string(&pid_file).map_err(|source| Error::Io {
+            what: "could not read",
+            path: pid_file.clone(),
+            source,
+        })?;
+        text.lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .ok_or_else(|| Error::Command {
+                program: "postgres",
+                output: format!("no PID in {}", pid_file.display()),
+            })
     }
 
     /// Stops the server (fast shutdown: open transactions are rolled back,
@@ -552,4 +573,46 @@ fn socket_dir(
         })?;
     run_as.own(tmp.path())?;
     Ok((tmp.path().to_owned(), Some(tmp)))
+}
+
+/// A cluster frozen by [`Cluster::freeze`]; thawed (SIGCONT) when dropped,
+/// so a failing test cannot leave a stopped server behind.
+#[derive(Debug)]
+#[must_use = "the cluster thaws as soon as this guard is dropped"]
+pub struct Frozen {
+    pids: Vec<i32>,
+}
+
+impl Frozen {
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        for &pid in &self.pids {
+            // A backend may have exited meanwhile; nothing to do then.
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+        }
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
+    }
+}
+
+/// The processes whose parent is `parent`, from `/proc` (Linux only; the
+/// project's machines are).
+fn children_of(parent: i32) -> Vec<i32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            // The fields after the parenthesised command: state, then ppid.
+            fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok())
+                    == Some(parent)
+            })
+        })
+        .collect()
 }

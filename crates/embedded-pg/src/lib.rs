@@ -25,7 +25,7 @@
 mod cluster;
 pub mod testing;
 
-pub use cluster::{Cluster, ClusterOptions};
+pub use cluster::{Cluster, ClusterOptions, Frozen};
 
 use std::path::PathBuf;
 

@@ -76,6 +76,31 @@ pub async fn database() -> Result<TestDatabase, Error> {
     })
 }
 
+/// Starts a cluster of the calling test's own, for fault tests that stop,
+/// freeze or crash the server, which would hurt every other test on the
+/// shared one. Always local, even with `DATABASE_URL` set: a test must not
+/// freeze a server it does not own. Stopped when dropped; its directory is
+/// removed by a later run, as the shared cluster's is.
+///
+/// # Errors
+///
+/// When the server binaries are missing or the cluster cannot start.
+pub async fn private_cluster() -> Result<Cluster, Error> {
+    let base = std::env::temp_dir().join("pgbatch-test");
+    remove_stale_clusters(&base);
+    let dir = base.join(format!(
+        "{}.private-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Relaxed)
+    ));
+    Cluster::start(
+        ClusterOptions::new(dir)
+            .durable(false)
+            .setting("shared_buffers", "16MB"),
+    )
+    .await
+}
+
 async fn start_server() -> Result<Server, Error> {
     if let Ok(url) = std::env::var("DATABASE_URL") {
         let config = url.parse().map_err(Error::InvalidUrl)?;
