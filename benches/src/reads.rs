@@ -226,6 +226,7 @@ pub fn read_settings(path: ReadPath, batch: BatchSettings) -> ReadSettings {
             capacity: 1_000_000,
             ..CacheSettings::default()
         },
+        ..ReadSettings::default()
     }
 }
 

@@ -15,8 +15,8 @@ use batcher::defaults as lib;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::settings::{
-    defaults, AuthSettings, BatchSettings, CacheSettings, DbSettings, Limits, ReadPath,
-    ReadSettings, Settings, WriteSettings,
+    defaults, AuthSettings, BatchSettings, CacheSettings, DbSettings, ImportSettings, Limits,
+    ReadPath, ReadSettings, Settings, WriteSettings,
 };
 
 /// `d` in whole milliseconds, for a flag's default.
@@ -228,6 +228,10 @@ pub struct ServeArgs {
     /// Deadline of one lookup, in milliseconds; past it the request gets 504.
     #[arg(long, env = "PGBATCH_REQUEST_TIMEOUT_MS", default_value_t = ms(defaults::REQUEST_TIMEOUT))]
     pub request_timeout_ms: u64,
+    /// Longest wait, in milliseconds, for room among a lookup kind's keys
+    /// in flight (`--queue-capacity`) before a request gets 503.
+    #[arg(long, env = "PGBATCH_ADMISSION_WAIT_MS", default_value_t = ms(defaults::ADMISSION_WAIT))]
+    pub admission_wait_ms: u64,
     /// Most object writes committed in one statement.
     #[arg(long, env = "PGBATCH_WRITE_BATCH_SIZE", default_value_t = defaults::WRITE_BATCH_SIZE)]
     pub write_batch_size: usize,
@@ -240,6 +244,18 @@ pub struct ServeArgs {
     /// Largest accepted import body, in bytes (streamed, not buffered).
     #[arg(long, env = "PGBATCH_MAX_IMPORT_BYTES", default_value_t = defaults::MAX_IMPORT_BYTES)]
     pub max_import_bytes: usize,
+    /// Imports running at once, on connections of their own (never the
+    /// read pool's); more get 503 at once.
+    #[arg(long, env = "PGBATCH_IMPORT_CONCURRENCY", default_value_t = defaults::IMPORT_CONCURRENCY)]
+    pub import_concurrency: usize,
+    /// Longest pause between two chunks of an import body, in
+    /// milliseconds; past it the import is abandoned with 408.
+    #[arg(long, env = "PGBATCH_IMPORT_IDLE_TIMEOUT_MS", default_value_t = ms(defaults::IMPORT_IDLE_TIMEOUT))]
+    pub import_idle_timeout_ms: u64,
+    /// Deadline of a whole import (upload included), in milliseconds; also
+    /// the import connections' statement_timeout.
+    #[arg(long, env = "PGBATCH_IMPORT_TIMEOUT_MS", default_value_t = ms(defaults::IMPORT_TIMEOUT))]
+    pub import_timeout_ms: u64,
     /// Most paths in one `POST .../objects/stat`.
     #[arg(long, env = "PGBATCH_MAX_STAT_PATHS", default_value_t = defaults::MAX_STAT_PATHS)]
     pub max_stat_paths: usize,
@@ -282,6 +298,24 @@ pub struct ServeArgs {
     /// (0: none).
     #[arg(long, env = "PGBATCH_SEED_KV_ROWS", default_value_t = SEED_ROWS)]
     pub seed_kv_rows: u64,
+    /// Longest wait for a request's head, in milliseconds, from accept or
+    /// from the end of the previous response; past it the connection is
+    /// closed. So also how long an idle keep-alive connection stays open.
+    #[arg(long, env = "PGBATCH_HEADER_READ_TIMEOUT_MS", default_value_t = ms(crate::serve::DEFAULT_HEADER_READ_TIMEOUT))]
+    pub header_read_timeout_ms: u64,
+    /// Largest request head (request line and headers), in bytes; a
+    /// larger one gets 431.
+    #[arg(long, env = "PGBATCH_MAX_HEADER_BYTES", default_value_t = crate::serve::DEFAULT_MAX_HEADER_BYTES)]
+    pub max_header_bytes: usize,
+    /// Most client connections open at once; more get 503 and are closed
+    /// at once. Keep it below the open-files limit, less what the database
+    /// pool needs.
+    #[arg(long, env = "PGBATCH_MAX_CONNECTIONS", default_value_t = crate::serve::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+    /// On SIGINT or SIGTERM, how long in-flight requests may take to
+    /// finish, in milliseconds, before their connections are dropped.
+    #[arg(long, env = "PGBATCH_SHUTDOWN_GRACE_MS", default_value_t = ms(crate::serve::DEFAULT_SHUTDOWN_GRACE))]
+    pub shutdown_grace_ms: u64,
 }
 
 /// Options of `seed`.
@@ -313,6 +347,7 @@ impl ServeArgs {
                 path: self.read_path.into(),
                 batch,
                 timeout: Duration::from_millis(self.request_timeout_ms),
+                admission_wait: Duration::from_millis(self.admission_wait_ms),
                 cache: CacheSettings {
                     capacity: self.cache_capacity,
                     ttl: Duration::from_millis(self.cache_ttl_ms),
@@ -328,7 +363,12 @@ impl ServeArgs {
                     ..batch
                 },
                 timeout: Duration::from_millis(self.write_timeout_ms),
-                max_import_bytes: self.max_import_bytes,
+            },
+            import: ImportSettings {
+                max_bytes: self.max_import_bytes,
+                concurrency: self.import_concurrency,
+                idle_timeout: Duration::from_millis(self.import_idle_timeout_ms),
+                timeout: Duration::from_millis(self.import_timeout_ms),
             },
             auth: AuthSettings {
                 cache: (self.auth_cache == OnOff::On).then(|| CacheSettings {
@@ -353,6 +393,18 @@ impl DbArgs {
             url: self.database_url.clone(),
             data_dir: self.data_dir.clone(),
             pool_size: self.pool_size,
+        }
+    }
+}
+
+impl ServeArgs {
+    /// The limits on clients these flags ask for.
+    pub fn edge(&self) -> crate::serve::EdgeSettings {
+        crate::serve::EdgeSettings {
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            max_header_bytes: self.max_header_bytes,
+            max_connections: self.max_connections,
+            shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
         }
     }
 }
@@ -448,7 +500,7 @@ mod tests {
             }
         );
         assert_eq!(s.write.timeout, Duration::from_millis(700));
-        assert_eq!(s.write.max_import_bytes, 2000);
+        assert_eq!(s.import.max_bytes, 2000);
         assert_eq!(
             s.limits,
             Limits {

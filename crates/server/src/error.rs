@@ -83,6 +83,7 @@ impl From<Failure> for AppError {
             Failure::Rejected(_) => (StatusCode::UNPROCESSABLE_ENTITY, "rejected"),
             Failure::BadImportLine { .. } => (StatusCode::BAD_REQUEST, "invalid_import_line"),
             Failure::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Failure::BodyStalled(_) => (StatusCode::REQUEST_TIMEOUT, "body_timeout"),
             Failure::Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
             Failure::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "timeout"),
             Failure::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "database_unavailable"),

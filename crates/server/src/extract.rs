@@ -37,6 +37,21 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
     }
 }
 
+/// Path parameters, decoded as strictly as query strings (see
+/// [`input::path_escapes`]).
+#[derive(Debug)]
+pub struct PathParams<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for PathParams<T> {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, AppError> {
+        input::path_escapes(parts.uri.path())?;
+        let Path(params) = Path::<T>::from_request_parts(parts, state).await?;
+        Ok(Self(params))
+    }
+}
+
 /// The `{repo}` path parameter.
 #[derive(Debug, serde::Deserialize)]
 struct RepoParam {
@@ -46,7 +61,7 @@ struct RepoParam {
 /// The repository named by `{repo}`, validated, with the caller allowed to
 /// do `action` in it.
 async fn repository(parts: &mut Parts, action: Action) -> Result<String, AppError> {
-    let Path(RepoParam { repo }) = Path::<RepoParam>::from_request_parts(parts, &()).await?;
+    let PathParams(RepoParam { repo }) = PathParams::from_request_parts(parts, &()).await?;
     input::repository(&repo)?;
     let Caller(caller) = Caller::from_request_parts(parts, &()).await?;
     caller.require(action, &repo)?;

@@ -69,6 +69,9 @@ pub enum Failure {
     /// A body is larger than allowed.
     #[error("the body is larger than {0} bytes")]
     TooLarge(usize),
+    /// The client paused longer than allowed between two chunks of a body.
+    #[error("the request body stalled: nothing arrived for {0:?}")]
+    BodyStalled(std::time::Duration),
     /// Too much work queued already, or no connection free in time: shed
     /// load.
     #[error("the server is overloaded; retry later")]

@@ -2,6 +2,8 @@
 //! parsed as the body arrives, so memory holds at most one line (and one
 //! network chunk) however large the body is.
 
+use std::time::Duration;
+
 use axum::body::Body;
 use batcher::pg::copy::{RowSource, RowValues};
 use http_body_util::BodyExt;
@@ -9,6 +11,7 @@ use http_body_util::BodyExt;
 use crate::failure::Failure;
 use crate::input::{self, ObjectBody};
 use crate::queries::objects::ObjectRow;
+use crate::settings::ImportSettings;
 
 /// The longest import line accepted, in bytes.
 pub const MAX_LINE_BYTES: usize = 64 * 1024;
@@ -17,7 +20,8 @@ pub const MAX_LINE_BYTES: usize = 64 * 1024;
 /// line of a request body. Blank lines are skipped.
 ///
 /// Fails with [`Failure::BadImportLine`] naming the first malformed line,
-/// or [`Failure::TooLarge`] once the body passes its limit.
+/// [`Failure::TooLarge`] once the body passes its limit, or
+/// [`Failure::BodyStalled`] when no chunk arrives within the idle timeout.
 #[derive(Debug)]
 pub struct NdjsonObjects {
     body: Body,
@@ -27,19 +31,22 @@ pub struct NdjsonObjects {
     /// Body bytes read so far.
     read: usize,
     limit: usize,
+    idle_timeout: Duration,
     done: bool,
     repository: String,
 }
 
 impl NdjsonObjects {
-    /// The rows of `body` for `repository`, reading at most `limit` bytes.
-    pub fn new(body: Body, repository: &str, limit: usize) -> Self {
+    /// The rows of `body` for `repository`, within `settings`' size limit
+    /// and idle timeout.
+    pub fn new(body: Body, repository: &str, settings: &ImportSettings) -> Self {
         Self {
             body,
             buf: Vec::new(),
             line: 0,
             read: 0,
-            limit,
+            limit: settings.max_bytes,
+            idle_timeout: settings.idle_timeout,
             done: false,
             repository: repository.to_owned(),
         }
@@ -88,7 +95,12 @@ impl RowSource for NdjsonObjects {
                     format!("longer than {MAX_LINE_BYTES} bytes"),
                 ));
             }
-            match self.body.frame().await {
+            // A stalled upload holds an import slot and a connection: it
+            // gets a bound of its own, apart from the import's deadline.
+            let frame = tokio::time::timeout(self.idle_timeout, self.body.frame())
+                .await
+                .map_err(|_| Failure::BodyStalled(self.idle_timeout))?;
+            match frame {
                 None => self.done = true,
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {

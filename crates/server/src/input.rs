@@ -269,8 +269,8 @@ impl From<DecodeError> for Failure {
     }
 }
 
-/// Decodes one `application/x-www-form-urlencoded` component strictly.
-fn decode_component(raw: &str) -> Result<String, DecodeError> {
+/// Checks that every `%` in `raw` starts a two-hex-digit escape.
+fn check_escapes(raw: &str) -> Result<(), DecodeError> {
     let bytes = raw.as_bytes();
     for (i, _) in bytes.iter().enumerate().filter(|(_, b)| **b == b'%') {
         let hex = bytes.get(i + 1..i + 3).unwrap_or(&[]);
@@ -278,6 +278,24 @@ fn decode_component(raw: &str) -> Result<String, DecodeError> {
             return Err(DecodeError::BadEscape);
         }
     }
+    Ok(())
+}
+
+/// Checks a request path's percent-escapes as strictly as a query
+/// string's: axum's `Path` keeps a malformed escape such as `%ZZ` as
+/// literal text, which would look up a key nobody meant.
+///
+/// # Errors
+///
+/// [`Failure::Invalid`] with code `invalid_path_parameter`.
+pub fn path_escapes(raw_path: &str) -> Result<(), Failure> {
+    check_escapes(raw_path).map_err(|e| Failure::invalid("invalid_path_parameter", e.to_string()))
+}
+
+/// Decodes one `application/x-www-form-urlencoded` component strictly.
+fn decode_component(raw: &str) -> Result<String, DecodeError> {
+    check_escapes(raw)?;
+    let bytes = raw.as_bytes();
     let plus_as_space: Vec<u8> = bytes
         .iter()
         .map(|&b| if b == b'+' { b' ' } else { b })

@@ -12,6 +12,7 @@
 //! ```text
 //! lib            the route table, layers and fallbacks
 //! routes/*       one handler module per resource
+//! deadline       every request's deadline, by kind (read, write, import)
 //! extract        extractors (caller, repository, object path, JSON) and the token middleware
 //! error          AppError: a Failure or rejection as an HTTP response
 //! state          AppState, built from Settings and a pool
@@ -38,6 +39,7 @@
 pub mod auth;
 pub mod config;
 pub mod db;
+pub mod deadline;
 pub mod error;
 pub mod extract;
 pub mod failure;
@@ -49,6 +51,7 @@ pub mod queries;
 pub mod reads;
 mod routes;
 pub mod seed;
+pub mod serve;
 pub mod settings;
 pub mod state;
 pub mod testing;
@@ -77,10 +80,7 @@ pub fn app(state: AppState) -> Router {
             "/api/v1/repositories/{repo}/objects",
             put(objects::put).delete(objects::delete),
         )
-        .route(
-            "/api/v1/repositories/{repo}/objects/import",
-            post(objects::import),
-        )
+        .route(deadline::IMPORT_ROUTE, post(objects::import))
         .route(
             "/api/v1/repositories/{repo}/objects/stat",
             get(objects::stat).post(objects::stat_many),
@@ -90,6 +90,12 @@ pub fn app(state: AppState) -> Router {
         .route_layer(from_fn_with_state(
             state.auth.clone(),
             extract::require_token,
+        ))
+        // Outside the token check, so a token lookup on a cache miss runs
+        // under the request's deadline too.
+        .route_layer(from_fn_with_state(
+            deadline::Deadlines::of(&state.settings),
+            deadline::enforce,
         ));
     Router::new()
         .merge(api)
@@ -98,7 +104,7 @@ pub fn app(state: AppState) -> Router {
         .route("/metrics", get(health::metrics))
         .fallback(health::no_route)
         .method_not_allowed_fallback(health::wrong_method)
-        .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
+        .layer(DefaultBodyLimit::max(state.settings.limits.max_body_bytes))
         .layer(from_fn_with_state(state.metrics.clone(), metrics::track))
         .layer(TraceLayer::new_for_http())
         // A bug must cost one request a 500, not the connection or process.

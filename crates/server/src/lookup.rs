@@ -7,12 +7,14 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use batcher::cache::{Cache, CacheStats};
 use batcher::pg::{BatchQuery, PgError, PgLoader, Pool};
 use batcher::{Batcher, BuildError, StatsSnapshot};
 use futures_util::future::join_all;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::failure::{Failure, Work};
 use crate::settings::{ReadPath, ReadSettings};
@@ -20,10 +22,30 @@ use crate::settings::{ReadPath, ReadSettings};
 /// Keys of one [`BatchQuery`], looked up through one read path.
 ///
 /// Cheap to clone: clones share the batcher and the cache.
+///
+/// # Admission
+///
+/// A request is admitted whole or refused whole before any of its keys is
+/// queued: it reserves room for all its keys among the
+/// [`queue_capacity`](crate::settings::BatchSettings::queue_capacity) keys
+/// a lookup holds in flight, and gets [`Failure::Overloaded`] at once when
+/// there is none. Without this, a request of a thousand keys under
+/// overload would queue some, find the queue full for the rest, fail, and
+/// throw away the work done for the ones it queued. A request waits for
+/// room at most [`admission_wait`](ReadSettings::admission_wait), in
+/// arrival order: a short wait keeps every slot busy as requests finish,
+/// and keeps clients that retry at once from spending the CPU on
+/// refusals. A handler whose keys arrive in a body
+/// [`reserve`](Self::reserve)s room for the most it may hold before reading
+/// the body, so refusing it costs next to nothing.
 pub struct Lookup<Q: BatchQuery> {
     name: &'static str,
     timeout: Duration,
     path: Path<Q>,
+    /// One permit per key in flight through this lookup.
+    admission: Arc<Semaphore>,
+    capacity: usize,
+    admission_wait: Duration,
 }
 
 enum Path<Q: BatchQuery> {
@@ -58,6 +80,9 @@ impl<Q: BatchQuery> Clone for Lookup<Q> {
             name: self.name,
             timeout: self.timeout,
             path: self.path.clone(),
+            admission: Arc::clone(&self.admission),
+            capacity: self.capacity,
+            admission_wait: self.admission_wait,
         }
     }
 }
@@ -113,10 +138,19 @@ impl<Q: BatchQuery> Lookup<Q> {
                 }
             }
         };
+        // The batcher validates its queue capacity; the naive path has none
+        // to validate, so the value is kept in the semaphore's range here.
+        let capacity = settings
+            .batch
+            .queue_capacity
+            .clamp(1, Semaphore::MAX_PERMITS);
         Ok(Self {
             name,
             timeout: settings.timeout,
             path,
+            admission: Arc::new(Semaphore::new(capacity)),
+            capacity,
+            admission_wait: settings.admission_wait,
         })
     }
 
@@ -132,6 +166,7 @@ impl<Q: BatchQuery> Lookup<Q> {
     /// [`Failure::Overloaded`], [`Failure::Timeout`] past the deadline, or
     /// [`Failure::Unavailable`].
     pub async fn get(&self, key: Q::Key) -> Result<Option<Q::Value>, Failure> {
+        let _admitted = self.reserve(1).await?;
         match &self.path {
             Path::Naive(loader) => self.within_deadline(loader.load_one(&key)).await,
             Path::Batched(batcher) => Ok(batcher.load(key).await?),
@@ -146,7 +181,53 @@ impl<Q: BatchQuery> Lookup<Q> {
     /// # Errors
     ///
     /// As [`get`](Self::get): the first key's failure fails the call.
+    /// [`Failure::Overloaded`] comes before any key is queued.
     pub async fn get_many(&self, keys: Vec<Q::Key>) -> Result<Vec<Option<Q::Value>>, Failure> {
+        let reservation = self.reserve(keys.len()).await?;
+        self.get_many_reserved(keys, reservation).await
+    }
+
+    /// Room for up to `keys` keys of a later
+    /// [`get_many_reserved`](Self::get_many_reserved), taken now, for
+    /// example before the request's body is read. A request of more keys
+    /// than the whole capacity takes all of it.
+    ///
+    /// # Errors
+    ///
+    /// [`Failure::Overloaded`] when there is not that much room within
+    /// the admission wait.
+    pub async fn reserve(&self, keys: usize) -> Result<Reservation, Failure> {
+        let permits = u32::try_from(keys.clamp(1, self.capacity)).unwrap_or(u32::MAX);
+        let admission = Arc::clone(&self.admission);
+        // The common case, room at once, sets no timer.
+        if let Ok(permit) = Arc::clone(&admission).try_acquire_many_owned(permits) {
+            return Ok(Reservation(permit));
+        }
+        match tokio::time::timeout(self.admission_wait, admission.acquire_many_owned(permits)).await
+        {
+            Ok(Ok(permit)) => Ok(Reservation(permit)),
+            // Timed out, or the semaphore closed (never done here).
+            _ => Err(Failure::Overloaded),
+        }
+    }
+
+    /// As [`get_many`](Self::get_many), in room already reserved; room
+    /// beyond what `keys` need is given back at once.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get).
+    pub async fn get_many_reserved(
+        &self,
+        keys: Vec<Q::Key>,
+        mut reservation: Reservation,
+    ) -> Result<Vec<Option<Q::Value>>, Failure> {
+        let needed = keys.len().clamp(1, self.capacity);
+        // Dropped here: the surplus returns to other requests now, not
+        // when this one finishes.
+        let _surplus = reservation
+            .0
+            .split(reservation.0.num_permits().saturating_sub(needed));
         match &self.path {
             Path::Naive(loader) => {
                 self.within_deadline(async {
@@ -217,6 +298,11 @@ impl<Q: BatchQuery> Lookup<Q> {
         }
     }
 }
+
+/// Room reserved for keys in flight through a [`Lookup`], from
+/// [`Lookup::reserve`]; given back when dropped.
+#[derive(Debug)]
+pub struct Reservation(OwnedSemaphorePermit);
 
 /// All values, or the first failure.
 fn collect<V>(results: Vec<Result<Option<V>, batcher::Error>>) -> Result<Vec<Option<V>>, Failure> {

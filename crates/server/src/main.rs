@@ -87,14 +87,14 @@ async fn serve(cli: &Cli, database: &Database) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("could not listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, read_path = ?settings.read.path, "serving");
+    let edge = args.edge();
+    tracing::info!(%addr, read_path = ?settings.read.path, ?edge, "serving");
     print_try_it(&addr.to_string(), new_admin_token.as_deref(), token_file);
 
-    axum::serve(listener, app(state.clone()))
-        .with_graceful_shutdown(shutdown_signal())
+    server::serve::serve(listener, app(state.clone()), edge, shutdown_signal())
         .await
         .context("server failed")?;
-    tracing::info!("in-flight requests finished; stopping");
+    tracing::info!("stopped serving HTTP; stopping");
     // Commit and acknowledge queued writes, answer queued reads.
     state.shutdown().await;
     Ok(())

@@ -29,6 +29,10 @@ pub mod defaults {
     pub const BATCH_POLICY: FlushPolicy = FlushPolicy::Adaptive;
     /// Deadline of one lookup, also the pool's `statement_timeout`.
     pub const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
+    /// Longest wait for room among a lookup's keys in flight before a
+    /// request is refused: a tenth of the request deadline, so an
+    /// admitted request keeps most of its time.
+    pub const ADMISSION_WAIT: Duration = Duration::from_millis(50);
     /// Most entries per read cache.
     pub const CACHE_CAPACITY: u64 = 100_000;
     /// Lifetime of a cached value (and of a resolved token), before jitter.
@@ -45,6 +49,14 @@ pub mod defaults {
     pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
     /// Largest import body, in bytes.
     pub const MAX_IMPORT_BYTES: usize = 1 << 30;
+    /// Imports running at once; each holds one connection of the import
+    /// pool for its whole upload, never one of the read pool.
+    pub const IMPORT_CONCURRENCY: usize = 2;
+    /// Longest pause between two chunks of an import's body.
+    pub const IMPORT_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+    /// Deadline of a whole import, upload included; also the import
+    /// connections' `statement_timeout`, so Postgres gives up with us.
+    pub const IMPORT_TIMEOUT: Duration = Duration::from_secs(600);
     /// Most paths in one `POST .../objects/stat`.
     pub const MAX_STAT_PATHS: usize = 1000;
     /// Largest request body, in bytes.
@@ -58,6 +70,8 @@ pub struct Settings {
     pub read: ReadSettings,
     /// How writes reach Postgres.
     pub write: WriteSettings,
+    /// How NDJSON imports reach Postgres.
+    pub import: ImportSettings,
     /// How tokens are resolved.
     pub auth: AuthSettings,
     /// Request limits.
@@ -106,6 +120,9 @@ pub struct ReadSettings {
     pub batch: BatchSettings,
     /// Deadline of one lookup.
     pub timeout: Duration,
+    /// Longest wait for room among the keys in flight (see
+    /// [`Lookup`](crate::lookup::Lookup)'s admission) before 503.
+    pub admission_wait: Duration,
     /// The caches (cached path).
     pub cache: CacheSettings,
 }
@@ -116,6 +133,7 @@ impl Default for ReadSettings {
             path: ReadPath::default(),
             batch: BatchSettings::default(),
             timeout: defaults::REQUEST_TIMEOUT,
+            admission_wait: defaults::ADMISSION_WAIT,
             cache: CacheSettings::default(),
         }
     }
@@ -220,10 +238,9 @@ impl CacheSettings {
 pub struct WriteSettings {
     /// The micro-batched object writer.
     pub batch: BatchSettings,
-    /// Deadline of one write (it may still commit after).
+    /// Deadline of one write request (it may still commit after): an
+    /// upsert, a delete, a repository created or deleted.
     pub timeout: Duration,
-    /// Largest accepted import body, in bytes.
-    pub max_import_bytes: usize,
 }
 
 impl Default for WriteSettings {
@@ -235,7 +252,33 @@ impl Default for WriteSettings {
                 ..BatchSettings::default()
             },
             timeout: defaults::WRITE_TIMEOUT,
-            max_import_bytes: defaults::MAX_IMPORT_BYTES,
+        }
+    }
+}
+
+/// Settings of NDJSON imports. Imports run on a pool of their own, so a
+/// slow uploader never holds a connection that reads need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImportSettings {
+    /// Largest accepted body, in bytes.
+    pub max_bytes: usize,
+    /// Imports at once (the import pool's size); more get 503 at once.
+    pub concurrency: usize,
+    /// Longest pause between two chunks of the body before the import is
+    /// abandoned with 408.
+    pub idle_timeout: Duration,
+    /// Deadline of the whole import, and the import connections'
+    /// `statement_timeout`.
+    pub timeout: Duration,
+}
+
+impl Default for ImportSettings {
+    fn default() -> Self {
+        Self {
+            max_bytes: defaults::MAX_IMPORT_BYTES,
+            concurrency: defaults::IMPORT_CONCURRENCY,
+            idle_timeout: defaults::IMPORT_IDLE_TIMEOUT,
+            timeout: defaults::IMPORT_TIMEOUT,
         }
     }
 }

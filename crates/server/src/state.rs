@@ -10,7 +10,7 @@ use crate::auth::Authenticator;
 use crate::db;
 use crate::metrics::Metrics;
 use crate::reads::Reads;
-use crate::settings::{Limits, Settings};
+use crate::settings::Settings;
 use crate::writes::Writes;
 
 /// The application state. Cheap to clone.
@@ -30,8 +30,9 @@ pub struct Inner {
     pub pool: Pool,
     /// The metrics registry.
     pub metrics: Arc<Metrics>,
-    /// Request limits.
-    pub limits: Limits,
+    /// What the service was configured with: request limits and
+    /// deadlines.
+    pub settings: Settings,
 }
 
 impl std::ops::Deref for AppState {
@@ -43,16 +44,22 @@ impl std::ops::Deref for AppState {
 }
 
 impl AppState {
-    /// State for serving from `pool` with `settings`; starts the batchers
-    /// on the current runtime.
+    /// State for serving from `pool`, with imports on `import_pool`, with
+    /// `settings`; starts the batchers on the current runtime.
     ///
     /// # Errors
     ///
     /// When a batcher or cache setting is invalid.
-    pub fn new(pool: Pool, settings: &Settings) -> Result<Self, BuildError> {
+    pub fn new(pool: Pool, import_pool: Pool, settings: &Settings) -> Result<Self, BuildError> {
         let reads = Reads::new(pool.clone(), &settings.read)?;
         let auth = Authenticator::new(pool.clone(), &settings.auth)?;
-        let writes = Writes::new(pool.clone(), reads.clone(), &settings.write)?;
+        let writes = Writes::new(
+            pool.clone(),
+            import_pool,
+            reads.clone(),
+            &settings.write,
+            &settings.import,
+        )?;
         let metrics = Metrics::new(reads.clone(), writes.clone(), auth.clone(), pool.clone());
         Ok(Self(Arc::new(Inner {
             reads,
@@ -60,12 +67,14 @@ impl AppState {
             auth,
             pool,
             metrics: Arc::new(metrics),
-            limits: settings.limits,
+            settings: settings.clone(),
         })))
     }
 
     /// State over a new pool of `pool_size` connections to `config`, whose
-    /// statements time out with the lookups (see [`db::pool`]).
+    /// statements time out with the lookups, and a pool of
+    /// `settings.import.concurrency` connections for imports, whose
+    /// statements time out with the import (see [`db::pool`]).
     ///
     /// # Errors
     ///
@@ -76,7 +85,8 @@ impl AppState {
         settings: &Settings,
     ) -> anyhow::Result<Self> {
         let pool = db::pool(config, pool_size, settings.read.timeout)?;
-        Ok(Self::new(pool, settings)?)
+        let import_pool = db::pool(config, settings.import.concurrency, settings.import.timeout)?;
+        Ok(Self::new(pool, import_pool, settings)?)
     }
 
     /// Commits and acknowledges queued writes, answers queued reads, then

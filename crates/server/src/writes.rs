@@ -4,6 +4,8 @@
 //! entries it touched, through the read registry, so a read after it sees
 //! the written value.
 
+use std::sync::Arc;
+
 use axum::body::Body;
 use batcher::pg::copy::{self, ConflictPolicy, ImportCounts};
 use batcher::pg::{DbErrorKind, PgError, Pool, RowError, Writer, Written};
@@ -14,7 +16,8 @@ use crate::import::NdjsonObjects;
 use crate::queries::objects::{self, ObjectKey, ObjectRow, ObjectUpsert, OBJECT_TABLE};
 use crate::queries::repositories::{self, Repository};
 use crate::reads::Reads;
-use crate::settings::WriteSettings;
+use crate::settings::{ImportSettings, WriteSettings};
+use tokio::sync::Semaphore;
 
 /// A write's database or pool error, classified.
 fn failed(e: impl Into<PgError>) -> Failure {
@@ -26,24 +29,38 @@ fn failed(e: impl Into<PgError>) -> Failure {
 pub struct Writes {
     writer: Writer<ObjectUpsert>,
     pool: Pool,
+    /// Imports' own connections: an upload holds one for as long as the
+    /// client takes to send its body, so they never come from `pool`.
+    import_pool: Pool,
+    /// One permit per import running; more are refused, not queued.
+    imports: Arc<Semaphore>,
+    import: ImportSettings,
     reads: Reads,
-    max_import_bytes: usize,
 }
 
 impl Writes {
-    /// The write path over `pool`, invalidating `reads`' caches; starts
-    /// the object writer on the current runtime.
+    /// The write path over `pool`, with imports on `import_pool`,
+    /// invalidating `reads`' caches; starts the object writer on the
+    /// current runtime.
     ///
     /// # Errors
     ///
     /// When the writer's batching settings are invalid.
-    pub fn new(pool: Pool, reads: Reads, settings: &WriteSettings) -> Result<Self, BuildError> {
+    pub fn new(
+        pool: Pool,
+        import_pool: Pool,
+        reads: Reads,
+        settings: &WriteSettings,
+        import: &ImportSettings,
+    ) -> Result<Self, BuildError> {
         let builder = settings.batch.builder("object_write", settings.timeout);
         Ok(Self {
             writer: Writer::new(pool.clone(), ObjectUpsert, builder)?,
             pool,
+            import_pool,
+            imports: Arc::new(Semaphore::new(import.concurrency)),
+            import: *import,
             reads,
-            max_import_bytes: settings.max_import_bytes,
         })
     }
 
@@ -101,7 +118,9 @@ impl Writes {
     ///
     /// [`Failure::BadImportLine`] naming the first malformed line,
     /// [`Failure::Conflict`] with [`ConflictPolicy::Fail`],
-    /// [`Failure::TooLarge`], [`Failure::NoSuchRepository`], or as the
+    /// [`Failure::TooLarge`], [`Failure::NoSuchRepository`],
+    /// [`Failure::BodyStalled`] when the body pauses too long,
+    /// [`Failure::Overloaded`] when the most imports already run, or as the
     /// database fails; nothing was committed then.
     pub async fn import(
         &self,
@@ -109,14 +128,20 @@ impl Writes {
         body: Body,
         policy: ConflictPolicy,
     ) -> Result<ImportCounts, Failure> {
-        let mut client = self.pool.get().await.map_err(failed)?;
+        // Refused before the body is read or a connection taken: queueing
+        // uploads would only hold their clients' bodies in flight longer.
+        let _running = self
+            .imports
+            .try_acquire()
+            .map_err(|_| Failure::Overloaded)?;
+        let mut client = self.import_pool.get().await.map_err(failed)?;
         if !repositories::exists(&**client, repository)
             .await
             .map_err(failed)?
         {
             return Err(Failure::NoSuchRepository(repository.to_owned()));
         }
-        let source = NdjsonObjects::new(body, repository, self.max_import_bytes);
+        let source = NdjsonObjects::new(body, repository, &self.import);
         let counts = copy::import(&mut client, &OBJECT_TABLE, source, policy).await?;
         // An import may touch any number of keys: drop the whole cache
         // rather than remember them all.

@@ -100,7 +100,7 @@ async fn a_full_queue_sheds_load_at_once_with_503_and_retry_after() {
                 batch: BatchSettings {
                     max_batch_size: 1,
                     concurrency: 1,
-                    queue_capacity: 1,
+                    queue_capacity: 2,
                     ..BatchSettings::default()
                 },
                 timeout: Duration::from_secs(10),
@@ -111,10 +111,10 @@ async fn a_full_queue_sheds_load_at_once_with_503_and_retry_after() {
     );
     let lock = TableLock::take(&config).await;
 
-    // One lookup runs (blocked on the lock), one waits in the batcher, one
-    // fills the queue.
+    // One lookup runs (blocked on the lock) and one waits in the batcher:
+    // the two keys `queue_capacity` lets in flight.
     let mut blocked = Vec::new();
-    for n in 1..=3 {
+    for n in 1..=2 {
         let router = app.router.clone();
         blocked.push(tokio::spawn(async move { send(&router, kv(n)).await }));
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -133,14 +133,16 @@ async fn a_full_queue_sheds_load_at_once_with_503_and_retry_after() {
     }
 
     let start = Instant::now();
-    let (status, headers, body) = send_full(&app.router, kv(4)).await;
+    let (status, headers, body) = send_full(&app.router, kv(3)).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["error"]["code"], "overloaded");
     assert_eq!(headers["retry-after"], "1");
     assert!(
         start.elapsed() < Duration::from_millis(500),
-        "shedding must not wait"
+        "shedding waits no longer than the admission wait"
     );
+    let (_, s) = &app.state.reads.batcher_stats()[0];
+    assert_eq!(s.requests, 2, "the refused lookup never reached the batcher");
 
     lock.release().await;
     for b in blocked {

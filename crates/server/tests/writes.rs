@@ -7,7 +7,7 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use serde_json::{json, Value};
 use server::seed::object_path;
-use server::settings::{ReadPath, Settings, WriteSettings};
+use server::settings::{ImportSettings, ReadPath, Settings};
 use support::{get, read_path, send, stat_uri, ADMIN_TOKEN, READ_PATHS};
 
 fn req(method: Method, uri: &str, body: impl Into<Body>) -> Request<Body> {
@@ -221,19 +221,6 @@ async fn bad_writes_get_a_4xx_naming_the_problem() {
     support::assert_error_cases(&app.router, cases).await;
 }
 
-async fn count(config: &tokio_postgres::Config, repo: &str) -> i64 {
-    let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
-    client
-        .query_one(
-            "SELECT count(*) FROM objects WHERE repository = $1",
-            &[&repo],
-        )
-        .await
-        .unwrap()
-        .get(0)
-}
-
 #[tokio::test]
 async fn an_ndjson_import_applies_its_policy_and_reports_counts() {
     let app = support::setup(&read_path(ReadPath::Cached)).await;
@@ -291,7 +278,7 @@ async fn an_ndjson_import_applies_its_policy_and_reports_counts() {
         "{body}"
     );
     assert_eq!(
-        count(&app.config, "empty").await,
+        support::objects_in(&app.config, "empty").await,
         3,
         "nothing of a failed import is committed"
     );
@@ -300,9 +287,9 @@ async fn an_ndjson_import_applies_its_policy_and_reports_counts() {
 #[tokio::test]
 async fn a_malformed_import_line_is_named_and_nothing_is_committed() {
     let app = support::setup(&Settings {
-        write: WriteSettings {
-            max_import_bytes: 2000,
-            ..WriteSettings::default()
+        import: ImportSettings {
+            max_bytes: 2000,
+            ..ImportSettings::default()
         },
         ..Settings::default()
     })
@@ -347,7 +334,7 @@ async fn a_malformed_import_line_is_named_and_nothing_is_committed() {
         .join("\n");
     let (status, resp) = send(&app.router, import("empty", "skip", &big)).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{resp}");
-    assert_eq!(count(&app.config, "empty").await, 0);
+    assert_eq!(support::objects_in(&app.config, "empty").await, 0);
 }
 
 #[tokio::test]
@@ -479,7 +466,7 @@ async fn concurrent_puts_are_coalesced_into_few_statements() {
     for t in tasks {
         assert_eq!(t.await.unwrap(), StatusCode::CREATED);
     }
-    assert_eq!(count(&app.config, "empty").await, 200);
+    assert_eq!(support::objects_in(&app.config, "empty").await, 200);
     let batches = app.state.writes.batcher_stats().batches;
     assert!(
         batches < 200,

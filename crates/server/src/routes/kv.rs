@@ -1,13 +1,12 @@
 //! The seed benchmark's rows over HTTP.
 
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
 
 use crate::auth::Action;
 use crate::error::AppError;
-use crate::extract::Caller;
+use crate::extract::{Caller, PathParams};
 use crate::failure::Failure;
 use crate::input;
 use crate::state::AppState;
@@ -23,11 +22,11 @@ pub(crate) struct KvRow {
 pub(crate) async fn get(
     State(state): State<AppState>,
     Caller(caller): Caller,
-    pk: Result<Path<String>, PathRejection>,
+    pk: Result<PathParams<String>, AppError>,
 ) -> Result<Json<KvRow>, AppError> {
     // The benchmark table belongs to no repository: it needs global read.
     caller.require(Action::Read, "*")?;
-    let Path(pk) = pk?;
+    let PathParams(pk) = pk?;
     input::pk(&pk)?;
     match state.reads.kv.get(pk.clone()).await? {
         Some(payload) => Ok(Json(KvRow { pk, payload })),

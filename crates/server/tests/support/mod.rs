@@ -123,6 +123,20 @@ pub async fn assert_error_cases(
     }
 }
 
+/// How many objects `repo` holds, straight from the database.
+pub async fn objects_in(config: &tokio_postgres::Config, repo: &str) -> i64 {
+    let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+        .query_one(
+            "SELECT count(*) FROM objects WHERE repository = $1",
+            &[&repo],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
 pub fn stat_uri(repo: &str, raw_path_query: &str) -> String {
     format!("/api/v1/repositories/{repo}/objects/stat?path={raw_path_query}")
 }
