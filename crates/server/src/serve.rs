@@ -23,7 +23,8 @@
 //!   431 and the connection is closed. (`max_buf_size`, which the default
 //!   of about 400 KiB came from, has a floor of 8 KiB and also bounds the
 //!   write buffer; `max_header_size` bounds the head alone.)
-//! - **Connection cap** ([`EdgeSettings::max_connections`]): past it a new
+//! - **Connection cap** ([`EdgeSettings::max_connections`], lowered to fit
+//!   the open-files limit less a reserve): past it a new
 //!   connection is accepted, sent a canned 503 if its socket takes it at
 //!   once, and closed, so the accept loop never stalls and the backlog
 //!   never fills with connections nobody will serve.
@@ -140,6 +141,31 @@ impl EdgeSettings {
     }
 }
 
+/// File descriptors kept for everything but client connections: the
+/// database pools, the listener, logs, a cap refusal's own socket.
+const RESERVED_FDS: u64 = 64;
+
+/// `max_connections`, lowered to fit the process's open-files limit:
+/// connections past that limit would make `accept` fail with `EMFILE` and
+/// the server stop answering anyone, where refusing them with 503 keeps it
+/// serving the connections it has.
+fn within_open_files_limit(max_connections: usize) -> usize {
+    use nix::sys::resource::{getrlimit, Resource};
+    let Ok((soft, _)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return max_connections;
+    };
+    let fit = usize::try_from(soft.saturating_sub(RESERVED_FDS).max(1)).unwrap_or(usize::MAX);
+    if fit < max_connections {
+        tracing::warn!(
+            max_connections,
+            open_files_limit = soft,
+            using = fit,
+            "the open-files limit is too low for the connection cap; lowering the cap"
+        );
+    }
+    max_connections.min(fit)
+}
+
 /// Serves `router` on `listener` with the limits in `settings` until
 /// `shutdown` completes, then shuts down gracefully.
 ///
@@ -161,6 +187,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     settings.validate()?;
+    let max_connections = within_open_files_limit(settings.max_connections);
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(settings.header_read_timeout)
@@ -198,11 +225,11 @@ pub async fn serve(
         while let Some(ended) = connections.try_join_next() {
             log_panic(ended);
         }
-        if connections.len() >= settings.max_connections {
+        if connections.len() >= max_connections {
             // Never waits: a client that does not read must not stall the
             // accept loop. Dropping the stream closes it.
             let _ = stream.try_write(&overloaded);
-            refusals.note(settings.max_connections);
+            refusals.note(max_connections);
             continue;
         }
         connections.spawn(serve_connection(
