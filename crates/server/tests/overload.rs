@@ -142,7 +142,10 @@ async fn a_full_queue_sheds_load_at_once_with_503_and_retry_after() {
         "shedding waits no longer than the admission wait"
     );
     let (_, s) = &app.state.reads.batcher_stats()[0];
-    assert_eq!(s.requests, 2, "the refused lookup never reached the batcher");
+    assert_eq!(
+        s.requests, 2,
+        "the refused lookup never reached the batcher"
+    );
 
     lock.release().await;
     for b in blocked {
