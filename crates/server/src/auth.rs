@@ -139,17 +139,16 @@ impl Authenticator {
     ///
     /// # Errors
     ///
-    /// [`Failure::Unavailable`] whatever stopped the lookup: a request
-    /// whose token cannot be checked is told only that the database is
-    /// unavailable.
+    /// Classified as a lookup's errors are: [`Failure::Overloaded`] when no
+    /// connection is free in time, [`Failure::Timeout`] when Postgres
+    /// cancelled the statement, else [`Failure::Unavailable`].
     pub async fn principal(&self, token: &str) -> Result<Option<Arc<Principal>>, Failure> {
         let digest = digest(token);
         match &self.cache {
-            Some(cache) => cache.get(digest).await.map_err(Failure::unavailable),
-            None => load_principal(&self.pool, &digest)
+            Some(cache) => Ok(cache.get(digest).await?),
+            None => Ok(load_principal(&self.pool, &digest)
                 .await
-                .map(|p| p.map(Arc::new))
-                .map_err(Failure::unavailable),
+                .map(|p| p.map(Arc::new))?),
         }
     }
 

@@ -118,12 +118,12 @@ pub async fn migrate(config: &tokio_postgres::Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The service's connection pool: `pool_size` connections, each with a
-/// server-side `statement_timeout` equal to the request deadline.
+/// A connection pool of `pool_size` connections, each with a server-side
+/// `statement_timeout`: the deadline of the work the pool is for.
 ///
-/// A lookup abandoned at its deadline stops waiting here, but Postgres
-/// would go on running (or lock-waiting on) its statement and keep the
-/// connection busy; the statement timeout makes the server give up too.
+/// A request abandoned at its deadline stops waiting in the service, but
+/// Postgres would go on running (or lock-waiting on) its statement and keep
+/// the connection busy; the statement timeout makes the server give up too.
 ///
 /// # Errors
 ///
@@ -131,12 +131,12 @@ pub async fn migrate(config: &tokio_postgres::Config) -> anyhow::Result<()> {
 pub fn pool(
     config: &tokio_postgres::Config,
     pool_size: usize,
-    request_timeout: std::time::Duration,
+    statement_timeout: std::time::Duration,
 ) -> anyhow::Result<batcher::pg::Pool> {
     let mut config = config.clone();
     let timeout = format!(
         "-c statement_timeout={}",
-        request_timeout.as_millis().max(1)
+        statement_timeout.as_millis().max(1)
     );
     let options = match config.get_options() {
         Some(existing) => format!("{existing} {timeout}"),

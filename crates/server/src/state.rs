@@ -13,6 +13,55 @@ use crate::reads::Reads;
 use crate::settings::Settings;
 use crate::writes::Writes;
 
+/// The service's connection pools, one per kind of work, so that each
+/// kind's connections carry the `statement_timeout` of its own deadline
+/// (see [`db::pool`]) and no kind can take the connections of another.
+#[derive(Debug, Clone)]
+pub struct Pools {
+    /// Lookups and token resolution; statements time out with the read
+    /// deadline.
+    pub read: Pool,
+    /// Upserts, deletes, repository changes; statements time out with the
+    /// write deadline.
+    pub write: Pool,
+    /// Imports, one connection each for its whole upload; statements time
+    /// out with the import deadline.
+    pub import: Pool,
+}
+
+/// Write connections beside the writer's batches: deletes and repository
+/// changes, which do not go through the writer.
+const WRITE_POOL_EXTRA: usize = 4;
+
+impl Pools {
+    /// Pools to `config`: `read_size` read connections, enough write
+    /// connections for the writer's batches and a few more, and one import
+    /// connection per concurrent import.
+    ///
+    /// # Errors
+    ///
+    /// When a pool setting is invalid (a size of 0).
+    pub fn connect(
+        config: &tokio_postgres::Config,
+        read_size: usize,
+        settings: &Settings,
+    ) -> anyhow::Result<Self> {
+        let write_size = settings.write.batch.concurrency + WRITE_POOL_EXTRA;
+        Ok(Self {
+            read: db::pool(config, read_size, settings.read.timeout)?,
+            write: db::pool(config, write_size, settings.write.timeout)?,
+            import: db::pool(config, settings.import.concurrency, settings.import.timeout)?,
+        })
+    }
+
+    /// Closes every pool.
+    pub fn close(&self) {
+        self.read.close();
+        self.write.close();
+        self.import.close();
+    }
+}
+
 /// The application state. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct AppState(Arc<Inner>);
@@ -44,18 +93,23 @@ impl std::ops::Deref for AppState {
 }
 
 impl AppState {
-    /// State for serving from `pool`, with imports on `import_pool`, with
-    /// `settings`; starts the batchers on the current runtime.
+    /// State for serving from `pools` with `settings`; starts the batchers
+    /// on the current runtime.
     ///
     /// # Errors
     ///
     /// When a batcher or cache setting is invalid.
-    pub fn new(pool: Pool, import_pool: Pool, settings: &Settings) -> Result<Self, BuildError> {
+    pub fn new(pools: Pools, settings: &Settings) -> Result<Self, BuildError> {
+        let Pools {
+            read: pool,
+            write,
+            import,
+        } = pools;
         let reads = Reads::new(pool.clone(), &settings.read)?;
         let auth = Authenticator::new(pool.clone(), &settings.auth)?;
         let writes = Writes::new(
-            pool.clone(),
-            import_pool,
+            write,
+            import,
             reads.clone(),
             &settings.write,
             &settings.import,
@@ -71,10 +125,8 @@ impl AppState {
         })))
     }
 
-    /// State over a new pool of `pool_size` connections to `config`, whose
-    /// statements time out with the lookups, and a pool of
-    /// `settings.import.concurrency` connections for imports, whose
-    /// statements time out with the import (see [`db::pool`]).
+    /// State over new [`Pools`] to `config`, the read pool of `pool_size`
+    /// connections.
     ///
     /// # Errors
     ///
@@ -84,9 +136,10 @@ impl AppState {
         pool_size: usize,
         settings: &Settings,
     ) -> anyhow::Result<Self> {
-        let pool = db::pool(config, pool_size, settings.read.timeout)?;
-        let import_pool = db::pool(config, settings.import.concurrency, settings.import.timeout)?;
-        Ok(Self::new(pool, import_pool, settings)?)
+        Ok(Self::new(
+            Pools::connect(config, pool_size, settings)?,
+            settings,
+        )?)
     }
 
     /// Commits and acknowledges queued writes, answers queued reads, then

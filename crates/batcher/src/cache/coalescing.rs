@@ -6,7 +6,7 @@ use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
 use moka::ops::compute::Op;
@@ -34,6 +34,8 @@ struct Flight<V> {
     rx: watch::Receiver<Answer<V>>,
     /// Set by invalidation: the load must not store its result.
     stale: AtomicBool,
+    /// [`Inner::epoch`] when the load started.
+    epoch: u64,
 }
 
 struct Inner<K, V> {
@@ -43,6 +45,11 @@ struct Inner<K, V> {
     load: LoadFn<K, V>,
     cache_not_found: bool,
     counters: Arc<Counters>,
+    /// Bumped by `invalidate_all` before it clears the store. moka's
+    /// `invalidate_all` is not serialized with a key's compute, so a load
+    /// that saw no `stale` just before could still store after it; the
+    /// load checks this after storing and removes its value itself.
+    epoch: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -124,6 +131,7 @@ where
                 load,
                 cache_not_found,
                 counters,
+                epoch: AtomicU64::new(0),
             }),
         }
     }
@@ -180,6 +188,8 @@ where
 
     /// Removes every entry; running loads do not store their results.
     pub fn invalidate_all(&self) {
+        // Before the store is cleared: see `Inner::epoch`.
+        self.inner.epoch.fetch_add(1, SeqCst);
         for (_, flight) in self.lock_flights().drain() {
             flight.stale.store(true, Relaxed);
         }
@@ -229,6 +239,7 @@ where
         let flight = Arc::new(Flight {
             rx: rx.clone(),
             stale: AtomicBool::new(false),
+            epoch: self.inner.epoch.load(SeqCst),
         });
         flights.insert(key.clone(), Arc::clone(&flight));
         drop(flights);
@@ -286,18 +297,31 @@ async fn run_flight<K, V>(
         }
     };
     if let Some(value) = to_store {
-        let flight = Arc::clone(&flight);
-        inner
+        let current = |flight: &Flight<V>| {
+            !flight.stale.load(Relaxed) && inner.epoch.load(SeqCst) == flight.epoch
+        };
+        let stored = inner
             .store
-            .entry(key)
-            .and_compute_with(|_| async move {
-                if flight.stale.load(Relaxed) {
-                    Op::Nop
-                } else {
+            .entry(key.clone())
+            .and_compute_with(|_| {
+                let op = if current(&flight) {
                     Op::Put(value)
-                }
+                } else {
+                    Op::Nop
+                };
+                async move { op }
             })
             .await;
+        // An `invalidate_all` between the check and the put: the store may
+        // have been cleared before the put landed (see `Inner::epoch`).
+        if matches!(
+            stored,
+            moka::ops::compute::CompResult::Inserted(_)
+                | moka::ops::compute::CompResult::ReplacedWith(_)
+        ) && !current(&flight)
+        {
+            inner.store.invalidate(&key).await;
+        }
     }
     // Stored before answering, so a caller that got this answer and asks
     // again finds it in the cache.
