@@ -436,3 +436,41 @@ async fn an_import_cancelled_by_its_statement_timeout_is_a_timeout() {
         );
     }
 }
+
+/// Writes used to run on the read pool, whose statement timeout is the
+/// read deadline: Postgres cut any write waiting longer than that, far
+/// inside the write deadline.
+#[tokio::test]
+async fn a_write_waiting_past_the_read_deadline_commits() {
+    let app = support::setup(&Settings {
+        read: ReadSettings {
+            timeout: Duration::from_millis(150),
+            ..ReadSettings::default()
+        },
+        ..Settings::default()
+    })
+    .await;
+    let path = server::seed::object_path(3);
+    // Another session holds the row for 400 ms.
+    let (locker, conn) = app.config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    locker
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM objects WHERE repository = 'demo' AND path = '{path}' FOR UPDATE"
+        ))
+        .await
+        .unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        locker.batch_execute("COMMIT").await.unwrap();
+    });
+    let body = json!({"physical_address": "s3://new", "size_bytes": 2, "checksum": "c2"});
+    let req = Request::put(format!("/api/v1/repositories/demo/objects?path={path}"))
+        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let (status, body) = send(&app.router, req).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    release.await.unwrap();
+}
