@@ -15,7 +15,7 @@
 //! deadline       every request's deadline, by kind (read, write, import)
 //! extract        extractors (caller, repository, object path, JSON) and the token middleware
 //! error          AppError: a Failure or rejection as an HTTP response
-//! state          AppState, built from Settings and a pool
+//! state          AppState and Pools (read, write, import), built from Settings
 //! testing        a seeded database for tests and benchmarks
 //! metrics        the registry, the scrape-time collector, the `track` middleware
 //! writes         upserts, deletes, imports, repositories; invalidates through `reads`
@@ -25,7 +25,8 @@
 //! auth           tokens, principals, grants, the authenticator, user admin
 //! input          validation and strict query decoding
 //! seed, db       demo data; the database, migrations and pool
-//! config         clap flags to Settings (used by `main` only)
+//! config         clap flags to Settings and EdgeSettings (for `main`; benches reuse PolicyArg)
+//! serve          the HTTP/1 edge: header-read timeout, head size, connection cap, graceful shutdown
 //! queries/*      all SQL, one module per table or concern
 //! failure        Failure, the domain error, from one classification
 //! settings       typed settings with their defaults
