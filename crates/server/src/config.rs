@@ -37,6 +37,20 @@ pub struct Cli {
     /// Serving options (for `serve`, the default command).
     #[command(flatten)]
     pub serve: ServeArgs,
+    /// How log lines are written, to standard error: `text` (coloured only
+    /// on a terminal, and never with `NO_COLOR` set) or `json`, one object
+    /// per line. Verbosity follows `RUST_LOG` (default `info`).
+    #[arg(long, global = true, env = "PGBATCH_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// The format of log lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
 }
 
 /// The subcommands.

@@ -58,12 +58,18 @@ pub mod state;
 pub mod testing;
 pub mod writes;
 
-use axum::extract::DefaultBodyLimit;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::middleware::from_fn_with_state;
+use axum::response::Response;
 use axum::routing::{delete, get, post, put};
 use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::trace::TraceLayer;
+use tower_http::classify::{ServerErrorsAsFailures, SharedClassifier};
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::{DefaultOnRequest, MakeSpan, OnResponse, TraceLayer};
 
 pub use crate::state::AppState;
 
@@ -107,8 +113,44 @@ pub fn app(state: AppState) -> Router {
         .method_not_allowed_fallback(health::wrong_method)
         .layer(DefaultBodyLimit::max(state.settings.limits.max_body_bytes))
         .layer(from_fn_with_state(state.metrics.clone(), metrics::track))
-        .layer(TraceLayer::new_for_http())
+        .layer(request_log())
         // A bug must cost one request a 500, not the connection or process.
         .layer(CatchPanicLayer::custom(error::panic_response))
+        // Outermost, so every response carries the id, a panic's included.
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
         .with_state(state)
+}
+
+/// One log line per request, at `info`: method, matched route (never the
+/// raw URI, whose query may name private paths), request id, status and
+/// latency. Headers are never logged: they carry bearer tokens.
+fn request_log() -> TraceLayer<
+    SharedClassifier<ServerErrorsAsFailures>,
+    impl MakeSpan<Body> + Clone,
+    DefaultOnRequest,
+    impl OnResponse<Body> + Clone,
+> {
+    TraceLayer::new_for_http()
+        .make_span_with(|req: &Request<Body>| {
+            let route = req
+                .extensions()
+                .get::<MatchedPath>()
+                .map_or("(no route)", MatchedPath::as_str);
+            let id = req
+                .headers()
+                .get("x-request-id")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            tracing::info_span!("request", method = %req.method(), route, request_id = id)
+        })
+        .on_response(
+            |res: &Response<Body>, latency: Duration, _: &tracing::Span| {
+                tracing::info!(
+                    status = res.status().as_u16(),
+                    latency_ms = latency.as_secs_f64() * 1e3,
+                    "served"
+                );
+            },
+        )
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::Context as _;
 use clap::Parser;
 use server::auth;
-use server::config::{Cli, Command, ServeArgs, TokenCommand, UserCommand};
+use server::config::{Cli, Command, LogFormat, ServeArgs, TokenCommand, UserCommand};
 use server::db::{self, Database};
 use server::queries::kv::kv_pk;
 use server::seed::{self, SeedReport};
@@ -16,17 +16,33 @@ use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,tower_http=warn".into()),
-        )
-        .init();
     let cli = Cli::parse();
+    init_logging(cli.log_format);
     let database = Database::open(&cli.db.settings()).await?;
     let result = run(&cli, &database).await;
     // Stop the embedded Postgres cleanly whether or not serving failed.
     database.close().await;
     result
+}
+
+/// Logs go to standard error, so standard output carries only what a
+/// command prints for scripts (a token, a report): `TOKEN=$(server token
+/// create alice)` captures the token alone.
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal as _;
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,tower_http=warn".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => {
+            let colour = std::io::stderr().is_terminal()
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+            builder.with_ansi(colour).init();
+        }
+    }
 }
 
 async fn run(cli: &Cli, database: &Database) -> anyhow::Result<()> {

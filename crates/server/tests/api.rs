@@ -413,3 +413,19 @@ async fn an_unreachable_database_is_503_without_leaking_details() {
         assert_eq!(body["error"]["code"], "not_ready");
     }
 }
+
+#[tokio::test]
+async fn every_response_carries_a_request_id_given_or_generated() {
+    let app = setup(&Settings::default()).await;
+    let given = axum::http::Request::get("/healthz")
+        .header("x-request-id", "client-chosen-42")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let (_, headers, _) = send_full(&app.router, given).await;
+    assert_eq!(headers["x-request-id"], "client-chosen-42");
+    for uri in ["/healthz", "/api/v1/user", "/no/such/route"] {
+        let (_, headers, _) = send_full(&app.router, get(uri)).await;
+        let id = headers["x-request-id"].to_str().unwrap();
+        assert_eq!(id.len(), 36, "{uri}: a generated UUID, got {id:?}");
+    }
+}
