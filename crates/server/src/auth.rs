@@ -152,6 +152,13 @@ impl Authenticator {
         }
     }
 
+    /// Applies the token cache's pending bookkeeping, before reading counts.
+    pub async fn sync_cache(&self) {
+        if let Some(cache) = &self.cache {
+            cache.run_pending_tasks().await;
+        }
+    }
+
     /// The token cache's counters, if the cache is on.
     pub fn cache_stats(&self) -> Option<batcher::cache::CacheStats> {
         self.cache.as_ref().map(Cache::stats)

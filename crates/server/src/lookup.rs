@@ -272,6 +272,14 @@ impl<Q: BatchQuery> Lookup<Q> {
         }
     }
 
+    /// Applies the cache's pending bookkeeping (cached path), so its entry
+    /// count is current: moka counts inserts lazily.
+    pub async fn sync_cache(&self) {
+        if let Path::Cached { cache, .. } = &self.path {
+            cache.run_pending_tasks().await;
+        }
+    }
+
     /// The cache's statistics (cached path).
     pub fn cache_stats(&self) -> Option<CacheStats> {
         match &self.path {

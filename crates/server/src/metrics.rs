@@ -18,6 +18,7 @@ use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::info::Info;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
@@ -67,6 +68,12 @@ impl Metrics {
             "HTTP request latency by method and route",
             Unit::Seconds,
             latency.clone(),
+        );
+        // An OpenMetrics info metric: exported as `pgbatch_build_info`.
+        registry.register(
+            "pgbatch_build",
+            "The running build, labelled with its version",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
         );
         registry.register_collector(Box::new(ServiceCollector {
             reads,

@@ -81,6 +81,11 @@ impl Reads {
             .collect()
     }
 
+    /// Applies every cache's pending bookkeeping, before reading counts.
+    pub async fn sync_caches(&self) {
+        tokio::join!(self.kv.sync_cache(), self.object_stat.sync_cache());
+    }
+
     /// Stops the batchers after answering what they hold.
     pub async fn shutdown(&self) {
         tokio::join!(self.kv.shutdown(), self.object_stat.shutdown());

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use batcher::pg::copy::{self, RowSource, RowValues};
-use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 use tokio_postgres::types::Type;
 use tokio_postgres::{NoTls, Transaction};
 
@@ -166,11 +166,16 @@ async fn load_if_empty(
     }
     let bar = bars.add(ProgressBar::new(rows));
     bar.set_style(
-        ProgressStyle::with_template(
-            "{prefix:>16} [{bar:40}] {pos}/{len} rows, {per_sec}, eta {eta}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
+        ProgressStyle::with_template("{prefix:>16} [{bar:40}] {pos}/{len} rows, {rate}, eta {eta}")
+            .expect("valid template")
+            // indicatif's own {per_sec} prints four decimals of rows per second.
+            .with_key(
+                "rate",
+                |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+                    let _ = write!(w, "{:.0} rows/s", state.per_sec()); // a full line is only cosmetic
+                },
+            )
+            .progress_chars("=> "),
     );
     bar.set_prefix(table);
     load(&tx, &bar).await?;

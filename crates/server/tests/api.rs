@@ -385,7 +385,15 @@ async fn health_readiness_and_metrics() {
         r#"cache_misses_total{cache="object_stat"} 1"#,
         r#"cache_misses_total{cache="auth"} 1"#,
         r#"cache_hits_total{cache="auth"} "#,
-        r#"cache_entries{cache="kv"} "#,
+        // Current at scrape time, though moka counts inserts lazily.
+        r#"cache_entries{cache="kv"} 1"#,
+        r#"cache_entries{cache="object_stat"} 1"#,
+        r#"cache_entries{cache="auth"} 1"#,
+        concat!(
+            r#"pgbatch_build_info{version=""#,
+            env!("CARGO_PKG_VERSION"),
+            r#""} 1"#
+        ),
         "db_pool_max_size 4",
         "# EOF",
     ] {
