@@ -25,8 +25,11 @@ const fn ms(d: Duration) -> u64 {
 }
 
 /// The object-metadata service.
+///
+/// `serve` is the default command, so its flags are also accepted without
+/// it (`server --listen ...`), as before it owned them.
 #[derive(Debug, Parser)]
-#[command(version, about, long_about = None)]
+#[command(version, about, long_about = None, args_conflicts_with_subcommands = true)]
 pub struct Cli {
     /// What to do; `serve` when omitted.
     #[command(subcommand)]
@@ -34,7 +37,7 @@ pub struct Cli {
     /// Where the data lives.
     #[command(flatten)]
     pub db: DbArgs,
-    /// Serving options (for `serve`, the default command).
+    /// Serving options, when no command is named.
     #[command(flatten)]
     pub serve: ServeArgs,
     /// How log lines are written, to standard error: `text` (coloured only
@@ -58,7 +61,7 @@ pub enum LogFormat {
 pub enum Command {
     /// Apply migrations, seed demo data if the tables are empty, and serve
     /// HTTP (the default).
-    Serve,
+    Serve(Box<ServeArgs>),
     /// Bulk-load demo objects and `random_read_test` rows with binary COPY,
     /// into tables that are still empty, then exit.
     Seed(SeedArgs),
@@ -216,119 +219,134 @@ impl PolicyArg {
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Address to listen on.
-    #[arg(long, env = "PGBATCH_LISTEN", default_value = "127.0.0.1:8080")]
+    #[arg(
+        long,
+        env = "PGBATCH_LISTEN",
+        default_value = "127.0.0.1:8080",
+        help_heading = "Serving"
+    )]
     pub listen: SocketAddr,
     /// How reads reach Postgres.
-    #[arg(long, env = "PGBATCH_READ_PATH", value_enum, default_value_t = ReadPath::default().into())]
+    #[arg(long, env = "PGBATCH_READ_PATH", value_enum, default_value_t = ReadPath::default().into(), help_heading = "Reads")]
     pub read_path: ReadPathArg,
     /// Most keys per batched statement.
-    #[arg(long, env = "PGBATCH_BATCH_SIZE", default_value_t = lib::MAX_BATCH_SIZE)]
+    #[arg(long, env = "PGBATCH_BATCH_SIZE", default_value_t = lib::MAX_BATCH_SIZE, help_heading = "Reads")]
     pub batch_size: usize,
     /// Batch flush policy. Adaptive by default: as fast as eager for a lone
     /// request, and it formed larger batches and read the most under a
     /// saturating load (BENCHMARKS.md §5).
-    #[arg(long, env = "PGBATCH_BATCH_POLICY", value_enum, default_value_t = PolicyArg::of(defaults::BATCH_POLICY).expect("every policy has a flag"))]
+    #[arg(long, env = "PGBATCH_BATCH_POLICY", value_enum, default_value_t = PolicyArg::of(defaults::BATCH_POLICY).expect("every policy has a flag"), help_heading = "Reads")]
     pub batch_policy: PolicyArg,
     /// With `fixed-delay`: flush this many microseconds after a batch's
     /// first key.
-    #[arg(long, env = "PGBATCH_BATCH_DELAY_US", default_value_t = lib::MAX_DELAY.as_micros() as u64)]
+    #[arg(long, env = "PGBATCH_BATCH_DELAY_US", default_value_t = lib::MAX_DELAY.as_micros() as u64, help_heading = "Reads")]
     pub batch_delay_us: u64,
     /// Batched statements running at once, per batcher.
-    #[arg(long, env = "PGBATCH_BATCH_CONCURRENCY", default_value_t = lib::MAX_CONCURRENT_BATCHES)]
+    #[arg(long, env = "PGBATCH_BATCH_CONCURRENCY", default_value_t = lib::MAX_CONCURRENT_BATCHES, help_heading = "Reads")]
     pub batch_concurrency: usize,
     /// Requests that may wait for the batcher before new ones get 503.
-    #[arg(long, env = "PGBATCH_QUEUE_CAPACITY", default_value_t = lib::CHANNEL_CAPACITY)]
+    #[arg(long, env = "PGBATCH_QUEUE_CAPACITY", default_value_t = lib::CHANNEL_CAPACITY, help_heading = "Reads")]
     pub queue_capacity: usize,
     /// Deadline of one lookup, in milliseconds; past it the request gets 504.
-    #[arg(long, env = "PGBATCH_REQUEST_TIMEOUT_MS", default_value_t = ms(defaults::REQUEST_TIMEOUT))]
+    #[arg(long, env = "PGBATCH_REQUEST_TIMEOUT_MS", default_value_t = ms(defaults::REQUEST_TIMEOUT), help_heading = "Reads")]
     pub request_timeout_ms: u64,
     /// Longest wait, in milliseconds, for room among a lookup kind's keys
     /// in flight (`--queue-capacity`) before a request gets 503.
-    #[arg(long, env = "PGBATCH_ADMISSION_WAIT_MS", default_value_t = ms(defaults::ADMISSION_WAIT))]
+    #[arg(long, env = "PGBATCH_ADMISSION_WAIT_MS", default_value_t = ms(defaults::ADMISSION_WAIT), help_heading = "Reads")]
     pub admission_wait_ms: u64,
     /// Most object writes committed in one statement.
-    #[arg(long, env = "PGBATCH_WRITE_BATCH_SIZE", default_value_t = defaults::WRITE_BATCH_SIZE)]
+    #[arg(long, env = "PGBATCH_WRITE_BATCH_SIZE", default_value_t = defaults::WRITE_BATCH_SIZE, help_heading = "Writes")]
     pub write_batch_size: usize,
     /// Write statements running at once.
-    #[arg(long, env = "PGBATCH_WRITE_CONCURRENCY", default_value_t = defaults::WRITE_CONCURRENCY)]
+    #[arg(long, env = "PGBATCH_WRITE_CONCURRENCY", default_value_t = defaults::WRITE_CONCURRENCY, help_heading = "Writes")]
     pub write_concurrency: usize,
     /// Deadline of one write, in milliseconds (it may still commit after).
-    #[arg(long, env = "PGBATCH_WRITE_TIMEOUT_MS", default_value_t = ms(defaults::WRITE_TIMEOUT))]
+    #[arg(long, env = "PGBATCH_WRITE_TIMEOUT_MS", default_value_t = ms(defaults::WRITE_TIMEOUT), help_heading = "Writes")]
     pub write_timeout_ms: u64,
     /// Largest accepted import body, in bytes (streamed, not buffered).
-    #[arg(long, env = "PGBATCH_MAX_IMPORT_BYTES", default_value_t = defaults::MAX_IMPORT_BYTES)]
+    #[arg(long, env = "PGBATCH_MAX_IMPORT_BYTES", default_value_t = defaults::MAX_IMPORT_BYTES, help_heading = "Imports")]
     pub max_import_bytes: usize,
     /// Imports running at once, on connections of their own (never the
     /// read pool's); more get 503 at once.
-    #[arg(long, env = "PGBATCH_IMPORT_CONCURRENCY", default_value_t = defaults::IMPORT_CONCURRENCY)]
+    #[arg(long, env = "PGBATCH_IMPORT_CONCURRENCY", default_value_t = defaults::IMPORT_CONCURRENCY, help_heading = "Imports")]
     pub import_concurrency: usize,
     /// Longest pause between two chunks of an import body, in
     /// milliseconds; past it the import is abandoned with 408.
-    #[arg(long, env = "PGBATCH_IMPORT_IDLE_TIMEOUT_MS", default_value_t = ms(defaults::IMPORT_IDLE_TIMEOUT))]
+    #[arg(long, env = "PGBATCH_IMPORT_IDLE_TIMEOUT_MS", default_value_t = ms(defaults::IMPORT_IDLE_TIMEOUT), help_heading = "Imports")]
     pub import_idle_timeout_ms: u64,
     /// Deadline of a whole import (upload included), in milliseconds; also
     /// the import connections' statement_timeout.
-    #[arg(long, env = "PGBATCH_IMPORT_TIMEOUT_MS", default_value_t = ms(defaults::IMPORT_TIMEOUT))]
+    #[arg(long, env = "PGBATCH_IMPORT_TIMEOUT_MS", default_value_t = ms(defaults::IMPORT_TIMEOUT), help_heading = "Imports")]
     pub import_timeout_ms: u64,
     /// Most paths in one `POST .../objects/stat`.
-    #[arg(long, env = "PGBATCH_MAX_STAT_PATHS", default_value_t = defaults::MAX_STAT_PATHS)]
+    #[arg(long, env = "PGBATCH_MAX_STAT_PATHS", default_value_t = defaults::MAX_STAT_PATHS, help_heading = "Request limits")]
     pub max_stat_paths: usize,
     /// Largest accepted request body, in bytes.
-    #[arg(long, env = "PGBATCH_MAX_BODY_BYTES", default_value_t = defaults::MAX_BODY_BYTES)]
+    #[arg(long, env = "PGBATCH_MAX_BODY_BYTES", default_value_t = defaults::MAX_BODY_BYTES, help_heading = "Request limits")]
     pub max_body_bytes: usize,
     /// With `--read-path cached`: most entries per cache.
-    #[arg(long, env = "PGBATCH_CACHE_CAPACITY", default_value_t = defaults::CACHE_CAPACITY)]
+    #[arg(long, env = "PGBATCH_CACHE_CAPACITY", default_value_t = defaults::CACHE_CAPACITY, help_heading = "Caches")]
     pub cache_capacity: u64,
     /// With `--read-path cached`: how long a value is served from the cache.
-    #[arg(long, env = "PGBATCH_CACHE_TTL_MS", default_value_t = ms(defaults::CACHE_TTL))]
+    #[arg(long, env = "PGBATCH_CACHE_TTL_MS", default_value_t = ms(defaults::CACHE_TTL), help_heading = "Caches")]
     pub cache_ttl_ms: u64,
     /// Up to this much is added to each cached value's TTL.
-    #[arg(long, env = "PGBATCH_CACHE_JITTER_MS", default_value_t = ms(defaults::CACHE_JITTER))]
+    #[arg(long, env = "PGBATCH_CACHE_JITTER_MS", default_value_t = ms(defaults::CACHE_JITTER), help_heading = "Caches")]
     pub cache_jitter_ms: u64,
     /// How long "not found" is cached (0: not cached).
-    #[arg(long, env = "PGBATCH_CACHE_NEGATIVE_TTL_MS", default_value_t = 0)]
+    #[arg(
+        long,
+        env = "PGBATCH_CACHE_NEGATIVE_TTL_MS",
+        default_value_t = 0,
+        help_heading = "Caches"
+    )]
     pub cache_negative_ttl_ms: u64,
     /// Cache resolved tokens (`off`: look every token up, for comparison).
-    #[arg(long, env = "PGBATCH_AUTH_CACHE", value_enum, default_value_t = OnOff::from(AuthSettings::default().cache.is_some()))]
+    #[arg(long, env = "PGBATCH_AUTH_CACHE", value_enum, default_value_t = OnOff::from(AuthSettings::default().cache.is_some()), help_heading = "Authentication")]
     pub auth_cache: OnOff,
     /// Tokens held in the auth cache.
-    #[arg(long, env = "PGBATCH_AUTH_CACHE_CAPACITY", default_value_t = defaults::AUTH_CACHE_CAPACITY)]
+    #[arg(long, env = "PGBATCH_AUTH_CACHE_CAPACITY", default_value_t = defaults::AUTH_CACHE_CAPACITY, help_heading = "Authentication")]
     pub auth_cache_capacity: u64,
     /// How long a resolved token is trusted before it is looked up again.
-    #[arg(long, env = "PGBATCH_AUTH_CACHE_TTL_MS", default_value_t = ms(defaults::CACHE_TTL))]
+    #[arg(long, env = "PGBATCH_AUTH_CACHE_TTL_MS", default_value_t = ms(defaults::CACHE_TTL), help_heading = "Authentication")]
     pub auth_cache_ttl_ms: u64,
     /// Up to this much is added to each token's TTL.
-    #[arg(long, env = "PGBATCH_AUTH_CACHE_JITTER_MS", default_value_t = ms(defaults::CACHE_JITTER))]
+    #[arg(long, env = "PGBATCH_AUTH_CACHE_JITTER_MS", default_value_t = ms(defaults::CACHE_JITTER), help_heading = "Authentication")]
     pub auth_cache_jitter_ms: u64,
     /// Admin token to create on first start instead of a random one (and
     /// to accept as an admin token afterwards).
-    #[arg(long, env = "PGBATCH_ADMIN_TOKEN", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "PGBATCH_ADMIN_TOKEN",
+        hide_env_values = true,
+        help_heading = "Authentication"
+    )]
     pub admin_token: Option<String>,
     /// Demo objects to seed on start when the objects table is empty (0:
     /// none).
-    #[arg(long, env = "PGBATCH_SEED_OBJECTS", default_value_t = SEED_ROWS)]
+    #[arg(long, env = "PGBATCH_SEED_OBJECTS", default_value_t = SEED_ROWS, help_heading = "Demo data")]
     pub seed_objects: u64,
     /// `random_read_test` rows to seed on start when that table is empty
     /// (0: none).
-    #[arg(long, env = "PGBATCH_SEED_KV_ROWS", default_value_t = SEED_ROWS)]
+    #[arg(long, env = "PGBATCH_SEED_KV_ROWS", default_value_t = SEED_ROWS, help_heading = "Demo data")]
     pub seed_kv_rows: u64,
     /// Longest wait for a request's head, in milliseconds, from accept or
     /// from the end of the previous response; past it the connection is
     /// closed. So also how long an idle keep-alive connection stays open.
-    #[arg(long, env = "PGBATCH_HEADER_READ_TIMEOUT_MS", default_value_t = ms(crate::serve::DEFAULT_HEADER_READ_TIMEOUT))]
+    #[arg(long, env = "PGBATCH_HEADER_READ_TIMEOUT_MS", default_value_t = ms(crate::serve::DEFAULT_HEADER_READ_TIMEOUT), help_heading = "HTTP edge")]
     pub header_read_timeout_ms: u64,
     /// Largest request head (request line and headers), in bytes; a
     /// larger one gets 431.
-    #[arg(long, env = "PGBATCH_MAX_HEADER_BYTES", default_value_t = crate::serve::DEFAULT_MAX_HEADER_BYTES)]
+    #[arg(long, env = "PGBATCH_MAX_HEADER_BYTES", default_value_t = crate::serve::DEFAULT_MAX_HEADER_BYTES, help_heading = "HTTP edge")]
     pub max_header_bytes: usize,
     /// Most client connections open at once; more get 503 and are closed
     /// at once. Keep it below the open-files limit, less what the database
     /// pool needs.
-    #[arg(long, env = "PGBATCH_MAX_CONNECTIONS", default_value_t = crate::serve::DEFAULT_MAX_CONNECTIONS)]
+    #[arg(long, env = "PGBATCH_MAX_CONNECTIONS", default_value_t = crate::serve::DEFAULT_MAX_CONNECTIONS, help_heading = "HTTP edge")]
     pub max_connections: usize,
     /// On SIGINT or SIGTERM, how long in-flight requests may take to
     /// finish, in milliseconds, before their connections are dropped.
-    #[arg(long, env = "PGBATCH_SHUTDOWN_GRACE_MS", default_value_t = ms(crate::serve::DEFAULT_SHUTDOWN_GRACE))]
+    #[arg(long, env = "PGBATCH_SHUTDOWN_GRACE_MS", default_value_t = ms(crate::serve::DEFAULT_SHUTDOWN_GRACE), help_heading = "HTTP edge")]
     pub shutdown_grace_ms: u64,
 }
 
@@ -430,6 +448,32 @@ mod tests {
     fn parse(args: &[&str]) -> Cli {
         Cli::try_parse_from(std::iter::once("server").chain(args.iter().copied()))
             .expect("valid flags")
+    }
+
+    #[test]
+    fn serve_owns_its_flags_and_they_still_work_without_it() {
+        let cli = parse(&["serve", "--listen", "127.0.0.1:9001", "--read-path", "naive"]);
+        let Some(Command::Serve(args)) = &cli.command else {
+            panic!("serve: {:?}", cli.command);
+        };
+        assert_eq!(args.listen.to_string(), "127.0.0.1:9001");
+        assert_eq!(args.settings().read.path, ReadPath::Naive);
+        let cli = parse(&["--listen", "127.0.0.1:9002"]);
+        assert!(cli.command.is_none());
+        assert_eq!(cli.serve.listen.to_string(), "127.0.0.1:9002");
+        // The database flags are global; serving flags are not the token
+        // command's.
+        let cli = parse(&["token", "create", "alice", "--data-dir", "/tmp/x"]);
+        assert_eq!(cli.db.data_dir, PathBuf::from("/tmp/x"));
+        let err = Cli::try_parse_from(["server", "token", "create", "alice", "--listen", "x"])
+            .unwrap_err();
+        assert!(err.to_string().contains("--listen"), "{err}");
+        let help = Cli::try_parse_from(["server", "serve", "--help"])
+            .unwrap_err()
+            .to_string();
+        for heading in ["Reads:", "Imports:", "HTTP edge:", "--listen"] {
+            assert!(help.contains(heading), "serve --help lacks {heading}:\n{help}");
+        }
     }
 
     /// One test, because it changes the process's environment: the flags'

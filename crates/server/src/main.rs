@@ -67,7 +67,8 @@ async fn run(cli: &Cli, database: &Database) -> anyhow::Result<()> {
             eprintln!("(stored only hashed: keep it now, it cannot be shown again)");
             Ok(())
         }
-        Some(Command::Serve) | None => serve(cli, database).await,
+        Some(Command::Serve(args)) => serve(cli, args, database).await,
+        None => serve(cli, &cli.serve, database).await,
     }
 }
 
@@ -81,8 +82,7 @@ async fn connect(config: &tokio_postgres::Config) -> anyhow::Result<tokio_postgr
     Ok(client)
 }
 
-async fn serve(cli: &Cli, database: &Database) -> anyhow::Result<()> {
-    let args: &ServeArgs = &cli.serve;
+async fn serve(cli: &Cli, args: &ServeArgs, database: &Database) -> anyhow::Result<()> {
     if args.seed_objects > 0 || args.seed_kv_rows > 0 {
         let report = seed::seed(&database.config, args.seed_objects, args.seed_kv_rows).await?;
         if report.objects.rows + report.kv.rows > 0 {
