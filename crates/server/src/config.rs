@@ -314,7 +314,8 @@ pub struct ServeArgs {
     #[arg(long, env = "PGBATCH_AUTH_CACHE_JITTER_MS", default_value_t = ms(defaults::CACHE_JITTER), help_heading = "Authentication")]
     pub auth_cache_jitter_ms: u64,
     /// Admin token to create on first start instead of a random one (and
-    /// to accept as an admin token afterwards).
+    /// to accept as an admin token afterwards). Setting it asks for the
+    /// admin on an external database too.
     #[arg(
         long,
         env = "PGBATCH_ADMIN_TOKEN",
@@ -322,14 +323,24 @@ pub struct ServeArgs {
         help_heading = "Authentication"
     )]
     pub admin_token: Option<String>,
+    /// On an external database (`--database-url`), create the user `admin`
+    /// with a random token on first start, as the embedded cluster always
+    /// does.
+    #[arg(long, env = "PGBATCH_BOOTSTRAP_ADMIN", help_heading = "Authentication")]
+    pub bootstrap_admin: bool,
     /// Demo objects to seed on start when the objects table is empty (0:
-    /// none).
-    #[arg(long, env = "PGBATCH_SEED_OBJECTS", default_value_t = SEED_ROWS, help_heading = "Demo data")]
-    pub seed_objects: u64,
+    /// none). Default: 1,000,000 on the embedded cluster; none on an
+    /// external database unless `--seed-demo` is given.
+    #[arg(long, env = "PGBATCH_SEED_OBJECTS", help_heading = "Demo data")]
+    pub seed_objects: Option<u64>,
     /// `random_read_test` rows to seed on start when that table is empty
-    /// (0: none).
-    #[arg(long, env = "PGBATCH_SEED_KV_ROWS", default_value_t = SEED_ROWS, help_heading = "Demo data")]
-    pub seed_kv_rows: u64,
+    /// (0: none). Default as for `--seed-objects`.
+    #[arg(long, env = "PGBATCH_SEED_KV_ROWS", help_heading = "Demo data")]
+    pub seed_kv_rows: Option<u64>,
+    /// On an external database, seed the demo data (1,000,000 rows of each
+    /// table, unless the counts are given).
+    #[arg(long, env = "PGBATCH_SEED_DEMO", help_heading = "Demo data")]
+    pub seed_demo: bool,
     /// Longest wait for a request's head, in milliseconds, from accept or
     /// from the end of the previous response; past it the connection is
     /// closed. So also how long an idle keep-alive connection stays open.
@@ -365,6 +376,28 @@ pub struct SeedArgs {
 const SEED_ROWS: u64 = 1_000_000;
 
 impl ServeArgs {
+    /// The demo rows to seed on start, (objects, `random_read_test` rows):
+    /// on the embedded cluster the defaults unless given; on an external
+    /// database none unless asked for (`--seed-demo`, or a count given).
+    pub fn seed_rows(&self, embedded: bool) -> (u64, u64) {
+        let default = if embedded || self.seed_demo {
+            SEED_ROWS
+        } else {
+            0
+        };
+        (
+            self.seed_objects.unwrap_or(default),
+            self.seed_kv_rows.unwrap_or(default),
+        )
+    }
+
+    /// Whether to create the admin user on first start: always on the
+    /// embedded cluster; on an external database only when asked
+    /// (`--bootstrap-admin`, or an `--admin-token` given).
+    pub fn creates_admin(&self, embedded: bool) -> bool {
+        embedded || self.bootstrap_admin || self.admin_token.is_some()
+    }
+
     /// The typed settings these flags ask for.
     pub fn settings(&self) -> Settings {
         let batch = BatchSettings {
@@ -451,8 +484,31 @@ mod tests {
     }
 
     #[test]
+    fn an_external_database_gets_demo_data_and_an_admin_only_when_asked() {
+        let quiet = parse(&["--database-url", "postgres://db/x"]);
+        assert_eq!(quiet.serve.seed_rows(false), (0, 0));
+        assert!(!quiet.serve.creates_admin(false));
+        assert_eq!(quiet.serve.seed_rows(true), (SEED_ROWS, SEED_ROWS));
+        assert!(quiet.serve.creates_admin(true));
+        let asked = parse(&["--seed-demo", "--bootstrap-admin"]);
+        assert_eq!(asked.serve.seed_rows(false), (SEED_ROWS, SEED_ROWS));
+        assert!(asked.serve.creates_admin(false));
+        let counts = parse(&["--seed-objects", "5", "--admin-token", "t"]);
+        assert_eq!(counts.serve.seed_rows(false), (5, 0));
+        assert!(counts.serve.creates_admin(false));
+        let none = parse(&["--seed-objects", "0", "--seed-kv-rows", "0"]);
+        assert_eq!(none.serve.seed_rows(true), (0, 0));
+    }
+
+    #[test]
     fn serve_owns_its_flags_and_they_still_work_without_it() {
-        let cli = parse(&["serve", "--listen", "127.0.0.1:9001", "--read-path", "naive"]);
+        let cli = parse(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:9001",
+            "--read-path",
+            "naive",
+        ]);
         let Some(Command::Serve(args)) = &cli.command else {
             panic!("serve: {:?}", cli.command);
         };
@@ -472,7 +528,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         for heading in ["Reads:", "Imports:", "HTTP edge:", "--listen"] {
-            assert!(help.contains(heading), "serve --help lacks {heading}:\n{help}");
+            assert!(
+                help.contains(heading),
+                "serve --help lacks {heading}:\n{help}"
+            );
         }
     }
 
@@ -495,10 +554,7 @@ mod tests {
             },
             DbSettings::default()
         );
-        assert_eq!(
-            (cli.serve.seed_objects, cli.serve.seed_kv_rows),
-            (SEED_ROWS, SEED_ROWS)
-        );
+        assert_eq!(cli.serve.seed_rows(true), (SEED_ROWS, SEED_ROWS));
 
         let cli = parse(&[
             "--read-path",

@@ -83,16 +83,23 @@ async fn connect(config: &tokio_postgres::Config) -> anyhow::Result<tokio_postgr
 }
 
 async fn serve(cli: &Cli, args: &ServeArgs, database: &Database) -> anyhow::Result<()> {
-    if args.seed_objects > 0 || args.seed_kv_rows > 0 {
-        let report = seed::seed(&database.config, args.seed_objects, args.seed_kv_rows).await?;
+    // An operator's own database gets demo rows and an admin only when
+    // asked; the embedded cluster is the demo's, and gets both.
+    let embedded = database.cluster.is_some();
+    let (objects, kv_rows) = args.seed_rows(embedded);
+    if objects > 0 || kv_rows > 0 {
+        let report = seed::seed(&database.config, objects, kv_rows).await?;
         if report.objects.rows + report.kv.rows > 0 {
             print_seed_report(&report);
         }
     }
 
     let token_file = &cli.db.admin_token_file;
-    let new_admin_token =
-        auth::bootstrap_admin(&database.config, args.admin_token.as_deref()).await?;
+    let new_admin_token = if args.creates_admin(embedded) {
+        auth::bootstrap_admin(&database.config, args.admin_token.as_deref()).await?
+    } else {
+        None
+    };
     if let Some(token) = &new_admin_token {
         write_secret(token_file, token)?;
     }
