@@ -39,6 +39,8 @@ pub struct ClusterOptions {
     durable: bool,
     settings: Vec<(String, String)>,
     ready_timeout: Duration,
+    /// PEM certificate chain and key for `ssl=on`.
+    tls: Option<(String, String)>,
 }
 
 impl ClusterOptions {
@@ -52,6 +54,7 @@ impl ClusterOptions {
             durable: true,
             settings: Vec::new(),
             ready_timeout: Duration::from_secs(60),
+            tls: None,
         }
     }
 
@@ -82,6 +85,15 @@ impl ClusterOptions {
     /// Adds a server setting, as `postgres -c name=value`.
     pub fn setting(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.settings.push((name.into(), value.into()));
+        self
+    }
+
+    /// Turns on TLS (`ssl=on`) with this PEM certificate (chain) and
+    /// private key, written into the data directory for the server's user
+    /// only, as Postgres requires of a key. Clients on TCP may then ask for
+    /// TLS; the socket never uses it. For TLS tests.
+    pub fn tls(mut self, cert_pem: impl Into<String>, key_pem: impl Into<String>) -> Self {
+        self.tls = Some((cert_pem.into(), key_pem.into()));
         self
     }
 
@@ -219,6 +231,23 @@ impl Cluster {
         let log_path = data_dir.with_extension("log");
         run_as.check_reachable(&data_dir)?;
         prepare_data_dir(&bin_dir, run_as, &data_dir, options.durable)?;
+        let mut settings = options.settings.clone();
+        if let Some((cert, key)) = &options.tls {
+            for (file, pem, setting) in [
+                ("server.crt", cert, "ssl_cert_file"),
+                ("server.key", key, "ssl_key_file"),
+            ] {
+                let path = data_dir.join(file);
+                fs::write(&path, pem).map_err(|source| Error::Io {
+                    what: "could not write",
+                    path: path.clone(),
+                    source,
+                })?;
+                run_as.own(&path)?;
+                settings.push((setting.to_owned(), path.display().to_string()));
+            }
+            settings.push(("ssl".to_owned(), "on".to_owned()));
+        }
 
         let (socket_dir, socket_tmp) = socket_dir(run_as, &data_dir, options.port)?;
         let log = OpenOptions::new()
@@ -258,7 +287,7 @@ impl Cluster {
                 cmd.args(["-c", s]);
             }
         }
-        for (name, value) in &options.settings {
+        for (name, value) in &settings {
             cmd.arg("-c").arg(format!("{name}={value}"));
         }
         cmd.current_dir(&data_dir)

@@ -86,6 +86,18 @@ pub async fn database() -> Result<TestDatabase, Error> {
 ///
 /// When the server binaries are missing or the cluster cannot start.
 pub async fn private_cluster() -> Result<Cluster, Error> {
+    private_cluster_with(|options| options).await
+}
+
+/// Like [`private_cluster`], with `customize` applied to its options (TCP,
+/// TLS, settings). Its port is one that was free a moment before.
+///
+/// # Errors
+///
+/// As [`private_cluster`], or when no free port can be found.
+pub async fn private_cluster_with(
+    customize: impl FnOnce(ClusterOptions) -> ClusterOptions,
+) -> Result<Cluster, Error> {
     let base = std::env::temp_dir().join("pgbatch-test");
     remove_stale_clusters(&base);
     let dir = base.join(format!(
@@ -93,12 +105,21 @@ pub async fn private_cluster() -> Result<Cluster, Error> {
         std::process::id(),
         NEXT.fetch_add(1, Relaxed)
     ));
-    Cluster::start(
-        ClusterOptions::new(dir)
-            .durable(false)
-            .setting("shared_buffers", "16MB"),
-    )
-    .await
+    // The port also names the socket, which lives in the cluster's own
+    // directory, so only TCP needs it free.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|source| Error::Io {
+            what: "could not find a free port in",
+            path: dir.clone(),
+            source,
+        })?
+        .port();
+    let options = ClusterOptions::new(dir)
+        .port(port)
+        .durable(false)
+        .setting("shared_buffers", "16MB");
+    Cluster::start(customize(options)).await
 }
 
 async fn start_server() -> Result<Server, Error> {

@@ -18,6 +18,7 @@ use batcher::pg::{PgError, Pool};
 use rand::TryRngCore;
 use sha2::{Digest as _, Sha256};
 
+use crate::db::Postgres;
 use crate::failure::Failure;
 use crate::queries::auth as sql;
 pub use crate::queries::auth::Grant;
@@ -235,11 +236,10 @@ pub const ADMIN_USER: &str = "admin";
 ///
 /// When the database fails.
 pub async fn bootstrap_admin(
-    config: &tokio_postgres::Config,
+    target: impl Into<Postgres>,
     preset: Option<&str>,
 ) -> anyhow::Result<Option<String>> {
-    let (mut client, conn) = config.connect(tokio_postgres::NoTls).await?;
-    let conn = tokio::spawn(conn);
+    let mut client = target.into().connect().await?;
     let created = if sql::any_user(&client).await? {
         if let Some(token) = preset {
             add_token(&client, ADMIN_USER, token, "preset admin token").await?;
@@ -254,8 +254,6 @@ pub async fn bootstrap_admin(
         add_token(&client, ADMIN_USER, &token, "created on first start").await?;
         Some(token)
     };
-    drop(client);
-    let _ = conn.await; // ends as the client is dropped; nothing to report
     Ok(created)
 }
 

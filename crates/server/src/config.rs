@@ -16,8 +16,13 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::settings::{
     defaults, AuthSettings, BatchSettings, CacheSettings, DbSettings, ImportSettings, Limits,
-    ReadPath, ReadSettings, Settings, WriteSettings,
+    ReadPath, ReadSettings, Settings, TlsOverrides, WriteSettings,
 };
+use crate::tls::SslMode;
+
+fn parse_sslmode(name: &str) -> Result<SslMode, String> {
+    SslMode::parse(name).map_err(|e| e.to_string())
+}
 
 /// `d` in whole milliseconds, for a flag's default.
 const fn ms(d: Duration) -> u64 {
@@ -111,6 +116,14 @@ pub struct DbArgs {
     /// is started in `--data-dir`.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
+    /// TLS to the database (libpq's `sslmode`): `disable`, `prefer`,
+    /// `require`, `verify-ca` or `verify-full`. Wins over the URL's.
+    #[arg(long, env = "PGBATCH_SSLMODE", global = true, value_parser = parse_sslmode)]
+    pub sslmode: Option<SslMode>,
+    /// A PEM file of the CAs that sign the database's certificate (libpq's
+    /// `sslrootcert`), instead of the system's. Wins over the URL's.
+    #[arg(long, env = "PGBATCH_SSLROOTCERT", global = true)]
+    pub sslrootcert: Option<PathBuf>,
     /// Directory of the embedded cluster (created on first start, kept
     /// across restarts; used without `--database-url`).
     #[arg(
@@ -458,6 +471,10 @@ impl DbArgs {
             url: self.database_url.clone(),
             data_dir: self.data_dir.clone(),
             pool_size: self.pool_size,
+            tls: TlsOverrides {
+                mode: self.sslmode,
+                root_cert: self.sslrootcert.clone(),
+            },
         }
     }
 }

@@ -1,15 +1,86 @@
 //! Where the database comes from (`DATABASE_URL`, or an embedded cluster),
 //! and the schema migrations applied to it.
 
+use std::fmt;
+
 use anyhow::Context as _;
 use embedded_pg::{Cluster, ClusterOptions};
-use tokio_postgres::NoTls;
 
 use crate::queries::database;
 use crate::settings::DbSettings;
+use crate::tls::{self, Tls};
 
 mod embedded {
     refinery::embed_migrations!("../../migrations");
+}
+
+/// A Postgres to connect to: its settings and the TLS connector that
+/// carries out their `sslmode` (see [`tls`]).
+#[derive(Clone)]
+pub struct Postgres {
+    /// Host, port, user, database, `sslmode` as tokio-postgres has it.
+    pub config: tokio_postgres::Config,
+    /// The connector for every connection to it.
+    pub tls: Tls,
+}
+
+impl fmt::Debug for Postgres {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Postgres")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A config alone gets libpq's default TLS policy, `prefer` (unused on a
+/// Unix socket): how tests and benchmarks reach their own clusters.
+impl From<tokio_postgres::Config> for Postgres {
+    fn from(config: tokio_postgres::Config) -> Self {
+        Self {
+            config,
+            tls: tls::default_connector(),
+        }
+    }
+}
+
+impl From<&tokio_postgres::Config> for Postgres {
+    fn from(config: &tokio_postgres::Config) -> Self {
+        config.clone().into()
+    }
+}
+
+impl From<&Postgres> for Postgres {
+    fn from(target: &Postgres) -> Self {
+        target.clone()
+    }
+}
+
+impl From<&Database> for Postgres {
+    fn from(database: &Database) -> Self {
+        Self {
+            config: database.config.clone(),
+            tls: database.tls.clone(),
+        }
+    }
+}
+
+impl Postgres {
+    /// One connection, driven by a task of its own until the client is
+    /// dropped.
+    ///
+    /// # Errors
+    ///
+    /// When the server cannot be reached, refuses the login, or the TLS
+    /// handshake or certificate check fails.
+    pub async fn connect(&self) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+        let (client, conn) = self.config.connect(self.tls.clone()).await?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "database connection ended");
+            }
+        });
+        Ok(client)
+    }
 }
 
 /// The database the service runs on.
@@ -17,6 +88,8 @@ mod embedded {
 pub struct Database {
     /// How to connect to it.
     pub config: tokio_postgres::Config,
+    /// The TLS connector for it, from `sslmode` and `sslrootcert`.
+    pub tls: Tls,
     /// The embedded cluster, when there is no `DATABASE_URL`; stopped when
     /// dropped.
     pub cluster: Option<Cluster>,
@@ -48,11 +121,19 @@ impl Database {
         customize: impl FnOnce(ClusterOptions) -> ClusterOptions,
     ) -> anyhow::Result<Self> {
         if let Some(url) = &settings.url {
-            let config = url
-                .parse()
-                .context("DATABASE_URL is not a valid Postgres connection string")?;
+            let (mut config, mut tls_settings) = tls::parse_url(url)?;
+            // Flags and their environment variables win over the URL.
+            if let Some(mode) = settings.tls.mode {
+                tls_settings.mode = mode;
+            }
+            if let Some(root) = &settings.tls.root_cert {
+                tls_settings.root_cert = Some(root.clone());
+            }
+            config.ssl_mode(tls_settings.mode.for_tokio_postgres());
+            let tls = tls::connector(&tls_settings)?;
             return Ok(Self {
                 config,
+                tls,
                 cluster: None,
             });
         }
@@ -69,6 +150,7 @@ impl Database {
         create_database_if_missing(&cluster.config("postgres"), EMBEDDED_DB).await?;
         Ok(Self {
             config: cluster.config(EMBEDDED_DB),
+            tls: tls::default_connector(),
             cluster: Some(cluster),
         })
     }
@@ -85,11 +167,8 @@ async fn create_database_if_missing(
     admin: &tokio_postgres::Config,
     name: &str,
 ) -> anyhow::Result<()> {
-    let (client, conn) = admin.connect(NoTls).await?;
-    let conn = tokio::spawn(conn);
+    let client = Postgres::from(admin).connect().await?;
     database::create_database_if_missing(&client, name).await?;
-    drop(client);
-    let _ = conn.await; // ends as the client is dropped; nothing to report
     Ok(())
 }
 
@@ -100,12 +179,12 @@ async fn create_database_if_missing(
 ///
 /// When the database is unreachable or a migration fails (then nothing of
 /// that migration is applied).
-pub async fn migrate(config: &tokio_postgres::Config) -> anyhow::Result<()> {
-    let (mut client, conn) = config
-        .connect(NoTls)
+pub async fn migrate(target: impl Into<Postgres>) -> anyhow::Result<()> {
+    let mut client = target
+        .into()
+        .connect()
         .await
         .context("could not connect to run migrations")?;
-    let conn = tokio::spawn(conn);
     let report = embedded::migrations::runner()
         .run_async(&mut client)
         .await
@@ -113,8 +192,6 @@ pub async fn migrate(config: &tokio_postgres::Config) -> anyhow::Result<()> {
     for m in report.applied_migrations() {
         tracing::info!(version = m.version(), name = m.name(), "applied migration");
     }
-    drop(client);
-    let _ = conn.await; // ends as the client is dropped; nothing to report
     Ok(())
 }
 
@@ -129,11 +206,11 @@ pub async fn migrate(config: &tokio_postgres::Config) -> anyhow::Result<()> {
 ///
 /// When the pool settings are invalid (a size of 0).
 pub fn pool(
-    config: &tokio_postgres::Config,
+    target: impl Into<Postgres>,
     pool_size: usize,
     statement_timeout: std::time::Duration,
 ) -> anyhow::Result<batcher::pg::Pool> {
-    let mut config = config.clone();
+    let Postgres { mut config, tls } = target.into();
     let timeout = format!(
         "-c statement_timeout={}",
         statement_timeout.as_millis().max(1)
@@ -143,8 +220,12 @@ pub fn pool(
         None => timeout,
     };
     config.options(&options);
-    batcher::pg::pool(config, &batcher::pg::PoolOptions::with_max_size(pool_size))
-        .context("invalid pool settings")
+    batcher::pg::pool_with_tls(
+        config,
+        &batcher::pg::PoolOptions::with_max_size(pool_size),
+        tls,
+    )
+    .context("invalid pool settings")
 }
 
 /// One round trip on a pooled connection: the database answers.

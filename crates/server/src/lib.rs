@@ -30,6 +30,7 @@
 //! queries/*      all SQL, one module per table or concern
 //! failure        Failure, the domain error, from one classification
 //! settings       typed settings with their defaults
+//! tls            TLS to Postgres on rustls: libpq's sslmode and sslrootcert
 //! ```
 //!
 //! A read goes `routes` → `reads` → [`Lookup`](lookup::Lookup) → a
@@ -56,6 +57,7 @@ pub mod serve;
 pub mod settings;
 pub mod state;
 pub mod testing;
+pub mod tls;
 pub mod writes;
 
 use std::time::Duration;

@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use server::auth;
 use server::config::{Cli, Command, LogFormat, ServeArgs, TokenCommand, UserCommand};
-use server::db::{self, Database};
+use server::db::{self, Database, Postgres};
 use server::queries::kv::kv_pk;
 use server::seed::{self, SeedReport};
 use server::{app, AppState};
@@ -46,21 +46,21 @@ fn init_logging(format: LogFormat) {
 }
 
 async fn run(cli: &Cli, database: &Database) -> anyhow::Result<()> {
-    db::migrate(&database.config).await?;
+    db::migrate(database).await?;
     match &cli.command {
         Some(Command::Seed(args)) => {
-            let report = seed::seed(&database.config, args.objects, args.kv_rows).await?;
+            let report = seed::seed(database, args.objects, args.kv_rows).await?;
             print_seed_report(&report);
             Ok(())
         }
         Some(Command::User(UserCommand::Create { name, read, write })) => {
-            let mut client = connect(&database.config).await?;
+            let mut client = connect(database).await?;
             auth::create_user(&mut client, name, read, write).await?;
             println!("created user `{name}`");
             Ok(())
         }
         Some(Command::Token(TokenCommand::Create { user, description })) => {
-            let client = connect(&database.config).await?;
+            let client = connect(database).await?;
             let token = auth::new_token()?;
             auth::add_token(&client, user, &token, description).await?;
             println!("{token}");
@@ -72,14 +72,8 @@ async fn run(cli: &Cli, database: &Database) -> anyhow::Result<()> {
     }
 }
 
-async fn connect(config: &tokio_postgres::Config) -> anyhow::Result<tokio_postgres::Client> {
-    let (client, conn) = config.connect(tokio_postgres::NoTls).await?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::warn!(error = %e, "database connection ended");
-        }
-    });
-    Ok(client)
+async fn connect(database: &Database) -> anyhow::Result<tokio_postgres::Client> {
+    Ok(Postgres::from(database).connect().await?)
 }
 
 async fn serve(cli: &Cli, args: &ServeArgs, database: &Database) -> anyhow::Result<()> {
@@ -88,7 +82,7 @@ async fn serve(cli: &Cli, args: &ServeArgs, database: &Database) -> anyhow::Resu
     let embedded = database.cluster.is_some();
     let (objects, kv_rows) = args.seed_rows(embedded);
     if objects > 0 || kv_rows > 0 {
-        let report = seed::seed(&database.config, objects, kv_rows).await?;
+        let report = seed::seed(database, objects, kv_rows).await?;
         if report.objects.rows + report.kv.rows > 0 {
             print_seed_report(&report);
         }
@@ -96,7 +90,7 @@ async fn serve(cli: &Cli, args: &ServeArgs, database: &Database) -> anyhow::Resu
 
     let token_file = &cli.db.admin_token_file;
     let new_admin_token = if args.creates_admin(embedded) {
-        auth::bootstrap_admin(&database.config, args.admin_token.as_deref()).await?
+        auth::bootstrap_admin(database, args.admin_token.as_deref()).await?
     } else {
         None
     };
@@ -105,7 +99,7 @@ async fn serve(cli: &Cli, args: &ServeArgs, database: &Database) -> anyhow::Resu
     }
 
     let settings = args.settings();
-    let state = AppState::connect(&database.config, cli.db.pool_size, &settings)?;
+    let state = AppState::connect(database, cli.db.pool_size, &settings)?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("could not listen on {}", args.listen))?;

@@ -12,7 +12,9 @@ use anyhow::Context as _;
 use batcher::pg::copy::{self, RowSource, RowValues};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 use tokio_postgres::types::Type;
-use tokio_postgres::{NoTls, Transaction};
+use tokio_postgres::Transaction;
+
+use crate::db::Postgres;
 
 use crate::queries::database::take_if_empty;
 use crate::queries::kv::{KvRows, KV_COLUMNS, KV_TABLE};
@@ -90,10 +92,12 @@ fn mix(mut x: u64) -> u64 {
 ///
 /// When the database fails; the table being loaded is then left empty.
 pub async fn seed(
-    config: &tokio_postgres::Config,
+    target: impl Into<Postgres>,
     objects: u64,
     kv_rows: u64,
 ) -> anyhow::Result<SeedReport> {
+    let target = target.into();
+    let config = &target;
     let bars = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
     let start = Instant::now();
     let (objects, kv) = tokio::try_join!(
@@ -109,7 +113,7 @@ pub async fn seed(
 
 /// The demo objects, in repository `demo` (created if missing).
 async fn seed_objects(
-    config: &tokio_postgres::Config,
+    config: &Postgres,
     bars: &MultiProgress,
     rows: u64,
 ) -> anyhow::Result<TableReport> {
@@ -128,7 +132,7 @@ async fn seed_objects(
 
 /// The seed benchmark's rows `1..=rows`.
 async fn seed_kv(
-    config: &tokio_postgres::Config,
+    config: &Postgres,
     bars: &MultiProgress,
     rows: u64,
 ) -> anyhow::Result<TableReport> {
@@ -142,7 +146,7 @@ async fn seed_kv(
 /// exclusive lock on `table`, if `rows > 0` and the table is empty. An
 /// error rolls the transaction back, leaving the table empty.
 async fn load_if_empty(
-    config: &tokio_postgres::Config,
+    config: &Postgres,
     bars: &MultiProgress,
     table: &'static str,
     rows: u64,
@@ -157,8 +161,7 @@ async fn load_if_empty(
     if rows == 0 {
         return Ok(skipped(false));
     }
-    let (mut client, conn) = config.connect(NoTls).await.context("seed: connect")?;
-    let conn = tokio::spawn(conn);
+    let mut client = config.connect().await.context("seed: connect")?;
     let tx = client.transaction().await?;
     if !take_if_empty(&tx, table).await? {
         tracing::info!(table, "table already has rows; not seeding it");
@@ -181,8 +184,6 @@ async fn load_if_empty(
     load(&tx, &bar).await?;
     tx.commit().await.context("seed: commit")?;
     bar.finish();
-    drop(client);
-    let _ = conn.await; // ends as the client is dropped; nothing to report
     Ok(TableReport {
         rows,
         elapsed: start.elapsed(),

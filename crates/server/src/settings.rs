@@ -87,6 +87,18 @@ pub struct DbSettings {
     pub data_dir: PathBuf,
     /// Connections in the service's pool.
     pub pool_size: usize,
+    /// TLS settings given apart from the URL, which win over it.
+    pub tls: TlsOverrides,
+}
+
+/// `sslmode` and `sslrootcert` given as flags (or their environment
+/// variables) rather than in `DATABASE_URL`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsOverrides {
+    /// libpq's `sslmode`.
+    pub mode: Option<crate::tls::SslMode>,
+    /// A PEM file of the CAs to trust.
+    pub root_cert: Option<PathBuf>,
 }
 
 impl Default for DbSettings {
@@ -95,6 +107,7 @@ impl Default for DbSettings {
             url: None,
             data_dir: PathBuf::from(defaults::DATA_DIR),
             pool_size: defaults::POOL_SIZE,
+            tls: TlsOverrides::default(),
         }
     }
 }

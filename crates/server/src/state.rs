@@ -7,7 +7,7 @@ use batcher::pg::Pool;
 use batcher::BuildError;
 
 use crate::auth::Authenticator;
-use crate::db;
+use crate::db::{self, Postgres};
 use crate::metrics::Metrics;
 use crate::reads::Reads;
 use crate::settings::Settings;
@@ -42,15 +42,20 @@ impl Pools {
     ///
     /// When a pool setting is invalid (a size of 0).
     pub fn connect(
-        config: &tokio_postgres::Config,
+        target: impl Into<Postgres>,
         read_size: usize,
         settings: &Settings,
     ) -> anyhow::Result<Self> {
+        let target = target.into();
         let write_size = settings.write.batch.concurrency + WRITE_POOL_EXTRA;
         Ok(Self {
-            read: db::pool(config, read_size, settings.read.timeout)?,
-            write: db::pool(config, write_size, settings.write.timeout)?,
-            import: db::pool(config, settings.import.concurrency, settings.import.timeout)?,
+            read: db::pool(&target, read_size, settings.read.timeout)?,
+            write: db::pool(&target, write_size, settings.write.timeout)?,
+            import: db::pool(
+                &target,
+                settings.import.concurrency,
+                settings.import.timeout,
+            )?,
         })
     }
 
@@ -125,19 +130,19 @@ impl AppState {
         })))
     }
 
-    /// State over new [`Pools`] to `config`, the read pool of `pool_size`
+    /// State over new [`Pools`] to `target`, the read pool of `pool_size`
     /// connections.
     ///
     /// # Errors
     ///
     /// When a pool, batcher or cache setting is invalid.
     pub fn connect(
-        config: &tokio_postgres::Config,
+        target: impl Into<Postgres>,
         pool_size: usize,
         settings: &Settings,
     ) -> anyhow::Result<Self> {
         Ok(Self::new(
-            Pools::connect(config, pool_size, settings)?,
+            Pools::connect(target, pool_size, settings)?,
             settings,
         )?)
     }

@@ -70,7 +70,9 @@ impl PoolOptions {
     }
 }
 
-/// A connection pool for `config` with every timeout set.
+/// A connection pool for `config` with every timeout set, without TLS: for
+/// a server on a Unix socket or a trusted network. For a server that wants
+/// TLS (most managed Postgres services), use [`pool_with_tls`].
 ///
 /// Connections are recycled with a cheap check (deadpool's `Fast` method):
 /// a connection whose server went away is detected on its next use, and the
@@ -83,10 +85,43 @@ pub fn pool(
     config: tokio_postgres::Config,
     options: &PoolOptions,
 ) -> Result<Pool, deadpool_postgres::BuildError> {
+    pool_with_tls(config, options, tokio_postgres::NoTls)
+}
+
+/// A connection pool for `config` with every timeout set, connecting
+/// through `tls`: any tokio-postgres TLS connector, for example
+/// tokio-postgres-rustls' `MakeRustlsConnect` or postgres-native-tls'.
+/// Whether TLS is used, preferred or required is `config`'s `ssl_mode`.
+///
+/// ```no_run
+/// # fn connector() -> tokio_postgres::NoTls { tokio_postgres::NoTls }
+/// use batcher::pg::{pool_with_tls, PoolOptions};
+///
+/// let config: tokio_postgres::Config =
+///     "host=db.example.com user=app dbname=app sslmode=require".parse()?;
+/// let tls = connector(); // e.g. tokio_postgres_rustls::MakeRustlsConnect::new(client_config)
+/// let pool = pool_with_tls(config, &PoolOptions::with_max_size(16), tls)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+///
+/// When the options are invalid (for example `max_size` 0).
+pub fn pool_with_tls<T>(
+    config: tokio_postgres::Config,
+    options: &PoolOptions,
+    tls: T,
+) -> Result<Pool, deadpool_postgres::BuildError>
+where
+    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket> + Clone + Sync + Send + 'static,
+    T::Stream: Sync + Send,
+    T::TlsConnect: Sync + Send,
+    <T::TlsConnect as tokio_postgres::tls::TlsConnect<tokio_postgres::Socket>>::Future: Send,
+{
     use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
     let manager = Manager::from_config(
         config,
-        tokio_postgres::NoTls,
+        tls,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },

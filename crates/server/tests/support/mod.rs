@@ -48,13 +48,15 @@ pub fn read_path(path: ReadPath) -> Settings {
     }
 }
 
-/// An app over `config` with `settings`, on a pool of 4 connections.
-pub fn app_on(config: &tokio_postgres::Config, settings: &Settings) -> TestApp {
-    let state = AppState::connect(config, 4, settings).expect("valid settings");
+/// An app over `target` (a config, or a config with its TLS connector)
+/// with `settings`, on a read pool of 4 connections.
+pub fn app_on(target: impl Into<server::db::Postgres>, settings: &Settings) -> TestApp {
+    let target = target.into();
+    let state = AppState::connect(&target, 4, settings).expect("valid settings");
     TestApp {
         router: app(state.clone()),
         state,
-        config: config.clone(),
+        config: target.config,
     }
 }
 
