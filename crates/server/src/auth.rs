@@ -20,8 +20,9 @@ use sha2::{Digest as _, Sha256};
 
 use crate::db::Postgres;
 use crate::failure::Failure;
+use crate::input;
 use crate::queries::auth as sql;
-pub use crate::queries::auth::Grant;
+pub use crate::queries::auth::{Grant, TokenInfo};
 use crate::settings::AuthSettings;
 
 /// A token's SHA-256 digest, the only form in which tokens are stored.
@@ -150,6 +151,54 @@ impl Authenticator {
             None => Ok(load_principal(&self.pool, &digest)
                 .await
                 .map(|p| p.map(Arc::new))?),
+        }
+    }
+
+    /// The tokens of `user` (ids and descriptions, never the tokens).
+    ///
+    /// # Errors
+    ///
+    /// As a lookup's: the pool or the database failing.
+    pub async fn tokens_of(&self, user: &str) -> Result<Vec<TokenInfo>, Failure> {
+        let client = self.pool.get().await.map_err(PgError::from)?;
+        Ok(sql::list_tokens(&**client, Some(user))
+            .await
+            .map_err(PgError::from)?)
+    }
+
+    /// Revokes the token with id `id` (see [`TokenInfo`]): one of
+    /// `caller`'s own, or anyone's when `caller` may write everything. The
+    /// token stops working on this instance at once; other instances drop
+    /// it from their caches within the cache's TTL.
+    ///
+    /// # Errors
+    ///
+    /// [`Failure::Invalid`] for a malformed id; [`Failure::NoSuchToken`]
+    /// when the caller has no such token (whether someone else does is not
+    /// told); else as the database fails.
+    pub async fn revoke(&self, caller: &Principal, id: &str) -> Result<(), Failure> {
+        input::token_id(id)?;
+        let owner = (!caller.may(Action::Write, "*")).then_some(caller.user.as_str());
+        let client = self.pool.get().await.map_err(PgError::from)?;
+        let digests = sql::delete_token(&**client, id, owner)
+            .await
+            .map_err(PgError::from)?;
+        if digests.is_empty() {
+            return Err(Failure::NoSuchToken(id.to_owned()));
+        }
+        self.forget(&digests).await;
+        Ok(())
+    }
+
+    /// Drops the cached principals of tokens with these digests.
+    pub async fn forget(&self, digests: &[Vec<u8>]) {
+        let Some(cache) = &self.cache else {
+            return;
+        };
+        for digest in digests {
+            if let Ok(digest) = TokenDigest::try_from(digest.as_slice()) {
+                cache.invalidate(&digest).await;
+            }
         }
     }
 

@@ -93,6 +93,13 @@ pub enum UserCommand {
         #[arg(long = "write", value_name = "REPO")]
         write: Vec<String>,
     },
+    /// List users and their grants.
+    List,
+    /// Delete a user with their tokens and grants.
+    Delete {
+        /// The user's name.
+        name: String,
+    },
 }
 
 /// `server token ...`
@@ -106,6 +113,19 @@ pub enum TokenCommand {
         /// What the token is for.
         #[arg(long, default_value = "")]
         description: String,
+    },
+    /// List tokens (ids, users, descriptions; never the tokens).
+    List {
+        /// Only this user's.
+        #[arg(long)]
+        user: Option<String>,
+    },
+    /// Revoke a token by the id `token list` shows. A running server
+    /// stops accepting it within its auth cache's TTL; `DELETE
+    /// /api/v1/user/tokens/{id}` revokes it there at once.
+    Revoke {
+        /// The token's id (16 hex digits).
+        id: String,
     },
 }
 

@@ -78,6 +78,7 @@ impl From<Failure> for AppError {
             Failure::NoSuchRepository(_) => (StatusCode::NOT_FOUND, "repository_not_found"),
             Failure::NoSuchObject { .. } => (StatusCode::NOT_FOUND, "object_not_found"),
             Failure::NoSuchRow(_) => (StatusCode::NOT_FOUND, "row_not_found"),
+            Failure::NoSuchToken(_) => (StatusCode::NOT_FOUND, "token_not_found"),
             Failure::RepositoryExists(_) => (StatusCode::CONFLICT, "repository_exists"),
             Failure::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             Failure::Rejected(_) => (StatusCode::UNPROCESSABLE_ENTITY, "rejected"),

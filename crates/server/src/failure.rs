@@ -44,6 +44,9 @@ pub enum Failure {
         /// The object's path.
         path: String,
     },
+    /// The caller has no token with this id.
+    #[error("no token with id `{0}`")]
+    NoSuchToken(String),
     /// No `random_read_test` row has this key.
     #[error("no row with key `{0}`")]
     NoSuchRow(String),

@@ -281,6 +281,27 @@ fn check_escapes(raw: &str) -> Result<(), DecodeError> {
     Ok(())
 }
 
+/// Checks a token id: the 16 lowercase hex digits `token list` and
+/// `GET /api/v1/user/tokens` show.
+///
+/// # Errors
+///
+/// [`Failure::Invalid`] with code `invalid_token_id`.
+pub fn token_id(id: &str) -> Result<(), Failure> {
+    if id.len() == 16
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        Ok(())
+    } else {
+        Err(Failure::invalid(
+            "invalid_token_id",
+            "a token id is 16 lowercase hex digits, as the token list shows",
+        ))
+    }
+}
+
 /// Checks a request path's percent-escapes as strictly as a query
 /// string's: axum's `Path` keeps a malformed escape such as `%ZZ` as
 /// literal text, which would look up a key nobody meant.

@@ -96,6 +96,8 @@ pub fn app(state: AppState) -> Router {
         )
         .route("/api/v1/kv/{pk}", get(kv::get))
         .route("/api/v1/user", get(user::current))
+        .route("/api/v1/user/tokens", get(user::tokens))
+        .route("/api/v1/user/tokens/{id}", delete(user::revoke))
         .route_layer(from_fn_with_state(
             state.auth.clone(),
             extract::require_token,

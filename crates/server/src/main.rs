@@ -59,6 +59,45 @@ async fn run(cli: &Cli, database: &Database) -> anyhow::Result<()> {
             println!("created user `{name}`");
             Ok(())
         }
+        Some(Command::User(UserCommand::List)) => {
+            let client = connect(database).await?;
+            for (name, grants) in server::queries::auth::list_users(&client).await? {
+                let grants: Vec<String> = grants
+                    .iter()
+                    .map(|g| {
+                        let what = if g.write { "write" } else { "read" };
+                        format!("{what}:{}", g.repository)
+                    })
+                    .collect();
+                println!("{name}\t{}", grants.join(","));
+            }
+            Ok(())
+        }
+        Some(Command::User(UserCommand::Delete { name })) => {
+            let client = connect(database).await?;
+            match server::queries::auth::delete_user(&client, name).await? {
+                Some(tokens) => {
+                    println!("deleted user `{name}` and its {} token(s)", tokens.len());
+                    Ok(())
+                }
+                None => anyhow::bail!("no user named `{name}`"),
+            }
+        }
+        Some(Command::Token(TokenCommand::List { user })) => {
+            let client = connect(database).await?;
+            for t in server::queries::auth::list_tokens(&client, user.as_deref()).await? {
+                println!("{}\t{}\t{}\t{}", t.id, t.user, t.created_at, t.description);
+            }
+            Ok(())
+        }
+        Some(Command::Token(TokenCommand::Revoke { id })) => {
+            server::input::token_id(id)?;
+            let client = connect(database).await?;
+            let gone = server::queries::auth::delete_token(&client, id, None).await?;
+            anyhow::ensure!(!gone.is_empty(), "no token with id `{id}`");
+            println!("revoked token {id}");
+            Ok(())
+        }
         Some(Command::Token(TokenCommand::Create { user, description })) => {
             let client = connect(database).await?;
             let token = auth::new_token()?;

@@ -360,3 +360,93 @@ async fn creating_users_and_tokens_reports_bad_input() {
     let err = auth::add_token(&c, "nobody", "t", "").await.unwrap_err();
     assert!(err.to_string().contains("no user named `nobody`"), "{err}");
 }
+
+/// A DELETE with `token`.
+fn delete_as(uri: &str, token: &str) -> axum::http::Request<axum::body::Body> {
+    axum::http::Request::delete(uri)
+        .header("authorization", format!("Bearer {token}"))
+        .body(axum::body::Body::empty())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_user_lists_and_revokes_their_tokens_and_revocation_is_immediate() {
+    // With the token cache on: revocation must not wait for the TTL.
+    let app = support::setup(&auth_cache(true)).await;
+    let alice = user_with_token(&app.config, "alice", &["demo"], &[]).await;
+    let alice_laptop = {
+        let c = client(&app.config).await;
+        let token = auth::new_token().unwrap();
+        auth::add_token(&c, "alice", &token, "laptop")
+            .await
+            .unwrap();
+        token
+    };
+    let bob = user_with_token(&app.config, "bob", &["demo"], &[]).await;
+    let stat = stat_uri("demo", &object_path(1));
+    // Both of alice's tokens are cached now.
+    assert_eq!(
+        send(&app.router, get_as(&stat, Some(&alice))).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app.router, get_as(&stat, Some(&alice_laptop)))
+            .await
+            .0,
+        StatusCode::OK
+    );
+
+    let (status, body) = send(&app.router, get_as("/api/v1/user/tokens", Some(&alice))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let tokens = body["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 2, "only alice's own: {body}");
+    assert!(tokens.iter().all(|t| t["user"] == "alice"));
+    assert!(!body.to_string().contains(&alice), "never the token itself");
+    let laptop = tokens
+        .iter()
+        .find(|t| t["description"] == "laptop")
+        .unwrap();
+    let laptop_id = laptop["id"].as_str().unwrap().to_owned();
+    assert_eq!(laptop_id.len(), 16);
+
+    // Bob can neither see nor revoke alice's token.
+    let bob_tokens = send(&app.router, get_as("/api/v1/user/tokens", Some(&bob)))
+        .await
+        .1;
+    assert!(!bob_tokens.to_string().contains(&laptop_id));
+    let uri = format!("/api/v1/user/tokens/{laptop_id}");
+    let (status, body) = send(&app.router, delete_as(&uri, &bob)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(body["error"]["code"], "token_not_found");
+
+    // Alice revokes it: refused at once, though it was cached; her other
+    // token still works.
+    assert_eq!(
+        send(&app.router, delete_as(&uri, &alice)).await.0,
+        StatusCode::NO_CONTENT
+    );
+    let (status, body) = send(&app.router, get_as(&stat, Some(&alice_laptop))).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert_eq!(
+        send(&app.router, get_as(&stat, Some(&alice))).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app.router, delete_as(&uri, &alice)).await.0,
+        StatusCode::NOT_FOUND
+    );
+
+    // The admin may revoke anyone's.
+    let bob_id = bob_tokens["tokens"][0]["id"].as_str().unwrap().to_owned();
+    let uri = format!("/api/v1/user/tokens/{bob_id}");
+    let (status, _) = send(&app.router, delete_as(&uri, support::ADMIN_TOKEN)).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        send(&app.router, get_as(&stat, Some(&bob))).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+
+    let (status, body) = send(&app.router, delete_as("/api/v1/user/tokens/XYZ", &alice)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_token_id");
+}

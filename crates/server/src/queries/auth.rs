@@ -137,3 +137,135 @@ pub async fn insert_token<C: GenericClient>(
         .await?;
     Ok(n > 0)
 }
+
+/// A stored token as it is listed: never the token itself, only an id (the
+/// first 16 hex digits of its SHA-256 digest), its user and description.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TokenInfo {
+    /// The first 16 hex digits of the token's digest.
+    pub id: String,
+    /// The user it authenticates as.
+    pub user: String,
+    /// What it is for.
+    pub description: String,
+    /// When it was created, in Unix seconds.
+    pub created_at: i64,
+}
+
+/// The tokens of `user`, or of every user.
+///
+/// # Errors
+///
+/// When the statement fails.
+pub async fn list_tokens<C: GenericClient>(
+    client: &C,
+    user: Option<&str>,
+) -> Result<Vec<TokenInfo>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT left(encode(t.digest, 'hex'), 16), u.name, t.description, \
+                    extract(epoch FROM t.created_at)::bigint \
+             FROM tokens t JOIN users u ON u.id = t.user_id \
+             WHERE $1::text IS NULL OR u.name = $1 \
+             ORDER BY u.name, t.created_at",
+            &[&user],
+        )
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(TokenInfo {
+                id: r.try_get(0)?,
+                user: r.try_get(1)?,
+                description: r.try_get(2)?,
+                created_at: r.try_get(3)?,
+            })
+        })
+        .collect()
+}
+
+/// Deletes the token whose id (16 lowercase hex digits, see [`TokenInfo`])
+/// is `id`, if it belongs to `user` (any user with `None`); returns the
+/// digests deleted.
+///
+/// # Errors
+///
+/// When the statement fails.
+pub async fn delete_token<C: GenericClient>(
+    client: &C,
+    id: &str,
+    user: Option<&str>,
+) -> Result<Vec<Vec<u8>>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "DELETE FROM tokens t USING users u \
+             WHERE u.id = t.user_id AND left(encode(t.digest, 'hex'), 16) = $1 \
+               AND ($2::text IS NULL OR u.name = $2) \
+             RETURNING t.digest",
+            &[&id, &user],
+        )
+        .await?;
+    rows.iter().map(|r| r.try_get(0)).collect()
+}
+
+/// Every user's name, with their grants.
+///
+/// # Errors
+///
+/// When the statement fails.
+pub async fn list_users<C: GenericClient>(
+    client: &C,
+) -> Result<Vec<(String, Vec<Grant>)>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT u.name, p.repository, p.can_read, p.can_write \
+             FROM users u LEFT JOIN policies p ON p.user_id = u.id \
+             ORDER BY u.name, p.repository",
+            &[],
+        )
+        .await?;
+    let mut users: Vec<(String, Vec<Grant>)> = Vec::new();
+    for row in &rows {
+        let name: String = row.try_get(0)?;
+        if users.last().is_none_or(|(last, _)| *last != name) {
+            users.push((name, Vec::new()));
+        }
+        if let Some(repository) = row.try_get::<_, Option<String>>(1)? {
+            let grants = &mut users.last_mut().expect("pushed above").1;
+            grants.push(Grant {
+                repository,
+                read: row.try_get(2)?,
+                write: row.try_get(3)?,
+            });
+        }
+    }
+    Ok(users)
+}
+
+/// Deletes user `name` with their tokens and policies; `false` if there
+/// was none. Returns the digests of the tokens deleted with them.
+///
+/// # Errors
+///
+/// When the statement fails.
+pub async fn delete_user<C: GenericClient>(
+    client: &C,
+    name: &str,
+) -> Result<Option<Vec<Vec<u8>>>, tokio_postgres::Error> {
+    let tokens = client
+        .query(
+            "SELECT t.digest FROM tokens t JOIN users u ON u.id = t.user_id WHERE u.name = $1",
+            &[&name],
+        )
+        .await?;
+    let deleted = client
+        .execute("DELETE FROM users WHERE name = $1", &[&name])
+        .await?;
+    if deleted == 0 {
+        return Ok(None);
+    }
+    tokens
+        .iter()
+        .map(|r| r.try_get(0))
+        .collect::<Result<_, _>>()
+        .map(Some)
+}
