@@ -10,9 +10,9 @@
 
 use std::time::Duration;
 
-use batcher::{Batcher, FlushPolicy, Loader};
 use benches::{runtime, time_sequential, KeyStream, MemLoader};
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use pgbatch::{Batcher, FlushPolicy, Loader};
 use tokio::runtime::Runtime;
 
 const ROWS: u64 = 100_000;

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use batcher::{Batcher, FlushPolicy, Loader};
 use benches::{closed_loop, MemLoader, RunReport};
+use pgbatch::{Batcher, FlushPolicy, Loader};
 
 const ROWS: u64 = 100_000;
 

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use batcher::cache::Cache;
-use batcher::pg::PgLoader;
 use benches::{runtime, seeded_database, server_app, time_sequential, ADMIN_TOKEN};
 use criterion::{black_box, BenchmarkId, Criterion, Throughput};
+use pgbatch::cache::Cache;
+use pgbatch::pg::PgLoader;
 use server::queries::kv::{kv_pk, KvQuery};
 use server::settings::{AuthSettings, ReadPath, ReadSettings, Settings};
 use tokio::runtime::Runtime;

@@ -15,10 +15,10 @@
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
-use batcher::pg::copy::{self, RowSource, RowValues};
-use batcher::pg::{self, Params, PoolOptions, UpsertQuery, Writer};
 use benches::closed_loop;
 use embedded_pg::{Cluster, ClusterOptions};
+use pgbatch::pg::copy::{self, RowSource, RowValues};
+use pgbatch::pg::{self, Params, PoolOptions, UpsertQuery, Writer};
 use server::queries::objects::{ObjectRow, ObjectUpsert, OBJECT_COLUMNS, OBJECT_TABLE};
 use server::queries::repositories;
 use server::settings::WriteSettings;

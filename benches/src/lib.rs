@@ -11,8 +11,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use batcher::Loader;
 use hdrhistogram::Histogram;
+use pgbatch::Loader;
 
 pub mod reads;
 pub mod toxiproxy;

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use batcher::pg::copy;
-use batcher::pg::{BatchQuery, Pool};
 use embedded_pg::ClusterOptions;
+use pgbatch::pg::copy;
+use pgbatch::pg::{BatchQuery, Pool};
 use server::db::Database;
 use server::lookup::Lookup;
 use server::queries::database::count_rows;

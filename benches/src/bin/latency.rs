@@ -17,12 +17,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use batcher::pg::PoolOptions;
-use batcher::FlushPolicy;
 use benches::reads::{self, TableArgs};
 use benches::toxiproxy::{self, Toxiproxy};
 use benches::RunReport;
 use clap::Parser;
+use pgbatch::pg::PoolOptions;
+use pgbatch::FlushPolicy;
 use server::config::PolicyArg;
 use server::db::Database;
 use server::settings::BatchSettings;
@@ -165,7 +165,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
             "{label}: SELECT 1 round trip {:.3} ms",
             measured_rtt.as_secs_f64() * 1e3
         );
-        let pool = batcher::pg::pool(
+        let pool = pgbatch::pg::pool(
             config.clone(),
             &PoolOptions::with_max_size(args.connections),
         )?;

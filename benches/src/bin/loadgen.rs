@@ -22,11 +22,11 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use batcher::pg::PoolOptions;
-use batcher::FlushPolicy;
 use benches::reads::{self, TableArgs};
 use benches::RunReport;
 use clap::Parser;
+use pgbatch::pg::PoolOptions;
+use pgbatch::FlushPolicy;
 use server::db::Database;
 use server::settings::BatchSettings;
 
@@ -100,7 +100,7 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()> {
-    let pool = batcher::pg::pool(
+    let pool = pgbatch::pg::pool(
         db.config.clone(),
         &PoolOptions::with_max_size(args.pool_size),
     )?;

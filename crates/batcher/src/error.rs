@@ -53,7 +53,7 @@ pub enum Error {
 
 impl Error {
     /// Wraps a loader's own error as [`Error::Load`], for loaders (such as
-    /// [`Cache`](crate::cache::Cache) loaders) that must return this type.
+    /// `Cache` loaders) that must return this type.
     pub fn load<E: std::error::Error + Send + Sync + 'static>(error: E) -> Self {
         Error::Load(Arc::new(error))
     }
@@ -78,7 +78,7 @@ impl Error {
     /// loader's error type is `E`.
     ///
     /// ```
-    /// # use batcher::Error;
+    /// # use pgbatch::Error;
     /// # use std::sync::Arc;
     /// let err = Error::Load(Arc::new(std::io::Error::other("db down")));
     /// assert!(err.load_error::<std::io::Error>().is_some());

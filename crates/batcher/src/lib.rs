@@ -12,7 +12,7 @@
 //! ```
 //! use std::collections::HashMap;
 //! use std::convert::Infallible;
-//! use batcher::{loader_fn, Batcher};
+//! use pgbatch::{loader_fn, Batcher};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -36,11 +36,28 @@
 //! See [`Batcher`] for the guarantees (per-key results, shared batch
 //! errors, deadlines, cancellation, backpressure, shutdown) and
 //! [`BatcherBuilder`] for the settings.
+//!
+//! # Features
+//!
+//! | feature | adds |
+//! |---|---|
+//! | (none) | [`Batcher`], [`Loader`], [`loader_fn`], stats: no database, no cache |
+//! | `cache` | `cache`: a coalescing TTL cache on moka, in front of any loader or a [`Batcher`] |
+//! | `postgres` | `pg`: `PgLoader`, the micro-batched `Writer`, COPY import, pools with timeouts and any TLS connector |
+//!
+//! The crate's `examples/` show each: an in-memory batcher, a `PgLoader`
+//! on a pool, the cache in front of a batcher, and an axum handler holding
+//! a batcher in its state.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod batcher;
+#[cfg(feature = "cache")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
 pub mod cache;
 mod error;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod pg;
 pub mod stats;
 
@@ -51,7 +68,7 @@ pub use crate::batcher::{
 pub use crate::error::{BuildError, Error, SharedError};
 pub use crate::stats::StatsSnapshot;
 
-// The project README's examples are compiled and run as doc tests.
-#[doc = include_str!("../../../README.md")]
-#[cfg(doctest)]
+// The crate README's examples are compiled and run as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(all(doctest, feature = "cache"))]
 pub struct ReadmeDoctests;

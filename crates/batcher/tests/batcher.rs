@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
-use batcher::{loader_fn, Batcher, BatcherBuilder, BuildError, Error, FlushPolicy, Overflow};
+use pgbatch::{loader_fn, Batcher, BatcherBuilder, BuildError, Error, FlushPolicy, Overflow};
 use support::{settle, value_of, TestError, TestLoader, FAIL_KEY, MISSING_FROM, PANIC_KEY};
 use tokio::task::JoinHandle;
 use tokio::time::{advance, Instant};
@@ -219,6 +219,45 @@ async fn each_key_gets_its_value_or_not_found() {
     assert_eq!(loaded, 3, "distinct keys only: {:?}", loader.calls());
     let stats = b.stats();
     assert_eq!((stats.found, stats.not_found), (2, 1));
+}
+
+/// Answers every key, with `None` for the odd ones: "not found" as a
+/// value, as a `LEFT JOIN` gives it.
+struct EveryKey;
+
+impl pgbatch::Loader<u64, Option<u64>> for EveryKey {
+    type Error = Infallible;
+
+    async fn load(&self, keys: Vec<u64>) -> Result<HashMap<u64, Option<u64>>, Infallible> {
+        Ok(keys
+            .into_iter()
+            .map(|k| (k, (k % 2 == 0).then_some(k)))
+            .collect())
+    }
+
+    fn is_absent(&self, value: &Option<u64>) -> bool {
+        value.is_none()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn values_the_loader_marks_absent_reach_the_caller_and_count_as_not_found() {
+    for direct in [false, true] {
+        let b = Batcher::builder()
+            .direct_when_idle(direct)
+            .build(EveryKey)
+            .unwrap();
+        let results: Vec<_> = b
+            .load_many([1, 2, 3])
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(results, vec![Some(None), Some(Some(2)), Some(None)]);
+        assert_eq!(b.load(5).await.unwrap(), Some(None), "a lone key");
+        let stats = b.stats();
+        assert_eq!((stats.found, stats.not_found), (1, 3), "direct: {direct}");
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -651,7 +690,7 @@ async fn adaptive_flushes_a_full_batch_without_waiting() {
 /// The id of the task that runs each load, and the answer.
 fn task_recording_loader(
     ids: std::sync::Arc<std::sync::Mutex<Vec<Option<tokio::task::Id>>>>,
-) -> impl batcher::Loader<u64, String> {
+) -> impl pgbatch::Loader<u64, String> {
     loader_fn(move |keys: Vec<u64>| {
         let ids = ids.clone();
         async move {

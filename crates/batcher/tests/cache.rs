@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use batcher::cache::{Cache, CacheBuilder};
-use batcher::{Batcher, Error};
+use pgbatch::cache::{Cache, CacheBuilder};
+use pgbatch::{Batcher, Error};
 use support::{value_of, TestLoader};
 use tokio::sync::Semaphore;
 

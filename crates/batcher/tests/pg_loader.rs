@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use batcher::pg::{self, BatchQuery, Params, PgError, PgLoader, PoolOptions};
-use batcher::{Batcher, Error};
+use pgbatch::pg::{self, BatchQuery, Params, PgError, PgLoader, PoolOptions};
+use pgbatch::{Batcher, Error};
 use tokio_postgres::Row;
 
 /// `kv(pk text PRIMARY KEY, payload text NOT NULL)`, the seed's table shape.
@@ -60,7 +60,7 @@ async fn kv_pool(max_size: usize) -> pg::Pool {
 async fn a_batch_returns_found_rows_and_omits_missing_keys() {
     let loader = PgLoader::new(kv_pool(2).await, Kv);
     let keys = vec![pk(1), pk(ROWS), pk(ROWS + 1), "nope".to_owned()];
-    let rows = batcher::Loader::load(&loader, keys).await.unwrap();
+    let rows = pgbatch::Loader::load(&loader, keys).await.unwrap();
     let expected: HashMap<_, _> = [
         (pk(1), "1 - payload".to_owned()),
         (pk(ROWS), format!("{ROWS} - payload")),
@@ -101,14 +101,14 @@ impl BatchQuery for Tagged {
 #[tokio::test]
 async fn a_batch_of_one_runs_the_single_key_statement() {
     let loader = PgLoader::new(kv_pool(2).await, Tagged);
-    let one = batcher::Loader::load(&loader, vec![pk(3)]).await.unwrap();
+    let one = pgbatch::Loader::load(&loader, vec![pk(3)]).await.unwrap();
     assert_eq!(one, HashMap::from([(pk(3), "single".to_owned())]));
-    let two = batcher::Loader::load(&loader, vec![pk(3), pk(4)])
+    let two = pgbatch::Loader::load(&loader, vec![pk(3), pk(4)])
         .await
         .unwrap();
     assert_eq!(two[&pk(3)], "batch");
     assert_eq!(two.len(), 2);
-    assert!(batcher::Loader::load(&loader, vec![pk(0)])
+    assert!(pgbatch::Loader::load(&loader, vec![pk(0)])
         .await
         .unwrap()
         .is_empty());

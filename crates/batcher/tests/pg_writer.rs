@@ -3,10 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use batcher::pg::copy::{self, ConflictPolicy, ImportError, RowSource, RowValues, TableSpec};
-use batcher::pg::{self, DbErrorKind, Params, PoolOptions, RowError, UpsertQuery, Writer, Written};
-use batcher::{Error, FlushPolicy};
 use embedded_pg::{Cluster, ClusterOptions};
+use pgbatch::pg::copy::{self, ConflictPolicy, ImportError, RowSource, RowValues, TableSpec};
+use pgbatch::pg::{self, DbErrorKind, Params, PoolOptions, RowError, UpsertQuery, Writer, Written};
+use pgbatch::{Error, FlushPolicy};
 use tokio_postgres::types::Type;
 use tokio_postgres::{NoTls, Row};
 

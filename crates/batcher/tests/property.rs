@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use batcher::{Batcher, Error, FlushPolicy, Loader};
+use pgbatch::{Batcher, Error, FlushPolicy, Loader};
 use proptest::prelude::*;
 
 /// A value names the key it is for and the batch that loaded it.

@@ -6,7 +6,7 @@ mod support;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
-use batcher::{Batcher, FlushPolicy};
+use pgbatch::{Batcher, FlushPolicy};
 use support::{TestLoader, FAIL_KEY, PANIC_KEY};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};

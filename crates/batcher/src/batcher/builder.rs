@@ -21,12 +21,12 @@ pub type Pair<K, V> = (Batcher<K, V>, Worker<K, V>);
 ///
 /// ```
 /// use std::time::Duration;
-/// use batcher::{Batcher, FlushPolicy};
+/// use pgbatch::{Batcher, FlushPolicy};
 /// # use std::collections::HashMap;
 /// # use std::convert::Infallible;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let loader = batcher::loader_fn(|keys: Vec<u32>| async move {
+/// # let loader = pgbatch::loader_fn(|keys: Vec<u32>| async move {
 /// #     Ok::<_, Infallible>(keys.into_iter().map(|k| (k, k)).collect::<HashMap<_, _>>())
 /// # });
 /// let batcher: Batcher<u32, u32> = Batcher::builder()

@@ -31,10 +31,10 @@ use crate::Error;
 /// ```
 /// use std::collections::HashMap;
 /// use std::convert::Infallible;
-/// use batcher::{loader_fn, Batcher};
+/// use pgbatch::{loader_fn, Batcher};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), batcher::Error> {
+/// # async fn main() -> Result<(), pgbatch::Error> {
 /// // In real use this is one `SELECT ... WHERE key = ANY($1)`.
 /// let loader = loader_fn(|keys: Vec<u64>| async move {
 ///     Ok::<_, Infallible>(
@@ -247,7 +247,7 @@ where
         Stats::record_duration(&stats.queue_wait, now.elapsed());
         let span = run::batch_span(&self.shared.config.name, 1, true);
         let load = run::run(
-            (self.load)(vec![key.clone()]),
+            self.load.start(vec![key.clone()]),
             self.shared.config.load_timeout,
         )
         .instrument(span.clone());
@@ -259,7 +259,7 @@ where
         Stats::record_duration(&stats.load_duration, started.elapsed());
         let _enter = span.enter();
         let value = outcome.settle(stats, 1)?.remove(&key);
-        run::record_found(stats, usize::from(value.is_some()), 1);
+        run::record_found(stats, usize::from(self.load.found(value.as_ref())), 1);
         Ok(value)
     }
 

@@ -31,6 +31,16 @@ pub trait Loader<K, V>: Send + Sync + 'static {
     /// Loads `keys`, returning the values found.
     fn load(&self, keys: Vec<K>)
         -> impl Future<Output = Result<HashMap<K, V>, Self::Error>> + Send;
+
+    /// Whether `value` stands for a missing row, for loaders that answer
+    /// "not found" with a value (a `LEFT JOIN`'s empty side, say) instead
+    /// of leaving the key out. Such values still reach the caller; they are
+    /// only counted as not found in [`StatsSnapshot::not_found`](crate::StatsSnapshot::not_found).
+    /// By default no value is.
+    fn is_absent(&self, value: &V) -> bool {
+        let _ = value;
+        false
+    }
 }
 
 /// A [`Loader`] made from a closure; see [`loader_fn`].
@@ -51,7 +61,7 @@ impl<F> fmt::Debug for LoaderFn<F> {
 /// use std::collections::HashMap;
 /// use std::convert::Infallible;
 ///
-/// let loader = batcher::loader_fn(|keys: Vec<u64>| async move {
+/// let loader = pgbatch::loader_fn(|keys: Vec<u64>| async move {
 ///     Ok::<_, Infallible>(keys.into_iter().map(|k| (k, k * 2)).collect::<HashMap<_, _>>())
 /// });
 /// # let _ = loader;

@@ -23,29 +23,49 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// A load started by a [`LoadFn`], not yet polled.
 pub(crate) type Load<K, V> = BoxFuture<Result<HashMap<K, V>, SharedError>>;
 
-/// The loader with its types erased, so `Worker` and `Batcher` need no
-/// loader type parameter.
-pub(crate) type LoadFn<K, V> = Arc<dyn Fn(Vec<K>) -> Load<K, V> + Send + Sync>;
+/// A [`Loader`] with its error type erased, so `Worker` and `Batcher` need
+/// no loader type parameter.
+pub(crate) trait ErasedLoader<K, V>: Send + Sync {
+    /// Starts a load of `keys`. The loader is called inside the returned
+    /// future, so even a panic in its synchronous part happens where the
+    /// future is polled, inside [`run`]'s panic capture, not in the worker.
+    fn start(&self, keys: Vec<K>) -> Load<K, V>;
+    /// Whether a key's answer counts as found in the statistics.
+    fn found(&self, value: Option<&V>) -> bool;
+}
 
-/// Erases `loader`'s type. The loader is called inside the returned future,
-/// so even a panic in its synchronous part happens where the future is
-/// polled, inside [`run`]'s panic capture, not in the worker.
-pub(crate) fn load_fn<K, V, L>(loader: L) -> LoadFn<K, V>
+/// The shared, erased loader.
+pub(crate) type LoadFn<K, V> = Arc<dyn ErasedLoader<K, V>>;
+
+impl<K, V, L> ErasedLoader<K, V> for Arc<L>
 where
     K: Send + 'static,
     V: Send + 'static,
     L: Loader<K, V>,
 {
-    let loader = Arc::new(loader);
-    Arc::new(move |keys| {
-        let loader = Arc::clone(&loader);
+    fn start(&self, keys: Vec<K>) -> Load<K, V> {
+        let loader = Arc::clone(self);
         Box::pin(async move {
             loader
                 .load(keys)
                 .await
                 .map_err(|e| Arc::new(e) as SharedError)
         })
-    })
+    }
+
+    fn found(&self, value: Option<&V>) -> bool {
+        value.is_some_and(|v| !self.is_absent(v))
+    }
+}
+
+/// Erases `loader`'s type.
+pub(crate) fn load_fn<K, V, L>(loader: L) -> LoadFn<K, V>
+where
+    K: Send + 'static,
+    V: Send + 'static,
+    L: Loader<K, V>,
+{
+    Arc::new(Arc::new(loader))
 }
 
 /// How a load ended.
@@ -104,7 +124,7 @@ impl<K, V> Outcome<K, V> {
 }
 
 /// Counts a successful load of `keys` distinct keys, `found` of which the
-/// loader returned.
+/// loader returned (and did not mark absent).
 pub(crate) fn record_found(stats: &Stats, found: usize, keys: usize) {
     Stats::incr(&stats.found, found as u64);
     Stats::incr(&stats.not_found, (keys - found) as u64);
@@ -143,7 +163,7 @@ mod tests {
             }
             Ok::<HashMap<u32, u32>, std::io::Error>(HashMap::new())
         }));
-        let outcome = run(load(vec![1, 2]), None).await;
+        let outcome = run(load.start(vec![1, 2]), None).await;
         let s = stats();
         let err = outcome.settle(&s, 2).unwrap_err();
         assert!(
@@ -162,7 +182,10 @@ mod tests {
         }));
         let t = Duration::from_millis(10);
         let s = stats();
-        let err = run(load(vec![1]), Some(t)).await.settle(&s, 1).unwrap_err();
+        let err = run(load.start(vec![1]), Some(t))
+            .await
+            .settle(&s, 1)
+            .unwrap_err();
         assert!(matches!(err, Error::LoadTimeout(d) if d == t), "{err:?}");
         assert_eq!(s.snapshot(0).timed_out_batches, 1);
     }
@@ -176,9 +199,15 @@ mod tests {
             Ok(keys.into_iter().map(|k| (k, k * 2)).collect())
         }));
         let s = stats();
-        let values = run(load(vec![1, 2]), None).await.settle(&s, 2).unwrap();
+        let values = run(load.start(vec![1, 2]), None)
+            .await
+            .settle(&s, 2)
+            .unwrap();
         assert_eq!(values.get(&2), Some(&4));
-        let err = run(load(vec![0]), None).await.settle(&s, 1).unwrap_err();
+        let err = run(load.start(vec![0]), None)
+            .await
+            .settle(&s, 1)
+            .unwrap_err();
         assert!(err.load_error::<std::io::Error>().is_some(), "{err:?}");
         let snap = s.snapshot(0);
         assert_eq!((snap.failed_batches, snap.failed_keys), (1, 1));

@@ -303,7 +303,7 @@ where
         stats.batch_size.record(batch.len() as u64);
 
         let keys: Vec<K> = batch.keys().cloned().collect();
-        let task = run::run((self.load)(keys), self.shared.config.load_timeout);
+        let task = run::run(self.load.start(keys), self.shared.config.load_timeout);
         let id = self.in_flight.spawn(task.instrument(span.clone())).id();
         if self.shared.config.join_in_flight {
             for key in batch.keys() {
@@ -354,7 +354,7 @@ where
                 let mut found = 0;
                 for (key, waiters) in run.waiters {
                     let value = values.remove(&key);
-                    found += usize::from(value.is_some());
+                    found += usize::from(self.load.found(value.as_ref()));
                     self.held -= waiters.len();
                     reply_all(waiters, Ok(value));
                 }

@@ -20,7 +20,7 @@ type Weigher<K, V> = Arc<dyn Fn(&K, &V) -> u32 + Send + Sync>;
 ///
 /// ```
 /// use std::time::Duration;
-/// use batcher::cache::Cache;
+/// use pgbatch::cache::Cache;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {

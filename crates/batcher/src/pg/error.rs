@@ -13,7 +13,7 @@ const INTEGRITY_CONSTRAINT_VIOLATION_CLASS: &str = "23";
 /// it. From [`classify`], or [`DbErrorKind::of`] for a server report.
 ///
 /// ```
-/// use batcher::pg::DbErrorKind;
+/// use pgbatch::pg::DbErrorKind;
 ///
 /// assert!(DbErrorKind::UniqueViolation.is_row_fault());
 /// assert!(!DbErrorKind::StatementTimeout.is_row_fault());

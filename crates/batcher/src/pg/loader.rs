@@ -20,7 +20,7 @@ pub type Params<'a> = Vec<Box<dyn ToSql + Sync + Send + 'a>>;
 /// for a single key, and how a row maps to a key and its value.
 ///
 /// ```
-/// use batcher::pg::{BatchQuery, Params};
+/// use pgbatch::pg::{BatchQuery, Params};
 /// use tokio_postgres::Row;
 ///
 /// /// `random_read_test(pk text PRIMARY KEY, payload text NOT NULL)`.
@@ -75,6 +75,15 @@ pub trait BatchQuery: Send + Sync + 'static {
     ///
     /// When a column is missing or has an unexpected type.
     fn map_row(&self, row: &Row) -> Result<(Self::Key, Self::Value), tokio_postgres::Error>;
+
+    /// Whether a mapped value stands for a missing row (see
+    /// [`Loader::is_absent`]): for a statement that answers every key, such
+    /// as a `LEFT JOIN` telling "no such object" from "no such parent".
+    /// By default no value is.
+    fn is_absent(&self, value: &Self::Value) -> bool {
+        let _ = value;
+        false
+    }
 }
 
 /// Why a Postgres load failed.
@@ -216,5 +225,9 @@ impl<Q: BatchQuery> Loader<Q::Key, Q::Value> for PgLoader<Q> {
             found.insert(key, value);
         }
         Ok(found)
+    }
+
+    fn is_absent(&self, value: &Q::Value) -> bool {
+        self.query.is_absent(value)
     }
 }

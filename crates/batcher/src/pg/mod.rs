@@ -95,7 +95,7 @@ pub fn pool(
 ///
 /// ```no_run
 /// # fn connector() -> tokio_postgres::NoTls { tokio_postgres::NoTls }
-/// use batcher::pg::{pool_with_tls, PoolOptions};
+/// use pgbatch::pg::{pool_with_tls, PoolOptions};
 ///
 /// let config: tokio_postgres::Config =
 ///     "host=db.example.com user=app dbname=app sslmode=require".parse()?;

@@ -7,7 +7,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
-use batcher::Loader;
+use pgbatch::Loader;
 use tokio::sync::Semaphore;
 
 /// Keys at or above this are "not found".

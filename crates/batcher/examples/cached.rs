@@ -1,0 +1,74 @@
+//! The coalescing TTL cache in front of a batcher: hits cost no load,
+//! concurrent misses for different keys share a batch, and concurrent
+//! misses for one key share one load.
+//!
+//! ```sh
+//! cargo run -p pgbatch --features cache --example cached
+//! ```
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgbatch::cache::Cache;
+use pgbatch::{loader_fn, Batcher};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let loads = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&loads);
+    let rows: Batcher<u64, String> = Batcher::new(loader_fn(move |ids: Vec<u64>| {
+        counted.fetch_add(1, Ordering::Relaxed);
+        async move {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            Ok::<_, Infallible>(
+                ids.into_iter()
+                    .filter(|id| *id != 404)
+                    .map(|id| (id, format!("row {id}")))
+                    .collect::<HashMap<_, _>>(),
+            )
+        }
+    }));
+    let cache = Cache::builder()
+        .name("rows")
+        .max_capacity(100_000)
+        .time_to_live(Duration::from_secs(20))
+        .jitter(Duration::from_secs(3)) // entries loaded together expire apart
+        .negative_ttl(Duration::from_secs(1)) // "not found" is remembered briefly
+        .build_with_batcher(rows)?;
+
+    // 100 concurrent callers for 10 keys: misses coalesce.
+    let gets: Vec<_> = (0..100u64)
+        .map(|i| {
+            let cache = cache.clone();
+            tokio::spawn(async move { cache.get(i % 10).await })
+        })
+        .collect();
+    for get in gets {
+        assert!(get.await??.is_some());
+    }
+    let after_misses = loads.load(Ordering::Relaxed);
+
+    // Hits: no load at all.
+    for i in 0..10u64 {
+        assert_eq!(cache.get(i).await?, Some(format!("row {i}")));
+    }
+    assert_eq!(loads.load(Ordering::Relaxed), after_misses);
+    assert_eq!(cache.get(404).await?, None);
+
+    // After a write to key 3, invalidate: the next get loads afresh, and no
+    // load that started before the invalidation can put the old value back.
+    cache.invalidate(&3).await;
+    assert_eq!(cache.get(3).await?, Some("row 3".to_owned()));
+
+    // moka counts entries lazily; bring the count up to date to show it.
+    cache.run_pending_tasks().await;
+    println!(
+        "{} loads for 100 misses of 10 keys; {:?}",
+        after_misses,
+        cache.stats()
+    );
+    Ok(())
+}
