@@ -23,8 +23,9 @@ CREATE TABLE objects (
 
 -- The seed benchmark's table (lakeFS micro-batching post): pk is the row
 -- number left-padded with zeros to 20 characters, payload the number and
--- ' - ' right-padded with '*' to 33 characters.
-CREATE TABLE random_read_test (
+-- ' - ' right-padded with '*' to 33 characters. A database that already
+-- has it (set up by the seed's own script) keeps it, and the server reads it.
+CREATE TABLE IF NOT EXISTS random_read_test (
     pk      text PRIMARY KEY,
     payload text NOT NULL
 );

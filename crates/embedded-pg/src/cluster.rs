@@ -199,6 +199,57 @@ fn find_bin_dir() -> Result<PathBuf, Error> {
         .ok_or(Error::BinariesNotFound)
 }
 
+/// A server that some other process started on a data directory, found
+/// through the directory's `postmaster.pid`: for tools that must use the
+/// running server instead of starting a second one (which Postgres would
+/// refuse, and which must never share the directory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Running {
+    /// The postmaster's PID.
+    pub pid: i32,
+    /// Its port (which also names its Unix socket).
+    pub port: u16,
+    /// The directory of its Unix socket.
+    pub socket_dir: PathBuf,
+}
+
+impl Running {
+    /// The server running on `data_dir`, if any: its `postmaster.pid`
+    /// names a live process and a socket that exists. A stale file (left by
+    /// a crash) finds nothing.
+    pub fn find(data_dir: &Path) -> Option<Self> {
+        // The file's lines: PID, data directory, start time, port, socket
+        // directory, listen address, shared memory key, status.
+        let text = fs::read_to_string(data_dir.join("postmaster.pid")).ok()?;
+        let lines: Vec<&str> = text.lines().collect();
+        let pid: i32 = lines.first()?.trim().parse().ok()?;
+        let port: u16 = lines.get(3)?.trim().parse().ok()?;
+        let socket_dir = PathBuf::from(lines.get(4)?.trim());
+        let alive = match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+            Ok(()) | Err(nix::errno::Errno::EPERM) => true,
+            Err(_) => false,
+        };
+        let socket = socket_dir.join(format!(".s.PGSQL.{port}"));
+        (pid > 0 && alive && socket.exists()).then_some(Self {
+            pid,
+            port,
+            socket_dir,
+        })
+    }
+
+    /// Connection settings for database `dbname` on it, over its socket,
+    /// as the superuser `postgres` (as [`Cluster::config`]).
+    pub fn config(&self, dbname: &str) -> tokio_postgres::Config {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host_path(&self.socket_dir)
+            .port(self.port)
+            .user("postgres")
+            .dbname(dbname);
+        config
+    }
+}
+
 /// A running Postgres server with its own data directory, stopped by
 /// [`stop`](Cluster::stop) or when dropped.
 #[derive(Debug)]
@@ -228,6 +279,12 @@ impl Cluster {
         let bin_dir = find_bin_dir()?;
         let run_as = RunAs::detect()?;
         let data_dir = absolute(&options.data_dir)?;
+        if let Some(running) = Running::find(&data_dir) {
+            return Err(Error::AlreadyRunning {
+                data_dir,
+                pid: running.pid,
+            });
+        }
         let log_path = data_dir.with_extension("log");
         run_as.check_reachable(&data_dir)?;
         prepare_data_dir(&bin_dir, run_as, &data_dir, options.durable)?;

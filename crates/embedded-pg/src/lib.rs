@@ -25,7 +25,7 @@
 mod cluster;
 pub mod testing;
 
-pub use cluster::{Cluster, ClusterOptions, Frozen};
+pub use cluster::{Cluster, ClusterOptions, Frozen, Running};
 
 use std::path::PathBuf;
 
@@ -60,6 +60,19 @@ pub enum Error {
     DataDirNotReachable {
         /// The directory that blocks access.
         path: PathBuf,
+    },
+
+    /// A server already runs on the data directory (another process
+    /// started it). Two postmasters on one directory must never run.
+    #[error(
+        "a Postgres server (pid {pid}) already runs on {data_dir}; stop the process that \
+         started it, or choose another data directory"
+    )]
+    AlreadyRunning {
+        /// The data directory.
+        data_dir: PathBuf,
+        /// Its postmaster's PID.
+        pid: i32,
     },
 
     /// The data directory holds files but is not a Postgres cluster.

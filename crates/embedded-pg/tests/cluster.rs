@@ -117,3 +117,32 @@ async fn listen_tcp_adds_a_loopback_listener() {
     assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
     cluster.stop().await;
 }
+
+#[tokio::test]
+async fn a_running_cluster_is_found_and_never_started_twice() {
+    let cluster = embedded_pg::testing::private_cluster().await.unwrap();
+    let running = embedded_pg::Running::find(cluster.data_dir()).expect("found running");
+    assert_eq!(running.socket_dir, cluster.socket_dir());
+    assert_eq!(
+        query_one(&running.config("postgres"), "SELECT 'attached'").await,
+        "attached"
+    );
+
+    let again = Cluster::start(ClusterOptions::new(cluster.data_dir()))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(again, embedded_pg::Error::AlreadyRunning { pid, .. } if pid == running.pid),
+        "{again}"
+    );
+    assert!(again.to_string().contains("already runs on"), "{again}");
+    // The first server is untouched.
+    assert_eq!(
+        query_one(&cluster.config("postgres"), "SELECT 'still here'").await,
+        "still here"
+    );
+
+    let dir = cluster.data_dir().to_owned();
+    cluster.stop().await;
+    assert_eq!(embedded_pg::Running::find(&dir), None, "a stopped server");
+}

@@ -18,7 +18,13 @@ use tracing_subscriber::EnvFilter;
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_logging(cli.log_format);
-    let database = Database::open(&cli.db.settings()).await?;
+    let settings = cli.db.settings();
+    // Admin commands use a running server's cluster instead of starting a
+    // second postmaster on its directory; `serve` refuses to share one.
+    let database = match cli.command {
+        None | Some(Command::Serve(_)) => Database::open(&settings).await?,
+        Some(_) => Database::open_or_attach(&settings).await?,
+    };
     let result = run(&cli, &database).await;
     // Stop the embedded Postgres cleanly whether or not serving failed.
     database.close().await;
