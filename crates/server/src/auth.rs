@@ -13,8 +13,8 @@
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use batcher::cache::Cache;
-use batcher::pg::{PgError, Pool};
+use pgbatch::cache::Cache;
+use pgbatch::pg::{PgError, Pool};
 use rand::TryRngCore;
 use sha2::{Digest as _, Sha256};
 
@@ -118,7 +118,7 @@ impl Authenticator {
     /// # Errors
     ///
     /// When the cache settings are invalid.
-    pub fn new(pool: Pool, settings: &AuthSettings) -> Result<Self, batcher::BuildError> {
+    pub fn new(pool: Pool, settings: &AuthSettings) -> Result<Self, pgbatch::BuildError> {
         let cache = match &settings.cache {
             None => None,
             Some(c) => {
@@ -129,7 +129,7 @@ impl Authenticator {
                         load_principal(&pool, &digest)
                             .await
                             .map(|p| p.map(Arc::new))
-                            .map_err(batcher::Error::load)
+                            .map_err(pgbatch::Error::load)
                     }
                 })?)
             }
@@ -210,7 +210,7 @@ impl Authenticator {
     }
 
     /// The token cache's counters, if the cache is on.
-    pub fn cache_stats(&self) -> Option<batcher::cache::CacheStats> {
+    pub fn cache_stats(&self) -> Option<pgbatch::cache::CacheStats> {
         self.cache.as_ref().map(Cache::stats)
     }
 }

@@ -11,8 +11,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use batcher::defaults as lib;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use pgbatch::defaults as lib;
 
 use crate::settings::{
     defaults, AuthSettings, BatchSettings, CacheSettings, DbSettings, ImportSettings, Limits,
@@ -32,9 +32,15 @@ const fn ms(d: Duration) -> u64 {
 /// The object-metadata service.
 ///
 /// `serve` is the default command, so its flags are also accepted without
-/// it (`server --listen ...`), as before it owned them.
+/// it (`pgbatch-server --listen ...`), as before it owned them.
 #[derive(Debug, Parser)]
-#[command(version, about, long_about = None, args_conflicts_with_subcommands = true)]
+#[command(
+    name = "pgbatch-server",
+    version,
+    about,
+    long_about = None,
+    args_conflicts_with_subcommands = true
+)]
 pub struct Cli {
     /// What to do; `serve` when omitted.
     #[command(subcommand)]
@@ -228,7 +234,7 @@ pub enum PolicyArg {
     Adaptive,
 }
 
-impl From<PolicyArg> for batcher::FlushPolicy {
+impl From<PolicyArg> for pgbatch::FlushPolicy {
     fn from(arg: PolicyArg) -> Self {
         match arg {
             PolicyArg::Eager => Self::Eager,
@@ -240,11 +246,11 @@ impl From<PolicyArg> for batcher::FlushPolicy {
 
 impl PolicyArg {
     /// The flag value for `policy`, if it has one.
-    pub fn of(policy: batcher::FlushPolicy) -> Option<Self> {
+    pub fn of(policy: pgbatch::FlushPolicy) -> Option<Self> {
         Self::value_variants()
             .iter()
             .copied()
-            .find(|arg| batcher::FlushPolicy::from(*arg) == policy)
+            .find(|arg| pgbatch::FlushPolicy::from(*arg) == policy)
     }
 }
 
@@ -630,7 +636,7 @@ mod tests {
         let s = cli.serve.settings();
         let batch = BatchSettings {
             max_batch_size: 7,
-            policy: batcher::FlushPolicy::FixedDelay,
+            policy: pgbatch::FlushPolicy::FixedDelay,
             max_delay: Duration::from_micros(250),
             concurrency: 3,
             queue_capacity: 9,
@@ -676,12 +682,12 @@ mod tests {
     #[test]
     fn every_policy_has_a_flag() {
         for policy in [
-            batcher::FlushPolicy::Eager,
-            batcher::FlushPolicy::FixedDelay,
-            batcher::FlushPolicy::Adaptive,
+            pgbatch::FlushPolicy::Eager,
+            pgbatch::FlushPolicy::FixedDelay,
+            pgbatch::FlushPolicy::Adaptive,
         ] {
             assert_eq!(
-                PolicyArg::of(policy).map(batcher::FlushPolicy::from),
+                PolicyArg::of(policy).map(pgbatch::FlushPolicy::from),
                 Some(policy)
             );
         }

@@ -12,12 +12,30 @@ use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 
 use crate::failure::Failure;
 
 /// Seconds a client is asked to wait after a 503.
 const RETRY_AFTER_SECS: u64 = 1;
+
+/// Every error's body: `{"error": {"code": ..., "message": ...}}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// The inside of an [`ErrorBody`].
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Machine-readable and stable: `object_not_found`, `overloaded`, ...
+    #[schema(example = "object_not_found")]
+    pub code: String,
+    /// For people: names the problem (for a 5xx, a generic text).
+    pub message: String,
+}
 
 /// An error response.
 #[derive(Debug)]
@@ -125,7 +143,12 @@ impl IntoResponse for AppError {
                 None => tracing::warn!(code = self.code, "request failed"),
             }
         }
-        let body = json!({ "error": { "code": self.code, "message": self.message } });
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_owned(),
+                message: self.message,
+            },
+        };
         let mut response = (self.status, Json(body)).into_response();
         let headers = response.headers_mut();
         match self.status {

@@ -4,10 +4,10 @@
 //! The library's errors become a [`Failure`] through one classification:
 //! [`Failure::from_batcher`], [`Failure::from_pg`] and the
 //! [`ImportError`] conversion all sort database errors with
-//! [`batcher::pg::classify`].
+//! [`pgbatch::pg::classify`].
 
-use batcher::pg::copy::ImportError;
-use batcher::pg::{DbErrorKind, PgError, RowError};
+use pgbatch::pg::copy::ImportError;
+use pgbatch::pg::{DbErrorKind, PgError, RowError};
 
 /// What kind of work ran past its deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,10 +106,10 @@ impl Failure {
     }
 
     /// A batcher's (or cache's) error, from `work`.
-    pub fn from_batcher(e: batcher::Error, work: Work) -> Self {
+    pub fn from_batcher(e: pgbatch::Error, work: Work) -> Self {
         let classified = match &e {
-            batcher::Error::Overloaded => Some(Self::Overloaded),
-            batcher::Error::Timeout(_) | batcher::Error::LoadTimeout(_) => {
+            pgbatch::Error::Overloaded => Some(Self::Overloaded),
+            pgbatch::Error::Timeout(_) | pgbatch::Error::LoadTimeout(_) => {
                 Some(Self::Timeout(work))
             }
             _ => e
@@ -147,8 +147,8 @@ impl Failure {
 }
 
 /// A lookup's error.
-impl From<batcher::Error> for Failure {
-    fn from(e: batcher::Error) -> Self {
+impl From<pgbatch::Error> for Failure {
+    fn from(e: pgbatch::Error) -> Self {
         Self::from_batcher(e, Work::Read)
     }
 }
@@ -196,22 +196,22 @@ mod tests {
     fn batcher_errors_are_classified_once() {
         let read = |e| Failure::from(e);
         assert!(matches!(
-            read(batcher::Error::Overloaded),
+            read(pgbatch::Error::Overloaded),
             Failure::Overloaded
         ));
         assert!(matches!(
-            read(batcher::Error::Timeout(Duration::ZERO)),
+            read(pgbatch::Error::Timeout(Duration::ZERO)),
             Failure::Timeout(Work::Read)
         ));
         assert!(matches!(
-            Failure::from_batcher(batcher::Error::LoadTimeout(Duration::ZERO), Work::Write),
+            Failure::from_batcher(pgbatch::Error::LoadTimeout(Duration::ZERO), Work::Write),
             Failure::Timeout(Work::Write)
         ));
         assert!(matches!(
-            read(batcher::Error::Closed),
+            read(pgbatch::Error::Closed),
             Failure::Unavailable(_)
         ));
-        let io = batcher::Error::Load(Arc::new(std::io::Error::other("x")));
+        let io = pgbatch::Error::Load(Arc::new(std::io::Error::other("x")));
         assert!(matches!(read(io), Failure::Unavailable(_)));
     }
 

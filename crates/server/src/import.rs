@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use batcher::pg::copy::{RowSource, RowValues};
 use http_body_util::BodyExt;
+use pgbatch::pg::copy::{RowSource, RowValues};
 
 use crate::failure::Failure;
 use crate::input::{self, ObjectBody};

@@ -2,8 +2,8 @@
 //! problem, never a 500 or a silently altered lookup. Every check returns
 //! [`Failure::Invalid`] with the code the API documents.
 
-use batcher::pg::copy::ConflictPolicy;
 use percent_encoding::percent_decode;
+use pgbatch::pg::copy::ConflictPolicy;
 
 use crate::failure::Failure;
 use crate::queries::objects::ObjectRow;
@@ -151,7 +151,7 @@ pub const MAX_METADATA_ENTRIES: usize = 64;
 /// An object's fields as a client sends them: the body of `PUT
 /// .../objects?path=P`, or one line of an import (which also names the
 /// `path`).
-#[derive(Debug, Clone, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ObjectBody {
     /// Only in import lines; a `PUT` takes the path from its query string.
@@ -168,6 +168,7 @@ pub struct ObjectBody {
     pub content_type: Option<String>,
     /// User metadata: an object of string values.
     #[serde(default)]
+    #[schema(value_type = Option<std::collections::HashMap<String, String>>)]
     pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 

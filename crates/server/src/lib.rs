@@ -11,6 +11,7 @@
 //!
 //! ```text
 //! lib            the route table, layers and fallbacks
+//! openapi        the OpenAPI document, gathered from the handlers' annotations
 //! routes/*       one handler module per resource
 //! deadline       every request's deadline, by kind (read, write, import)
 //! extract        extractors (caller, repository, object path, JSON) and the token middleware
@@ -18,6 +19,7 @@
 //! state          AppState and Pools (read, write, import), built from Settings
 //! testing        a seeded database for tests and benchmarks
 //! metrics        the registry, the scrape-time collector, the `track` middleware
+//! process        `process_*` metrics from /proc
 //! writes         upserts, deletes, imports, repositories; invalidates through `reads`
 //! import         the NDJSON body as a COPY row source
 //! reads          the registry of lookups, one per query kind
@@ -34,7 +36,7 @@
 //! ```
 //!
 //! A read goes `routes` → `reads` → [`Lookup`](lookup::Lookup) → a
-//! [`batcher::Batcher`] (and cache) or the pool → a [`queries`] statement;
+//! [`pgbatch::Batcher`] (and cache) or the pool → a [`queries`] statement;
 //! a write goes `routes` → [`Writes`](writes::Writes) → the micro-batched
 //! writer or COPY → `queries`, then invalidates through `reads`.
 
@@ -49,6 +51,8 @@ pub mod import;
 pub mod input;
 pub mod lookup;
 pub mod metrics;
+pub mod openapi;
+pub mod process;
 pub mod queries;
 pub mod reads;
 mod routes;
@@ -113,6 +117,7 @@ pub fn app(state: AppState) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
+        .route("/api/openapi.json", get(openapi::document_route))
         .fallback(health::no_route)
         .method_not_allowed_fallback(health::wrong_method)
         .layer(DefaultBodyLimit::max(state.settings.limits.max_body_bytes))

@@ -10,10 +10,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use batcher::cache::{Cache, CacheStats};
-use batcher::pg::{BatchQuery, PgError, PgLoader, Pool};
-use batcher::{Batcher, BuildError, StatsSnapshot};
 use futures_util::future::join_all;
+use pgbatch::cache::{Cache, CacheStats};
+use pgbatch::pg::{BatchQuery, PgError, PgLoader, Pool};
+use pgbatch::{Batcher, BuildError, StatsSnapshot};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::failure::{Failure, Work};
@@ -313,7 +313,7 @@ impl<Q: BatchQuery> Lookup<Q> {
 pub struct Reservation(OwnedSemaphorePermit);
 
 /// All values, or the first failure.
-fn collect<V>(results: Vec<Result<Option<V>, batcher::Error>>) -> Result<Vec<Option<V>>, Failure> {
+fn collect<V>(results: Vec<Result<Option<V>, pgbatch::Error>>) -> Result<Vec<Option<V>>, Failure> {
     results
         .into_iter()
         .map(|r| r.map_err(Failure::from))

@@ -10,8 +10,8 @@ use std::time::Instant;
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
-use batcher::pg::Pool;
-use batcher::stats::HistogramSnapshot;
+use pgbatch::pg::Pool;
+use pgbatch::stats::HistogramSnapshot;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -75,6 +75,7 @@ impl Metrics {
             "The running build, labelled with its version",
             Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
         );
+        registry.register_collector(Box::new(crate::process::ProcessCollector));
         registry.register_collector(Box::new(ServiceCollector {
             reads,
             writes,
@@ -127,11 +128,11 @@ pub async fn track(State(metrics): State<Arc<Metrics>>, req: Request, next: Next
 }
 
 /// Reads one counter or gauge out of a batcher's snapshot.
-type Field = fn(&batcher::StatsSnapshot) -> u64;
+type Field = fn(&pgbatch::StatsSnapshot) -> u64;
 /// Reads one counter out of a cache's snapshot.
-type CacheField = fn(&batcher::cache::CacheStats) -> u64;
+type CacheField = fn(&pgbatch::cache::CacheStats) -> u64;
 /// Reads one histogram out of a batcher's snapshot.
-type HistogramField = fn(&batcher::StatsSnapshot) -> &HistogramSnapshot;
+type HistogramField = fn(&pgbatch::StatsSnapshot) -> &HistogramSnapshot;
 /// Name, help, unit, the factor from the snapshot's unit to the metric's,
 /// and the field.
 type HistogramSpec = (
@@ -185,9 +186,9 @@ impl Collector for ServiceCollector {
 }
 
 /// Statistics by batcher name.
-type Batchers = [(&'static str, batcher::StatsSnapshot)];
+type Batchers = [(&'static str, pgbatch::StatsSnapshot)];
 /// Statistics by cache name.
-type Caches = [(&'static str, batcher::cache::CacheStats)];
+type Caches = [(&'static str, pgbatch::cache::CacheStats)];
 
 fn encode_pool(encoder: &mut DescriptorEncoder<'_>, pool: &Pool) -> Result<(), std::fmt::Error> {
     let status = pool.status();

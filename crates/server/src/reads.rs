@@ -6,9 +6,9 @@
 //! (with its entry in [`Reads::stats`] and [`Reads::shutdown`]), and a
 //! route.
 
-use batcher::cache::CacheStats;
-use batcher::pg::{PgError, Pool};
-use batcher::{BuildError, StatsSnapshot};
+use pgbatch::cache::CacheStats;
+use pgbatch::pg::{PgError, Pool};
+use pgbatch::{BuildError, StatsSnapshot};
 
 use crate::failure::Failure;
 use crate::lookup::Lookup;
@@ -55,7 +55,7 @@ impl Reads {
 
     /// Every lookup's statistics.
     pub fn stats(&self) -> [LookupStats; 2] {
-        fn of<Q: batcher::pg::BatchQuery>(lookup: &Lookup<Q>) -> LookupStats {
+        fn of<Q: pgbatch::pg::BatchQuery>(lookup: &Lookup<Q>) -> LookupStats {
             LookupStats {
                 name: lookup.name(),
                 batcher: lookup.batcher_stats(),

@@ -9,8 +9,8 @@ use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use batcher::pg::copy::{self, RowSource, RowValues};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
+use pgbatch::pg::copy::{self, RowSource, RowValues};
 use tokio_postgres::types::Type;
 use tokio_postgres::Transaction;
 

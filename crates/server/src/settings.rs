@@ -5,19 +5,19 @@
 //! directly (`Settings { read: ReadSettings { path: ReadPath::Cached, ..
 //! Default::default() }, ..Default::default() }`).
 //!
-//! Defaults come from one place: [`batcher::defaults`] where the value is
+//! Defaults come from one place: [`pgbatch::defaults`] where the value is
 //! the library's, [`defaults`] for the service's own.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use batcher::FlushPolicy;
+use pgbatch::FlushPolicy;
 
-/// The service's own defaults (the batcher's are in [`batcher::defaults`]).
+/// The service's own defaults (the batcher's are in [`pgbatch::defaults`]).
 pub mod defaults {
     use std::time::Duration;
 
-    use batcher::FlushPolicy;
+    use pgbatch::FlushPolicy;
 
     /// Database connections in the pool.
     pub const POOL_SIZE: usize = 16;
@@ -171,11 +171,11 @@ pub struct BatchSettings {
 impl Default for BatchSettings {
     fn default() -> Self {
         Self {
-            max_batch_size: batcher::defaults::MAX_BATCH_SIZE,
+            max_batch_size: pgbatch::defaults::MAX_BATCH_SIZE,
             policy: defaults::BATCH_POLICY,
-            max_delay: batcher::defaults::MAX_DELAY,
-            concurrency: batcher::defaults::MAX_CONCURRENT_BATCHES,
-            queue_capacity: batcher::defaults::CHANNEL_CAPACITY,
+            max_delay: pgbatch::defaults::MAX_DELAY,
+            concurrency: pgbatch::defaults::MAX_CONCURRENT_BATCHES,
+            queue_capacity: pgbatch::defaults::CHANNEL_CAPACITY,
         }
     }
 }
@@ -187,12 +187,12 @@ impl BatchSettings {
         &self,
         name: &'static str,
         timeout: Duration,
-    ) -> batcher::BatcherBuilder<K, V>
+    ) -> pgbatch::BatcherBuilder<K, V>
     where
         K: Clone + Eq + std::hash::Hash + Send + 'static,
         V: Clone + Send + 'static,
     {
-        batcher::Batcher::builder()
+        pgbatch::Batcher::builder()
             .name(name)
             .max_batch_size(self.max_batch_size)
             .max_concurrent_batches(self.concurrency)
@@ -229,12 +229,12 @@ impl Default for CacheSettings {
 
 impl CacheSettings {
     /// A cache builder named `name` with these settings.
-    pub fn builder<K, V>(&self, name: &str) -> batcher::cache::CacheBuilder<K, V>
+    pub fn builder<K, V>(&self, name: &str) -> pgbatch::cache::CacheBuilder<K, V>
     where
         K: Clone + Eq + std::hash::Hash + Send + Sync + 'static,
         V: Clone + Send + Sync + 'static,
     {
-        let b = batcher::cache::Cache::builder()
+        let b = pgbatch::cache::Cache::builder()
             .name(name)
             .max_capacity(self.capacity)
             .time_to_live(self.ttl)

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use batcher::pg::Pool;
-use batcher::BuildError;
+use pgbatch::pg::Pool;
+use pgbatch::BuildError;
 
 use crate::auth::Authenticator;
 use crate::db::{self, Postgres};

@@ -7,9 +7,9 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use batcher::pg::copy::{self, ConflictPolicy, ImportCounts};
-use batcher::pg::{DbErrorKind, PgError, Pool, RowError, Writer, Written};
-use batcher::BuildError;
+use pgbatch::pg::copy::{self, ConflictPolicy, ImportCounts};
+use pgbatch::pg::{DbErrorKind, PgError, Pool, RowError, Writer, Written};
+use pgbatch::BuildError;
 
 use crate::failure::{Failure, Work};
 use crate::import::NdjsonObjects;
@@ -65,7 +65,7 @@ impl Writes {
     }
 
     /// The writer's batcher statistics, for `/metrics`.
-    pub fn batcher_stats(&self) -> batcher::StatsSnapshot {
+    pub fn batcher_stats(&self) -> pgbatch::StatsSnapshot {
         self.writer.stats()
     }
 

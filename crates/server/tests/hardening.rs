@@ -399,7 +399,7 @@ async fn malformed_escapes_in_path_parameters_are_400() {
 /// timeout was answered "database unavailable"; it is a timeout.
 #[tokio::test]
 async fn an_import_cancelled_by_its_statement_timeout_is_a_timeout() {
-    use batcher::pg::copy::{self, ConflictPolicy};
+    use pgbatch::pg::copy::{self, ConflictPolicy};
     use server::failure::{Failure, Work};
 
     let config = support::database().await;

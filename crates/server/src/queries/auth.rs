@@ -4,7 +4,7 @@ use tokio_postgres::GenericClient;
 
 /// One policy row: what a user may do in one repository, or in all (`*`).
 /// Serialized as `GET /api/v1/user` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct Grant {
     /// A repository name, or `*`.
     pub repository: String,
@@ -140,7 +140,7 @@ pub async fn insert_token<C: GenericClient>(
 
 /// A stored token as it is listed: never the token itself, only an id (the
 /// first 16 hex digits of its SHA-256 digest), its user and description.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct TokenInfo {
     /// The first 16 hex digits of the token's digest.
     pub id: String,

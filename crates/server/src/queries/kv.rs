@@ -5,8 +5,8 @@
 use std::convert::Infallible;
 use std::ops::RangeInclusive;
 
-use batcher::pg::copy::{RowSource, RowValues};
-use batcher::pg::{BatchQuery, Params};
+use pgbatch::pg::copy::{RowSource, RowValues};
+use pgbatch::pg::{BatchQuery, Params};
 use tokio_postgres::types::Type;
 use tokio_postgres::Row;
 

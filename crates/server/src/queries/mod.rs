@@ -1,5 +1,5 @@
 //! All of the service's SQL, one module per table or concern: the lookups
-//! as [`BatchQuery`](batcher::pg::BatchQuery)s, the upsert the writer
+//! as [`BatchQuery`](pgbatch::pg::BatchQuery)s, the upsert the writer
 //! runs, and the plain statements of writes, authentication and set-up.
 //! No other module holds SQL.
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use batcher::pg::{BatchQuery, Params};
+use pgbatch::pg::{BatchQuery, Params};
 use serde::Serialize;
 use tokio_postgres::{GenericClient, Row};
 
@@ -17,7 +17,7 @@ pub struct ObjectKey {
 }
 
 /// An object's metadata, as the API returns it (lakeFS's `ObjectStats`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct ObjectStats {
     /// The object's path in the repository.
     pub path: String,
@@ -31,7 +31,8 @@ pub struct ObjectStats {
     pub mtime: i64,
     /// MIME type of the data.
     pub content_type: String,
-    /// User-defined metadata.
+    /// User-defined metadata: an object of string values.
+    #[schema(value_type = Object)]
     pub metadata: serde_json::Value,
 }
 
@@ -117,6 +118,11 @@ impl BatchQuery for ObjectStatQuery {
         };
         Ok((key, stat))
     }
+
+    /// A repository's row without an object: counted as not found.
+    fn is_absent(&self, stat: &Stat) -> bool {
+        matches!(stat, Stat::NoSuchObject)
+    }
 }
 
 /// An object as written: by `PUT`, by an import line, or by the seeder.
@@ -148,7 +154,7 @@ impl ObjectRow {
     }
 
     /// The row's values in [`OBJECT_COLUMNS`] order, for COPY.
-    pub fn into_values(self) -> batcher::pg::copy::RowValues {
+    pub fn into_values(self) -> pgbatch::pg::copy::RowValues {
         vec![
             Box::new(self.repository),
             Box::new(self.path),
@@ -175,14 +181,14 @@ pub const OBJECT_COLUMNS: [(&str, tokio_postgres::types::Type); 7] = {
     ]
 };
 
-/// The `objects` table for [`batcher::pg::copy::import`].
-pub const OBJECT_TABLE: batcher::pg::copy::TableSpec<'static> = batcher::pg::copy::TableSpec {
+/// The `objects` table for [`pgbatch::pg::copy::import`].
+pub const OBJECT_TABLE: pgbatch::pg::copy::TableSpec<'static> = pgbatch::pg::copy::TableSpec {
     table: "objects",
     columns: &OBJECT_COLUMNS,
     key: &["repository", "path"],
 };
 
-/// Upserts objects; the write path's [`batcher::pg::Writer`] runs it.
+/// Upserts objects; the write path's [`pgbatch::pg::Writer`] runs it.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ObjectUpsert;
 
@@ -192,7 +198,7 @@ const UPSERT_SET: &str = "ON CONFLICT (repository, path) DO UPDATE SET \
      user_metadata = EXCLUDED.user_metadata, mtime = now() \
      RETURNING repository, path, (xmax = 0)";
 
-impl batcher::pg::UpsertQuery for ObjectUpsert {
+impl pgbatch::pg::UpsertQuery for ObjectUpsert {
     type Key = ObjectKey;
     type Row = ObjectRow;
 

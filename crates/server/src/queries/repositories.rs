@@ -4,7 +4,7 @@ use serde::Serialize;
 use tokio_postgres::{GenericClient, Row};
 
 /// A repository, as the API shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Repository {
     /// Its name.
     pub name: String,

@@ -7,24 +7,46 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
-use serde_json::json;
 
 use crate::db;
 use crate::error::AppError;
 use crate::state::AppState;
 
+/// `{"status": "ok"}` or `{"status": "ready"}`.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct StatusBody {
+    /// `ok` or `ready`.
+    #[schema(value_type = String)]
+    status: &'static str,
+}
+
 /// How long the readiness check waits for the database.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// `GET /healthz`: the process is up.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "health",
+    responses((status = 200, description = "The process is up", body = StatusBody))
+)]
 pub(crate) async fn healthz() -> impl IntoResponse {
-    Json(json!({ "status": "ok" }))
+    Json(StatusBody { status: "ok" })
 }
 
 /// `GET /readyz`: the database answers.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "health",
+    responses(
+        (status = 200, description = "The database answers", body = StatusBody),
+        (status = 503, description = "`not_ready`", body = crate::error::ErrorBody),
+    )
+)]
 pub(crate) async fn readyz(State(state): State<AppState>) -> Result<impl IntoResponse, AppError> {
     match tokio::time::timeout(READY_TIMEOUT, db::ping(&state.pool)).await {
-        Ok(Ok(())) => Ok(Json(json!({ "status": "ready" }))),
+        Ok(Ok(())) => Ok(Json(StatusBody { status: "ready" })),
         Ok(Err(e)) => {
             tracing::warn!(error = ?e, "readiness check failed");
             Err(not_ready())
@@ -42,6 +64,17 @@ fn not_ready() -> AppError {
 }
 
 /// `GET /metrics`: Prometheus (OpenMetrics) text.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "health",
+    responses((
+        status = 200,
+        description = "Prometheus / OpenMetrics text",
+        body = String,
+        content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    ))
+)]
 pub(crate) async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     // moka applies inserts to its entry count lazily: without this a small,
     // busy cache reports 0 entries while its hits grow.

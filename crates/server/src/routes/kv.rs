@@ -12,13 +12,29 @@ use crate::input;
 use crate::state::AppState;
 
 /// A `random_read_test` row.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct KvRow {
     pk: String,
     payload: String,
 }
 
 /// `GET /api/v1/kv/{pk}`: the seed benchmark's lookup over HTTP.
+#[utoipa::path(
+    get,
+    path = "/api/v1/kv/{pk}",
+    tag = "kv",
+    params(("pk" = String, Path, description = "The row's key")),
+    responses(
+        (status = 200, description = "The row", body = KvRow),
+        (status = 400, description = "`invalid_key`, `invalid_path_parameter`", body = crate::error::ErrorBody),
+        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::error::ErrorBody),
+        (status = 403, description = "The caller may not read `*`", body = crate::error::ErrorBody),
+        (status = 404, description = "`row_not_found`", body = crate::error::ErrorBody),
+        (status = 503, description = "`overloaded` or `database_unavailable`", body = crate::error::ErrorBody),
+        (status = 504, description = "Past the read deadline", body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn get(
     State(state): State<AppState>,
     Caller(caller): Caller,

@@ -7,8 +7,9 @@ use axum::extract::{FromRequestParts, RawQuery, State};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::Json;
-use batcher::pg::Written;
+use pgbatch::pg::Written;
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::error::AppError;
 use crate::extract::{JsonBody, ObjectPath, ReadableRepository, WritableRepository};
@@ -32,6 +33,25 @@ fn in_repository(
 }
 
 /// `GET /api/v1/repositories/{repo}/objects/stat?path=P`
+#[utoipa::path(
+    get,
+    path = "/api/v1/repositories/{repo}/objects/stat",
+    tag = "objects",
+    params(
+        ("repo" = String, Path, description = "Repository name"),
+        ("path" = String, Query, description = "The object's path (1 to 1,024 bytes, no NUL)"),
+    ),
+    responses(
+        (status = 200, description = "The object's metadata", body = ObjectStats),
+        (status = 400, description = "Missing or invalid `path`, malformed query", body = crate::error::ErrorBody),
+        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::error::ErrorBody),
+        (status = 403, description = "The caller may not read this repository", body = crate::error::ErrorBody),
+        (status = 404, description = "`repository_not_found` or `object_not_found`", body = crate::error::ErrorBody),
+        (status = 503, description = "`overloaded` or `database_unavailable`, with `Retry-After`", body = crate::error::ErrorBody),
+        (status = 504, description = "Past the read deadline", body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn stat(
     State(state): State<AppState>,
     ReadableRepository(repository): ReadableRepository,
@@ -47,23 +67,26 @@ pub(crate) async fn stat(
 }
 
 /// The body of `POST .../objects/stat`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct StatRequest {
+    /// 1 to `--max-stat-paths` object paths.
     paths: Vec<String>,
 }
 
 /// One path's answer in a `POST .../objects/stat` response.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct StatResult {
     path: String,
     /// `null` when no object is at this path.
+    #[schema(value_type = Option<ObjectStats>)]
     object: Option<Arc<ObjectStats>>,
 }
 
 /// The response of `POST .../objects/stat`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct StatResponse {
+    /// One per requested path, in request order.
     results: Vec<StatResult>,
 }
 
@@ -83,6 +106,25 @@ impl FromRequestParts<AppState> for StatRoom {
 }
 
 /// `POST /api/v1/repositories/{repo}/objects/stat` with `{"paths": [...]}`.
+#[utoipa::path(
+    post,
+    path = "/api/v1/repositories/{repo}/objects/stat",
+    tag = "objects",
+    params(("repo" = String, Path, description = "Repository name")),
+    request_body = StatRequest,
+    responses(
+        (status = 200, description = "Each path's metadata, `null` where absent", body = StatResponse),
+        (status = 400, description = "`empty_paths`, `too_many_paths`, `invalid_path`, `invalid_json`", body = crate::error::ErrorBody),
+        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::error::ErrorBody),
+        (status = 403, description = "The caller may not read this repository", body = crate::error::ErrorBody),
+        (status = 404, description = "`repository_not_found`", body = crate::error::ErrorBody),
+        (status = 413, description = "Body over `--max-body-bytes`", body = crate::error::ErrorBody),
+        (status = 415, description = "Not `application/json`", body = crate::error::ErrorBody),
+        (status = 503, description = "No room for all the paths (`overloaded`), or the database failed", body = crate::error::ErrorBody),
+        (status = 504, description = "Past the read deadline", body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn stat_many(
     State(state): State<AppState>,
     ReadableRepository(repository): ReadableRepository,
@@ -116,15 +158,38 @@ pub(crate) async fn stat_many(
 }
 
 /// The answer to a `PUT` of an object.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct PutResponse {
     path: String,
     /// `created` or `updated`.
+    #[schema(value_type = String, example = "created")]
     result: &'static str,
 }
 
 /// `PUT /api/v1/repositories/{repo}/objects?path=P` with the object's
 /// fields as JSON: 201 if created, 200 if replaced, once committed.
+#[utoipa::path(
+    put,
+    path = "/api/v1/repositories/{repo}/objects",
+    tag = "objects",
+    params(
+        ("repo" = String, Path, description = "Repository name"),
+        ("path" = String, Query, description = "The object's path"),
+    ),
+    request_body(content = ObjectBody, description = "The object's fields; `path` is not allowed here"),
+    responses(
+        (status = 200, description = "Replaced, and committed", body = PutResponse),
+        (status = 201, description = "Created, and committed", body = PutResponse),
+        (status = 400, description = "`invalid_body`, `invalid_path`, `invalid_json`", body = crate::error::ErrorBody),
+        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::error::ErrorBody),
+        (status = 403, description = "The caller may not write this repository", body = crate::error::ErrorBody),
+        (status = 404, description = "`repository_not_found`", body = crate::error::ErrorBody),
+        (status = 422, description = "`rejected`: the database refused the row", body = crate::error::ErrorBody),
+        (status = 503, description = "`overloaded` or `database_unavailable`", body = crate::error::ErrorBody),
+        (status = 504, description = "Past the write deadline", body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn put(
     State(state): State<AppState>,
     WritableRepository(repository): WritableRepository,
@@ -140,6 +205,25 @@ pub(crate) async fn put(
 }
 
 /// `DELETE /api/v1/repositories/{repo}/objects?path=P`: 204, or 404.
+#[utoipa::path(
+    delete,
+    path = "/api/v1/repositories/{repo}/objects",
+    tag = "objects",
+    params(
+        ("repo" = String, Path, description = "Repository name"),
+        ("path" = String, Query, description = "The object's path"),
+    ),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, description = "`missing_path`, `invalid_path`", body = crate::error::ErrorBody),
+        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::error::ErrorBody),
+        (status = 403, description = "The caller may not write this repository", body = crate::error::ErrorBody),
+        (status = 404, description = "`repository_not_found` or `object_not_found`", body = crate::error::ErrorBody),
+        (status = 503, description = "`overloaded` or `database_unavailable`", body = crate::error::ErrorBody),
+        (status = 504, description = "Past the write deadline", body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn delete(
     State(state): State<AppState>,
     WritableRepository(repository): WritableRepository,
@@ -149,8 +233,8 @@ pub(crate) async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// What an import did (see [`batcher::pg::copy::ImportCounts`]).
-#[derive(Debug, Serialize)]
+/// What an import did (see [`pgbatch::pg::copy::ImportCounts`]).
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct ImportReport {
     rows: u64,
     inserted: u64,
@@ -161,6 +245,33 @@ pub(crate) struct ImportReport {
 
 /// `POST /api/v1/repositories/{repo}/objects/import?policy=skip|overwrite|fail`
 /// with one JSON object per line: all lines or none are committed.
+#[utoipa::path(
+    post,
+    path = "/api/v1/repositories/{repo}/objects/import",
+    tag = "objects",
+    params(
+        ("repo" = String, Path, description = "Repository name"),
+        ("policy" = Option<String>, Query, description = "On an existing path: `skip` (default), `overwrite` or `fail`"),
+    ),
+    request_body(
+        content = String,
+        content_type = "application/x-ndjson",
+        description = "One object per line, as `ObjectBody` with its `path`; streamed, at most `--max-import-bytes`"
+    ),
+    responses(
+        (status = 200, description = "All lines committed", body = ImportReport),
+        (status = 400, description = "`invalid_import_line` (naming the line), `invalid_policy`", body = crate::error::ErrorBody),
+        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::error::ErrorBody),
+        (status = 403, description = "The caller may not write this repository", body = crate::error::ErrorBody),
+        (status = 404, description = "`repository_not_found`", body = crate::error::ErrorBody),
+        (status = 408, description = "`body_timeout`: the body paused too long; nothing committed", body = crate::error::ErrorBody),
+        (status = 409, description = "`conflict`: `policy=fail` met an existing path", body = crate::error::ErrorBody),
+        (status = 413, description = "Body over `--max-import-bytes`", body = crate::error::ErrorBody),
+        (status = 503, description = "`overloaded` (too many imports) or `database_unavailable`", body = crate::error::ErrorBody),
+        (status = 504, description = "Past the import deadline", body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn import(
     State(state): State<AppState>,
     WritableRepository(repository): WritableRepository,

@@ -3,8 +3,8 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::auth::Action;
 use crate::error::AppError;
@@ -14,7 +14,7 @@ use crate::queries::repositories::Repository;
 use crate::state::AppState;
 
 /// The body of `POST /api/v1/repositories`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct NewRepository {
     name: String,
@@ -22,6 +22,22 @@ pub(crate) struct NewRepository {
 }
 
 /// `POST /api/v1/repositories`: 201 with the repository, or 409.
+#[utoipa::path(
+    post,
+    path = "/api/v1/repositories",
+    tag = "repositories",
+    request_body = NewRepository,
+    responses(
+        (status = 201, description = "Created", body = Repository),
+        (status = 400, description = "`invalid_repository_name`, `invalid_storage_namespace`, `invalid_json`", body = crate::error::ErrorBody),
+        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::error::ErrorBody),
+        (status = 403, description = "The caller may not write a repository of that name", body = crate::error::ErrorBody),
+        (status = 409, description = "`repository_exists`", body = crate::error::ErrorBody),
+        (status = 503, description = "`overloaded` or `database_unavailable`", body = crate::error::ErrorBody),
+        (status = 504, description = "Past the write deadline", body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn create(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -37,11 +53,29 @@ pub(crate) async fn create(
     Ok((StatusCode::CREATED, Json(repo)))
 }
 
+/// The body of `GET /api/v1/repositories`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct RepositoryList {
+    repositories: Vec<Repository>,
+}
+
 /// `GET /api/v1/repositories`: the repositories the caller may read.
+#[utoipa::path(
+    get,
+    path = "/api/v1/repositories",
+    tag = "repositories",
+    responses(
+        (status = 200, description = "The repositories the caller may read, by name", body = RepositoryList),
+        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::error::ErrorBody),
+        (status = 503, description = "`overloaded` or `database_unavailable`", body = crate::error::ErrorBody),
+        (status = 504, description = "Past the read deadline", body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn list(
     State(state): State<AppState>,
     Caller(caller): Caller,
-) -> Result<Json<serde_json::Value>, AppError> {
+) -> Result<Json<RepositoryList>, AppError> {
     let repos: Vec<Repository> = state
         .reads
         .list_repositories()
@@ -49,10 +83,28 @@ pub(crate) async fn list(
         .into_iter()
         .filter(|r| caller.may(Action::Read, &r.name))
         .collect();
-    Ok(Json(json!({ "repositories": repos })))
+    Ok(Json(RepositoryList {
+        repositories: repos,
+    }))
 }
 
 /// `DELETE /api/v1/repositories/{repo}`: 204 (objects included), or 404.
+#[utoipa::path(
+    delete,
+    path = "/api/v1/repositories/{repo}",
+    tag = "repositories",
+    params(("repo" = String, Path, description = "Repository name")),
+    responses(
+        (status = 204, description = "Deleted with its objects"),
+        (status = 400, description = "`invalid_repository_name`", body = crate::error::ErrorBody),
+        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::error::ErrorBody),
+        (status = 403, description = "The caller may not write this repository", body = crate::error::ErrorBody),
+        (status = 404, description = "`repository_not_found`", body = crate::error::ErrorBody),
+        (status = 503, description = "`overloaded` or `database_unavailable`", body = crate::error::ErrorBody),
+        (status = 504, description = "Past the write deadline", body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn delete(
     State(state): State<AppState>,
     WritableRepository(repository): WritableRepository,

@@ -11,7 +11,7 @@ use crate::extract::{Caller, PathParams};
 use crate::state::AppState;
 
 /// The body of `GET /api/v1/user`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct UserBody {
     user: String,
     grants: Vec<Grant>,
@@ -22,6 +22,17 @@ pub(crate) struct UserBody {
 /// Answered from the authenticated principal alone, so with the auth cache
 /// warm it does no database work: the HTTP benchmark's ceiling (the lakeFS
 /// method of starting from an empty handler) is this route.
+#[utoipa::path(
+    get,
+    path = "/api/v1/user",
+    tag = "user",
+    responses(
+        (status = 200, description = "The token's owner and their grants", body = UserBody),
+        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::error::ErrorBody),
+        (status = 503, description = "`overloaded` or `database_unavailable` (token lookup)", body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn current(Caller(caller): Caller) -> Json<UserBody> {
     Json(UserBody {
         user: caller.user.clone(),
@@ -30,12 +41,24 @@ pub(crate) async fn current(Caller(caller): Caller) -> Json<UserBody> {
 }
 
 /// The body of `GET /api/v1/user/tokens`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct TokensBody {
     tokens: Vec<TokenInfo>,
 }
 
 /// `GET /api/v1/user/tokens`: the caller's tokens (ids, never the tokens).
+#[utoipa::path(
+    get,
+    path = "/api/v1/user/tokens",
+    tag = "user",
+    responses(
+        (status = 200, description = "The caller's tokens: ids, never the tokens", body = TokensBody),
+        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::error::ErrorBody),
+        (status = 503, description = "`overloaded` or `database_unavailable`", body = crate::error::ErrorBody),
+        (status = 504, description = "Past the read deadline", body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn tokens(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -46,6 +69,21 @@ pub(crate) async fn tokens(
 
 /// `DELETE /api/v1/user/tokens/{id}`: revokes one of the caller's tokens
 /// (an admin may revoke anyone's); refused by this instance at once.
+#[utoipa::path(
+    delete,
+    path = "/api/v1/user/tokens/{id}",
+    tag = "user",
+    params(("id" = String, Path, description = "The token's id: 16 lowercase hex digits")),
+    responses(
+        (status = 204, description = "Revoked: refused by this instance at once"),
+        (status = 400, description = "`invalid_token_id`", body = crate::error::ErrorBody),
+        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::error::ErrorBody),
+        (status = 404, description = "`token_not_found`: the caller has no such token", body = crate::error::ErrorBody),
+        (status = 503, description = "`overloaded` or `database_unavailable`", body = crate::error::ErrorBody),
+        (status = 504, description = "Past the write deadline", body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn revoke(
     State(state): State<AppState>,
     Caller(caller): Caller,
