@@ -63,9 +63,24 @@ pub struct Principal {
     pub user: String,
     /// The user's policies.
     pub grants: Vec<Grant>,
+    /// When the token stops working, in Unix milliseconds; `None`: never.
+    pub expires_at_ms: Option<i64>,
 }
 
 impl Principal {
+    /// Whether the token has expired by `now`: checked on every request,
+    /// so a cached principal stops working at its expiry, not its cache
+    /// entry's.
+    pub fn expired(&self, now: std::time::SystemTime) -> bool {
+        let Some(at) = self.expires_at_ms else {
+            return false;
+        };
+        let now = now
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        now >= at
+    }
+
     /// Whether the user may do `action` in `repository` (`*`: the
     /// service-wide scope, granted only by a `*` policy).
     pub fn may(&self, action: Action, repository: &str) -> bool {
@@ -219,7 +234,11 @@ impl Authenticator {
 async fn load_principal(pool: &Pool, digest: &TokenDigest) -> Result<Option<Principal>, PgError> {
     let client = pool.get().await?;
     let found = sql::user_of_token(&client, digest).await?;
-    Ok(found.map(|(user, grants)| Principal { user, grants }))
+    Ok(found.map(|owner| Principal {
+        user: owner.user,
+        grants: owner.grants,
+        expires_at_ms: owner.expires_at_ms,
+    }))
 }
 
 /// Creates a user with read access to `read` and read-write access to
@@ -260,8 +279,24 @@ pub async fn add_token(
     token: &str,
     description: &str,
 ) -> anyhow::Result<()> {
+    add_expiring_token(client, user, token, description, None).await
+}
+
+/// Like [`add_token`], for a token that stops working `expires_in` from
+/// now (`None`: never).
+///
+/// # Errors
+///
+/// As [`add_token`].
+pub async fn add_expiring_token(
+    client: &tokio_postgres::Client,
+    user: &str,
+    token: &str,
+    description: &str,
+    expires_in: Option<std::time::Duration>,
+) -> anyhow::Result<()> {
     let digest = digest(token);
-    if !sql::insert_token(client, &digest, user, description).await? {
+    if !sql::insert_token(client, &digest, user, description, expires_in).await? {
         // Nothing inserted: no such user, or the token is stored already.
         anyhow::ensure!(
             sql::user_exists(client, user).await?,
@@ -313,6 +348,7 @@ mod tests {
     fn principal(grants: &[(&str, bool, bool)]) -> Principal {
         Principal {
             user: "u".into(),
+            expires_at_ms: None,
             grants: grants
                 .iter()
                 .map(|&(r, read, write)| Grant {

@@ -24,6 +24,31 @@ fn parse_sslmode(name: &str) -> Result<SslMode, String> {
     SslMode::parse(name).map_err(|e| e.to_string())
 }
 
+/// A token's lifetime: a positive whole number with `s`, `m`, `h` or `d`
+/// (`90d`, `12h`), up to 100 years.
+///
+/// # Errors
+///
+/// A message naming the accepted form.
+pub fn parse_expiry(text: &str) -> Result<Duration, String> {
+    let bad = || format!("`{text}` is not a duration such as 30m, 12h or 90d (s, m, h or d)");
+    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    let unit_secs = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        _ => return Err(bad()),
+    };
+    let secs = n
+        .checked_mul(unit_secs)
+        .filter(|s| (1..=100 * 365 * 86_400).contains(s))
+        .ok_or_else(|| format!("`{text}`: a token lifetime is 1 s to 100 years"))?;
+    Ok(Duration::from_secs(secs))
+}
+
 /// `d` in whole milliseconds, for a flag's default.
 const fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
@@ -119,6 +144,10 @@ pub enum TokenCommand {
         /// What the token is for.
         #[arg(long, default_value = "")]
         description: String,
+        /// Make it stop working this long from now: a number with `s`,
+        /// `m`, `h` or `d` (`90d`, `12h`). Without it, it never expires.
+        #[arg(long, value_name = "DURATION", value_parser = parse_expiry)]
+        expires_in: Option<Duration>,
     },
     /// List tokens (ids, users, descriptions; never the tokens).
     List {

@@ -139,6 +139,12 @@ pub async fn require_token(
         .principal(&token)
         .await?
         .ok_or_else(|| AppError::unauthorized("unknown_token", "the bearer token is not valid"))?;
+    if principal.expired(std::time::SystemTime::now()) {
+        return Err(AppError::unauthorized(
+            "expired_token",
+            "the bearer token has expired; create a new one",
+        ));
+    }
     req.extensions_mut().insert(Caller(principal));
     Ok(next.run(req).await)
 }

@@ -92,7 +92,13 @@ async fn run(cli: &Cli, database: &Database) -> anyhow::Result<()> {
         Some(Command::Token(TokenCommand::List { user })) => {
             let client = connect(database).await?;
             for t in server::queries::auth::list_tokens(&client, user.as_deref()).await? {
-                println!("{}\t{}\t{}\t{}", t.id, t.user, t.created_at, t.description);
+                let expires = t
+                    .expires_at
+                    .map_or_else(|| "never".to_owned(), |e| e.to_string());
+                println!(
+                    "{}\t{}\t{}\t{expires}\t{}",
+                    t.id, t.user, t.created_at, t.description
+                );
             }
             Ok(())
         }
@@ -104,10 +110,14 @@ async fn run(cli: &Cli, database: &Database) -> anyhow::Result<()> {
             println!("revoked token {id}");
             Ok(())
         }
-        Some(Command::Token(TokenCommand::Create { user, description })) => {
+        Some(Command::Token(TokenCommand::Create {
+            user,
+            description,
+            expires_in,
+        })) => {
             let client = connect(database).await?;
             let token = auth::new_token()?;
-            auth::add_token(&client, user, &token, description).await?;
+            auth::add_expiring_token(&client, user, &token, description, *expires_in).await?;
             println!("{token}");
             eprintln!("(stored only hashed: keep it now, it cannot be shown again)");
             Ok(())

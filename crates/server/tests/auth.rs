@@ -12,7 +12,7 @@ use server::config::{Cli, Command, TokenCommand, UserCommand};
 use server::queries::kv::kv_pk;
 use server::seed::object_path;
 use server::settings::{AuthSettings, CacheSettings, Settings};
-use support::{get_as, send, send_full, stat_uri};
+use support::{get, get_as, send, send_full, stat_uri};
 use tokio_postgres::NoTls;
 
 async fn client(config: &tokio_postgres::Config) -> tokio_postgres::Client {
@@ -143,7 +143,7 @@ async fn the_current_user_route_shows_the_token_owner_and_grants() {
         ]
     );
 
-    let (status, body) = send(&app.router, support::get("/api/v1/user")).await;
+    let (status, body) = send(&app.router, get("/api/v1/user")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["user"], auth::ADMIN_USER);
 
@@ -182,7 +182,16 @@ async fn tokens_are_stored_only_as_digests() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(columns, ["digest", "user_id", "description", "created_at"]);
+    assert_eq!(
+        columns,
+        [
+            "digest",
+            "user_id",
+            "description",
+            "created_at",
+            "expires_at"
+        ]
+    );
     let stored: Vec<u8> = c
         .query_one(
             "SELECT t.digest FROM tokens t JOIN users u ON u.id = t.user_id WHERE u.name = 'someone'",
@@ -214,7 +223,7 @@ async fn the_auth_cache_makes_steady_traffic_free_of_token_lookups() {
     let burst: Vec<_> = (0..100)
         .map(|_| {
             let router = app.router.clone();
-            let req = support::get(&uri);
+            let req = get(&uri);
             tokio::spawn(async move { send(&router, req).await.0 })
         })
         .collect();
@@ -222,10 +231,7 @@ async fn the_auth_cache_makes_steady_traffic_free_of_token_lookups() {
         assert_eq!(b.await.unwrap(), StatusCode::OK);
     }
     for _ in 0..50 {
-        assert_eq!(
-            send(&app.router, support::get(&uri)).await.0,
-            StatusCode::OK
-        );
+        assert_eq!(send(&app.router, get(&uri)).await.0, StatusCode::OK);
     }
     let stats = app.state.auth.cache_stats().expect("cache on");
     assert_eq!(stats.misses, 1, "{stats:?}");
@@ -233,10 +239,7 @@ async fn the_auth_cache_makes_steady_traffic_free_of_token_lookups() {
 
     let off = support::app_on(&config, &auth_cache(false));
     assert!(off.state.auth.cache_stats().is_none());
-    assert_eq!(
-        send(&off.router, support::get(&uri)).await.0,
-        StatusCode::OK
-    );
+    assert_eq!(send(&off.router, get(&uri)).await.0, StatusCode::OK);
 }
 
 #[tokio::test]
@@ -338,8 +341,63 @@ fn the_admin_cli_parses() {
     let cli = Cli::parse_from(["server", "token", "create", "bob", "--description", "ci"]);
     assert!(matches!(
         cli.command,
-        Some(Command::Token(TokenCommand::Create { .. }))
+        Some(Command::Token(TokenCommand::Create {
+            expires_in: None,
+            ..
+        }))
     ));
+    let cli = Cli::parse_from(["server", "token", "create", "bob", "--expires-in", "90d"]);
+    let Some(Command::Token(TokenCommand::Create { expires_in, .. })) = cli.command else {
+        panic!("not a token command");
+    };
+    assert_eq!(expires_in, Some(Duration::from_secs(90 * 86_400)));
+    for bad in ["90", "d", "+1d", "1y", "0s", "1.5h", "99999999999999999d"] {
+        let err = Cli::try_parse_from(["server", "token", "create", "bob", "--expires-in", bad])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--expires-in"), "{bad}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn an_expiring_token_is_refused_at_its_expiry_even_while_cached() {
+    let app = support::setup(&auth_cache(true)).await;
+    let c = client(&app.config).await;
+    auth::create_user(
+        &mut client(&app.config).await,
+        "temp",
+        &["demo".to_owned()],
+        &[],
+    )
+    .await
+    .unwrap();
+    let token = auth::new_token().unwrap();
+    auth::add_expiring_token(&c, "temp", &token, "short", Some(Duration::from_secs(2)))
+        .await
+        .unwrap();
+    let stat = stat_uri("demo", &object_path(1));
+    assert_eq!(
+        send(&app.router, get_as(&stat, Some(&token))).await.0,
+        StatusCode::OK,
+        "valid until it expires; now cached for the cache's TTL (20 s)"
+    );
+    let listed = send(&app.router, get_as("/api/v1/user/tokens", Some(&token)))
+        .await
+        .1;
+    let expires_at = listed["tokens"][0]["expires_at"].as_i64().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!((now..=now + 3).contains(&expires_at), "{listed}");
+
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let (status, body) = send(&app.router, get_as(&stat, Some(&token))).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert_eq!(body["error"]["code"], "expired_token");
+    // A token without expiry lists `null`.
+    let admin = send(&app.router, get("/api/v1/user/tokens")).await.1;
+    assert!(admin["tokens"][0]["expires_at"].is_null(), "{admin}");
 }
 
 #[tokio::test]

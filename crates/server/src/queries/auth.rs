@@ -14,8 +14,20 @@ pub struct Grant {
     pub write: bool,
 }
 
-/// One round trip: the name of the user whose token has SHA-256 `digest`,
-/// and all their policies; `None` if no token has that digest.
+/// Who a token is: its user, their policies, and when it expires.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenOwner {
+    /// The user's name.
+    pub user: String,
+    /// All their policies.
+    pub grants: Vec<Grant>,
+    /// When the token stops working, in Unix milliseconds; `None`: never.
+    pub expires_at_ms: Option<i64>,
+}
+
+/// One round trip: the owner of the token whose SHA-256 digest is
+/// `digest`; `None` if no token has that digest. An expired token is
+/// returned with its expiry, so the caller can say so.
 ///
 /// # Errors
 ///
@@ -23,10 +35,11 @@ pub struct Grant {
 pub async fn user_of_token(
     client: &deadpool_postgres::Client,
     digest: &[u8],
-) -> Result<Option<(String, Vec<Grant>)>, tokio_postgres::Error> {
+) -> Result<Option<TokenOwner>, tokio_postgres::Error> {
     let stmt = client
         .prepare_cached(
-            "SELECT u.name, p.repository, p.can_read, p.can_write \
+            "SELECT u.name, p.repository, p.can_read, p.can_write, \
+                    (extract(epoch FROM t.expires_at) * 1000)::int8 \
              FROM tokens t JOIN users u ON u.id = t.user_id \
              LEFT JOIN policies p ON p.user_id = u.id \
              WHERE t.digest = $1",
@@ -46,7 +59,11 @@ pub async fn user_of_token(
             });
         }
     }
-    Ok(Some((first.try_get(0)?, grants)))
+    Ok(Some(TokenOwner {
+        user: first.try_get(0)?,
+        grants,
+        expires_at_ms: first.try_get(4)?,
+    }))
 }
 
 /// Whether any user exists.
@@ -127,12 +144,15 @@ pub async fn insert_token<C: GenericClient>(
     digest: &[u8],
     user: &str,
     description: &str,
+    expires_in: Option<std::time::Duration>,
 ) -> Result<bool, tokio_postgres::Error> {
+    let seconds = expires_in.map(|d| d.as_secs_f64());
     let n = client
         .execute(
-            "INSERT INTO tokens (digest, user_id, description) \
-             SELECT $1, id, $3 FROM users WHERE name = $2 ON CONFLICT (digest) DO NOTHING",
-            &[&digest, &user, &description],
+            "INSERT INTO tokens (digest, user_id, description, expires_at) \
+             SELECT $1, id, $3, now() + $4::float8 * interval '1 second' \
+             FROM users WHERE name = $2 ON CONFLICT (digest) DO NOTHING",
+            &[&digest, &user, &description, &seconds],
         )
         .await?;
     Ok(n > 0)
@@ -150,6 +170,8 @@ pub struct TokenInfo {
     pub description: String,
     /// When it was created, in Unix seconds.
     pub created_at: i64,
+    /// When it stops working, in Unix seconds; `null`: never.
+    pub expires_at: Option<i64>,
 }
 
 /// The tokens of `user`, or of every user.
@@ -164,7 +186,8 @@ pub async fn list_tokens<C: GenericClient>(
     let rows = client
         .query(
             "SELECT left(encode(t.digest, 'hex'), 16), u.name, t.description, \
-                    extract(epoch FROM t.created_at)::bigint \
+                    extract(epoch FROM t.created_at)::bigint, \
+                    extract(epoch FROM t.expires_at)::bigint \
              FROM tokens t JOIN users u ON u.id = t.user_id \
              WHERE $1::text IS NULL OR u.name = $1 \
              ORDER BY u.name, t.created_at",
@@ -178,6 +201,7 @@ pub async fn list_tokens<C: GenericClient>(
                 user: r.try_get(1)?,
                 description: r.try_get(2)?,
                 created_at: r.try_get(3)?,
+                expires_at: r.try_get(4)?,
             })
         })
         .collect()
