@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use pgbatch::Loader;
 
+pub mod delay_proxy;
 pub mod reads;
-pub mod toxiproxy;
 
 /// Opens the CSV file at `path` for appending (creating its directory, and
 /// writing `header` when the file is new) and returns it with the current

@@ -380,9 +380,8 @@ fn mean_batch(lookup: &Lookup<KvQuery>) -> f64 {
 }
 
 /// The mean of `samples` sequential `SELECT 1` round trips on one
-/// connection: the round-trip time a read path pays per statement. The
-/// mean, not the median, because a half-millisecond proxy delay is 0 or
-/// 1 ms per round trip (see [`crate::toxiproxy::Toxiproxy::proxy`]).
+/// connection: the round-trip time a read path pays per statement, proxy
+/// included (see [`crate::delay_proxy`]).
 ///
 /// # Errors
 ///

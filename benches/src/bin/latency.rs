@@ -1,10 +1,8 @@
 //! The seed benchmark's read paths with added network round-trip time
-//! (after seed 004): Postgres is reached through a toxiproxy latency proxy
-//! that adds 0, 0.5 and 5 ms per round trip, and naive, pipelined and
-//! batched reads are measured at each, beside a run without the proxy.
-//!
-//! The proxies need `./scripts/ensure-bench-tools.sh` (toxiproxy, built with
-//! Go into `target/tools/bin`).
+//! (after seed 004): Postgres is reached through a latency proxy that adds
+//! 0, 0.5 and 5 ms per round trip (half each way; `benches::delay_proxy`,
+//! in this process, nothing to install), and naive, pipelined and batched
+//! reads are measured at each, beside a run without the proxy.
 //!
 //! ```text
 //! cargo run --release -p benches --bin latency             # 10M rows, 300 initiators
@@ -13,12 +11,13 @@
 
 use std::io::Write as _;
 use std::net::SocketAddr;
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
+use benches::delay_proxy::DelayProxy;
 use benches::reads::{self, TableArgs};
-use benches::toxiproxy::{self, Toxiproxy};
 use benches::RunReport;
 use clap::Parser;
 use pgbatch::pg::PoolOptions;
@@ -39,7 +38,7 @@ struct Args {
     /// Seconds per run.
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
-    /// Added round-trip times in milliseconds (whole or half).
+    /// Added round-trip times in milliseconds.
     #[arg(long, value_delimiter = ',', default_value = "0,0.5,5")]
     rtt_ms: Vec<f64>,
     /// Connections of the naive path, and statements the batcher runs at
@@ -55,9 +54,6 @@ struct Args {
     /// The batcher's flush policy.
     #[arg(long, value_enum, default_value_t = PolicyArg::Adaptive)]
     policy: PolicyArg,
-    /// Where toxiproxy-server and toxiproxy-cli are (else `PATH`).
-    #[arg(long, default_value = toxiproxy::TOOLS_DIR)]
-    tools_dir: PathBuf,
     /// CSV file results are appended to.
     #[arg(long, default_value = "target/loadgen/latency.csv")]
     csv: PathBuf,
@@ -82,7 +78,9 @@ async fn main() -> anyhow::Result<()> {
         args.seconds = 0.3;
         args.initiators = 32;
     }
-    let port = toxiproxy::free_port()?;
+    // A free loopback port for the cluster's TCP listener, which the
+    // proxies forward to.
+    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     args.table
         .with_table(
             |options| options.port(port).listen_tcp(true),
@@ -134,7 +132,6 @@ fn via(config: &tokio_postgres::Config, addr: SocketAddr) -> tokio_postgres::Con
 
 async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     let (upstream, direct) = tcp_target(db).await?;
-    let proxy = Toxiproxy::start(&args.tools_dir).await?;
     let run = Duration::from_secs_f64(args.seconds);
     let rows = args.table.rows;
     let n = args.initiators;
@@ -146,15 +143,14 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     };
 
     let mut targets: Vec<(Option<f64>, tokio_postgres::Config)> = vec![(None, direct.clone())];
-    for (i, &ms) in args.rtt_ms.iter().enumerate() {
-        let listen = proxy
-            .proxy(
-                &format!("pg_{i}"),
-                upstream,
-                Duration::from_secs_f64(ms / 1e3),
-            )
-            .await?;
-        targets.push((Some(ms), via(&direct, listen)));
+    let mut proxies = Vec::new();
+    for &ms in &args.rtt_ms {
+        if !(0.0..=10_000.0).contains(&ms) {
+            bail!("--rtt-ms {ms}: an added round trip is 0 to 10,000 ms");
+        }
+        let proxy = DelayProxy::start(upstream, Duration::from_secs_f64(ms / 1e3))?;
+        targets.push((Some(ms), via(&direct, proxy.addr())));
+        proxies.push(proxy);
     }
 
     let mut results = Vec::new();

@@ -1,0 +1,168 @@
+//! A TCP proxy that adds a fixed round-trip time, half each way, to reach
+//! Postgres as if over a network (this kernel has no `netem`).
+//!
+//! Hand-written rather than toxiproxy or noxious: toxiproxy needs Go to
+//! build, noxious publishes only its library on crates.io (no server, and
+//! old tokio-util and mockall), and both add latency in whole milliseconds.
+//! What the benchmark needs is one thing, a fixed delay per chunk that
+//! keeps pipelining intact, and plain threads give it with sub-millisecond
+//! precision: tokio's timers round up to the next millisecond.
+//!
+//! Each connection gets two pumps (client to server, server to client),
+//! each a reader thread that stamps chunks with their due time and a
+//! writer thread that sends each when due, so a chunk read while another
+//! waits is not held up behind it.
+
+use std::io::{Read as _, Write as _};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// A running proxy; stops accepting when dropped (open connections run on
+/// until either side closes).
+#[derive(Debug)]
+pub struct DelayProxy {
+    addr: SocketAddr,
+    stopped: Arc<AtomicBool>,
+}
+
+impl DelayProxy {
+    /// Listens on a free loopback port and forwards each connection to
+    /// `upstream`, delaying every chunk by `rtt / 2` in each direction.
+    ///
+    /// # Errors
+    ///
+    /// When no loopback port can be bound.
+    pub fn start(upstream: SocketAddr, rtt: Duration) -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let stopped = Arc::new(AtomicBool::new(false));
+        let stop = Arc::clone(&stopped);
+        let one_way = rtt / 2;
+        thread::Builder::new()
+            .name("delay-proxy".into())
+            .spawn(move || {
+                for client in listener.incoming() {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let Ok(client) = client else { continue };
+                    if let Err(e) = connect(client, upstream, one_way) {
+                        eprintln!("delay proxy: cannot reach {upstream}: {e}");
+                    }
+                }
+            })?;
+        Ok(Self { addr, stopped })
+    }
+
+    /// The address to connect to instead of the upstream.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for DelayProxy {
+    fn drop(&mut self) {
+        self.stopped.store(true, Ordering::Relaxed);
+        // Wakes the accept loop so it sees the flag.
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+fn connect(client: TcpStream, upstream: SocketAddr, one_way: Duration) -> std::io::Result<()> {
+    let server = TcpStream::connect(upstream)?;
+    for s in [&client, &server] {
+        s.set_nodelay(true)?;
+    }
+    pump(client.try_clone()?, server.try_clone()?, one_way)?;
+    pump(server, client, one_way)
+}
+
+/// Copies `from` to `to`, each chunk `delay` after it was read.
+fn pump(mut from: TcpStream, mut to: TcpStream, delay: Duration) -> std::io::Result<()> {
+    let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
+    thread::Builder::new()
+        .name("delay-read".into())
+        .spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match from.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if tx
+                            .send((Instant::now() + delay, buf[..n].to_vec()))
+                            .is_err()
+                        {
+                            break;
+                        }
+                    }
+                }
+            }
+            // The channel closes; the writer half-closes after the rest.
+        })?;
+    thread::Builder::new()
+        .name("delay-write".into())
+        .spawn(move || {
+            for (due, chunk) in rx {
+                let now = Instant::now();
+                if due > now {
+                    thread::sleep(due - now);
+                }
+                if to.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+            let _ = to.shutdown(Shutdown::Write);
+        })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An echo server on loopback.
+    fn echo() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        thread::spawn(move || {
+            for s in listener.incoming().flatten() {
+                thread::spawn(move || {
+                    let mut r = s.try_clone().unwrap();
+                    let mut w = s;
+                    let _ = std::io::copy(&mut r, &mut w);
+                });
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn a_round_trip_takes_the_added_time_and_bytes_arrive_intact() {
+        let proxy = DelayProxy::start(echo(), Duration::from_millis(20)).unwrap();
+        let mut s = TcpStream::connect(proxy.addr()).unwrap();
+        s.set_nodelay(true).unwrap();
+        let mut rtts = Vec::new();
+        for i in 0..5u8 {
+            let start = Instant::now();
+            s.write_all(&[i; 100]).unwrap();
+            let mut got = [0u8; 100];
+            s.read_exact(&mut got).unwrap();
+            rtts.push(start.elapsed());
+            assert_eq!(got, [i; 100]);
+        }
+        for rtt in rtts {
+            assert!(rtt >= Duration::from_millis(20), "{rtt:?}");
+        }
+        // Pipelined messages arrive whole and in order.
+        s.write_all(&[7; 10]).unwrap();
+        s.write_all(&[8; 10]).unwrap();
+        let mut got = [0u8; 20];
+        s.read_exact(&mut got).unwrap();
+        assert_eq!(got[..10], [7; 10]);
+        assert_eq!(got[10..], [8; 10]);
+    }
+}
