@@ -18,6 +18,7 @@ use pgbatch::pg::{PgError, Pool};
 use rand::TryRngCore;
 use sha2::{Digest as _, Sha256};
 
+use crate::coherence::Coherence;
 use crate::db::Postgres;
 use crate::failure::Failure;
 use crate::input;
@@ -124,16 +125,23 @@ impl Principal {
 pub struct Authenticator {
     pool: Pool,
     cache: Option<Cache<TokenDigest, Arc<Principal>>>,
+    /// The cache is used only while this allows.
+    coherence: Coherence,
 }
 
 impl Authenticator {
     /// An authenticator over `pool`, with the token cache `settings` ask
-    /// for (none: every token is looked up, for comparison).
+    /// for (none: every token is looked up, for comparison), used only
+    /// while `coherence` allows.
     ///
     /// # Errors
     ///
     /// When the cache settings are invalid.
-    pub fn new(pool: Pool, settings: &AuthSettings) -> Result<Self, pgbatch::BuildError> {
+    pub fn new(
+        pool: Pool,
+        settings: &AuthSettings,
+        coherence: &Coherence,
+    ) -> Result<Self, pgbatch::BuildError> {
         let cache = match &settings.cache {
             None => None,
             Some(c) => {
@@ -149,7 +157,11 @@ impl Authenticator {
                 })?)
             }
         };
-        Ok(Self { pool, cache })
+        Ok(Self {
+            pool,
+            cache,
+            coherence: coherence.clone(),
+        })
     }
 
     /// The principal of `token`, or `None` if no such token exists.
@@ -162,8 +174,8 @@ impl Authenticator {
     pub async fn principal(&self, token: &str) -> Result<Option<Arc<Principal>>, Failure> {
         let digest = digest(token);
         match &self.cache {
-            Some(cache) => Ok(cache.get(digest).await?),
-            None => Ok(load_principal(&self.pool, &digest)
+            Some(cache) if self.coherence.caches_usable() => Ok(cache.get(digest).await?),
+            _ => Ok(load_principal(&self.pool, &digest)
                 .await
                 .map(|p| p.map(Arc::new))?),
         }
@@ -184,7 +196,8 @@ impl Authenticator {
     /// Revokes the token with id `id` (see [`TokenInfo`]): one of
     /// `caller`'s own, or anyone's when `caller` may write everything. The
     /// token stops working on this instance at once; other instances drop
-    /// it from their caches within the cache's TTL.
+    /// it from their caches when the change notification reaches them
+    /// (see [`crate::invalidation`]).
     ///
     /// # Errors
     ///
@@ -203,6 +216,13 @@ impl Authenticator {
         }
         self.forget(&digests).await;
         Ok(())
+    }
+
+    /// Drops every cached principal (after a user or policy change).
+    pub fn forget_all(&self) {
+        if let Some(cache) = &self.cache {
+            cache.invalidate_all();
+        }
     }
 
     /// Drops the cached principals of tokens with these digests.

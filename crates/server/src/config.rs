@@ -155,9 +155,9 @@ pub enum TokenCommand {
         #[arg(long)]
         user: Option<String>,
     },
-    /// Revoke a token by the id `token list` shows. A running server
-    /// stops accepting it within its auth cache's TTL; `DELETE
-    /// /api/v1/user/tokens/{id}` revokes it there at once.
+    /// Revoke a token by the id `token list` shows. Running servers stop
+    /// accepting it when the database's change notification reaches them
+    /// (milliseconds).
     Revoke {
         /// The token's id (16 hex digits).
         id: String,

@@ -16,7 +16,8 @@
 //! deadline       every request's deadline, by kind (read, write, import)
 //! extract        extractors (caller, repository, object path, JSON) and the token middleware
 //! error          AppError: a Failure or rejection as an HTTP response
-//! state          AppState and Pools (read, write, import), built from Settings
+//! state          AppState and Pools (read, write, import), built from Settings; starts the listener
+//! invalidation   the LISTEN/NOTIFY listener applying other instances' changes to the caches
 //! testing        a seeded database for tests and benchmarks
 //! metrics        the registry, the scrape-time collector, the `track` middleware
 //! process        `process_*` metrics from /proc
@@ -25,6 +26,7 @@
 //! reads          the registry of lookups, one per query kind
 //! lookup         Lookup<Q>: get / get_many over naive, batched or cached
 //! auth           tokens, principals, grants, the authenticator, user admin
+//! coherence      whether the caches may be used (off while the listener is down)
 //! input          validation and strict query decoding
 //! seed, db       demo data; the database, migrations and pool
 //! config         clap flags to Settings and EdgeSettings (for `main`; benches reuse PolicyArg)
@@ -41,6 +43,7 @@
 //! writer or COPY → `queries`, then invalidates through `reads`.
 
 pub mod auth;
+pub mod coherence;
 pub mod config;
 pub mod db;
 pub mod deadline;
@@ -49,6 +52,7 @@ pub mod extract;
 pub mod failure;
 pub mod import;
 pub mod input;
+pub mod invalidation;
 pub mod lookup;
 pub mod metrics;
 pub mod openapi;

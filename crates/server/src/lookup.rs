@@ -16,6 +16,7 @@ use pgbatch::pg::{BatchQuery, PgError, PgLoader, Pool};
 use pgbatch::{Batcher, BuildError, StatsSnapshot};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::coherence::Coherence;
 use crate::failure::{Failure, Work};
 use crate::settings::{ReadPath, ReadSettings};
 
@@ -46,6 +47,9 @@ pub struct Lookup<Q: BatchQuery> {
     admission: Arc<Semaphore>,
     capacity: usize,
     admission_wait: Duration,
+    /// Off while cross-instance invalidations may have been missed: the
+    /// cached path then reads through its batcher.
+    coherence: Coherence,
 }
 
 enum Path<Q: BatchQuery> {
@@ -83,6 +87,7 @@ impl<Q: BatchQuery> Clone for Lookup<Q> {
             admission: Arc::clone(&self.admission),
             capacity: self.capacity,
             admission_wait: self.admission_wait,
+            coherence: self.coherence.clone(),
         }
     }
 }
@@ -151,7 +156,16 @@ impl<Q: BatchQuery> Lookup<Q> {
             admission: Arc::new(Semaphore::new(capacity)),
             capacity,
             admission_wait: settings.admission_wait,
+            coherence: Coherence::default(),
         })
+    }
+
+    /// This lookup, its cache used only while `coherence` says the caches
+    /// are usable (see [`crate::coherence`]).
+    #[must_use]
+    pub fn with_coherence(mut self, coherence: Coherence) -> Self {
+        self.coherence = coherence;
+        self
     }
 
     /// The name given at construction.
@@ -170,6 +184,9 @@ impl<Q: BatchQuery> Lookup<Q> {
         match &self.path {
             Path::Naive(loader) => self.within_deadline(loader.load_one(&key)).await,
             Path::Batched(batcher) => Ok(batcher.load(key).await?),
+            Path::Cached { batcher, .. } if !self.coherence.caches_usable() => {
+                Ok(batcher.load(key).await?)
+            }
             Path::Cached { cache, .. } => Ok(cache.get(key).await?),
         }
     }
@@ -240,6 +257,9 @@ impl<Q: BatchQuery> Lookup<Q> {
                 .await
             }
             Path::Batched(batcher) => collect(batcher.load_many(keys).await),
+            Path::Cached { batcher, .. } if !self.coherence.caches_usable() => {
+                collect(batcher.load_many(keys).await)
+            }
             // Polled together in this task: a cache load runs in a task of
             // its own, so nothing is gained by spawning one per key.
             Path::Cached { cache, .. } => {

@@ -23,6 +23,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::auth::Authenticator;
+use crate::coherence::Coherence;
 use crate::reads::Reads;
 use crate::writes::Writes;
 
@@ -51,7 +52,13 @@ impl Metrics {
     /// A registry with the HTTP metrics and a collector reading, on each
     /// scrape, the batchers and caches of `reads`, `writes` and `auth`, and
     /// `pool`'s usage.
-    pub fn new(reads: Reads, writes: Writes, auth: Authenticator, pool: Pool) -> Self {
+    pub fn new(
+        reads: Reads,
+        writes: Writes,
+        auth: Authenticator,
+        pool: Pool,
+        coherence: Coherence,
+    ) -> Self {
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
@@ -81,6 +88,7 @@ impl Metrics {
             writes,
             auth,
             pool,
+            coherence,
         }));
         Self {
             registry,
@@ -167,6 +175,7 @@ struct ServiceCollector {
     writes: Writes,
     auth: Authenticator,
     pool: Pool,
+    coherence: Coherence,
 }
 
 impl Collector for ServiceCollector {
@@ -181,8 +190,43 @@ impl Collector for ServiceCollector {
         if let Some(stats) = self.auth.cache_stats() {
             caches.push(("auth", stats));
         }
-        encode_caches(&mut encoder, &caches)
+        encode_caches(&mut encoder, &caches)?;
+        encode_coherence(&mut encoder, &self.coherence)
     }
+}
+
+fn encode_coherence(
+    encoder: &mut DescriptorEncoder<'_>,
+    coherence: &Coherence,
+) -> Result<(), std::fmt::Error> {
+    let up = ConstGauge::new(i64::from(coherence.caches_usable()));
+    up.encode(encoder.encode_descriptor(
+        "cache_coherent",
+        "1 while the caches may be used: the invalidation listener is up (or none runs)",
+        None,
+        up.metric_type(),
+    )?)?;
+    for (name, help, value) in [
+        (
+            "cache_invalidations_received",
+            "Invalidation notifications applied",
+            coherence.received(),
+        ),
+        (
+            "cache_invalidation_listens",
+            "Times the invalidation listener connected and LISTENed (each after a flush)",
+            coherence.connects(),
+        ),
+        (
+            "cache_invalidation_listener_failures",
+            "Times the invalidation listener failed; the caches are bypassed until it is back",
+            coherence.failures(),
+        ),
+    ] {
+        let counter = ConstCounter::new(value);
+        counter.encode(encoder.encode_descriptor(name, help, None, counter.metric_type())?)?;
+    }
+    Ok(())
 }
 
 /// Statistics by batcher name.

@@ -10,6 +10,7 @@ use pgbatch::cache::CacheStats;
 use pgbatch::pg::{PgError, Pool};
 use pgbatch::{BuildError, StatsSnapshot};
 
+use crate::coherence::Coherence;
 use crate::failure::Failure;
 use crate::lookup::Lookup;
 use crate::queries::kv::KvQuery;
@@ -40,15 +41,22 @@ pub struct LookupStats {
 
 impl Reads {
     /// The reads over `pool`; on the batched and cached paths, starts one
-    /// batcher per lookup on the current runtime.
+    /// batcher per lookup on the current runtime. The caches are used
+    /// only while `coherence` allows.
     ///
     /// # Errors
     ///
     /// When a batcher or cache setting is invalid.
-    pub fn new(pool: Pool, settings: &ReadSettings) -> Result<Self, BuildError> {
+    pub fn new(
+        pool: Pool,
+        settings: &ReadSettings,
+        coherence: &Coherence,
+    ) -> Result<Self, BuildError> {
         Ok(Self {
-            kv: Lookup::new("kv", KvQuery, pool.clone(), settings)?,
-            object_stat: Lookup::new("object_stat", ObjectStatQuery, pool.clone(), settings)?,
+            kv: Lookup::new("kv", KvQuery, pool.clone(), settings)?
+                .with_coherence(coherence.clone()),
+            object_stat: Lookup::new("object_stat", ObjectStatQuery, pool.clone(), settings)?
+                .with_coherence(coherence.clone()),
             pool,
         })
     }

@@ -5,9 +5,12 @@ use std::sync::Arc;
 
 use pgbatch::pg::Pool;
 use pgbatch::BuildError;
+use tokio_util::sync::CancellationToken;
 
 use crate::auth::Authenticator;
+use crate::coherence::Coherence;
 use crate::db::{self, Postgres};
+use crate::invalidation::{self, Caches};
 use crate::metrics::Metrics;
 use crate::reads::Reads;
 use crate::settings::Settings;
@@ -87,6 +90,11 @@ pub struct Inner {
     /// What the service was configured with: request limits and
     /// deadlines.
     pub settings: Settings,
+    /// Whether the caches may be used (off while the invalidation
+    /// listener is down), and the listener's counts.
+    pub coherence: Coherence,
+    /// Stops the invalidation listener.
+    stop: CancellationToken,
 }
 
 impl std::ops::Deref for AppState {
@@ -110,8 +118,9 @@ impl AppState {
             write,
             import,
         } = pools;
-        let reads = Reads::new(pool.clone(), &settings.read)?;
-        let auth = Authenticator::new(pool.clone(), &settings.auth)?;
+        let coherence = Coherence::default();
+        let reads = Reads::new(pool.clone(), &settings.read, &coherence)?;
+        let auth = Authenticator::new(pool.clone(), &settings.auth, &coherence)?;
         let writes = Writes::new(
             write,
             import,
@@ -119,7 +128,13 @@ impl AppState {
             &settings.write,
             &settings.import,
         )?;
-        let metrics = Metrics::new(reads.clone(), writes.clone(), auth.clone(), pool.clone());
+        let metrics = Metrics::new(
+            reads.clone(),
+            writes.clone(),
+            auth.clone(),
+            pool.clone(),
+            coherence.clone(),
+        );
         Ok(Self(Arc::new(Inner {
             reads,
             writes,
@@ -127,7 +142,26 @@ impl AppState {
             pool,
             metrics: Arc::new(metrics),
             settings: settings.clone(),
+            coherence,
+            stop: CancellationToken::new(),
         })))
+    }
+
+    /// Starts listening on `target` for other instances' changes (see
+    /// [`invalidation`]); until the listener is up, and whenever it is
+    /// down, the caches are bypassed. Stopped by [`shutdown`](Self::shutdown).
+    pub fn listen(&self, target: Postgres) {
+        self.coherence.set_usable(false);
+        let caches = Caches {
+            reads: self.reads.clone(),
+            auth: self.auth.clone(),
+        };
+        tokio::spawn(invalidation::listen(
+            target,
+            caches,
+            self.coherence.clone(),
+            self.stop.clone(),
+        ));
     }
 
     /// State over new [`Pools`] to `target`, the read pool of `pool_size`
@@ -141,15 +175,16 @@ impl AppState {
         pool_size: usize,
         settings: &Settings,
     ) -> anyhow::Result<Self> {
-        Ok(Self::new(
-            Pools::connect(target, pool_size, settings)?,
-            settings,
-        )?)
+        let target = target.into();
+        let state = Self::new(Pools::connect(&target, pool_size, settings)?, settings)?;
+        state.listen(target);
+        Ok(state)
     }
 
     /// Commits and acknowledges queued writes, answers queued reads, then
     /// closes the pool.
     pub async fn shutdown(&self) {
+        self.stop.cancel();
         tokio::join!(self.writes.shutdown(), self.reads.shutdown());
         self.pool.close();
     }

@@ -281,9 +281,9 @@ async fn bad_input_gets_a_4xx_json_error_naming_the_problem() {
 #[tokio::test]
 async fn naive_batched_and_cached_give_identical_answers_for_random_keys() {
     let config = support::database().await;
-    let naive = support::app_on(&config, &read_path(ReadPath::Naive));
-    let batched = support::app_on(&config, &read_path(ReadPath::Batched));
-    let cached = support::app_on(&config, &read_path(ReadPath::Cached));
+    let naive = support::app_on(&config, &read_path(ReadPath::Naive)).await;
+    let batched = support::app_on(&config, &read_path(ReadPath::Batched)).await;
+    let cached = support::app_on(&config, &read_path(ReadPath::Cached)).await;
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
 
     let mut uris = Vec::new();
@@ -410,7 +410,7 @@ async fn an_unreachable_database_is_503_without_leaking_details() {
     let mut config = support::database().await;
     config.dbname("no_such_database");
     for mode in READ_PATHS {
-        let app = support::app_on(&config, &read_path(mode));
+        let app = support::app_on(&config, &read_path(mode)).await;
         let (status, headers, body) = send_full(&app.router, get(&stat_uri("demo", "a"))).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{mode:?}: {body}");
         assert_eq!(body["error"]["code"], "database_unavailable");

@@ -52,7 +52,7 @@ async fn user_with_token(
 async fn requests_without_a_valid_token_are_401_and_health_stays_open() {
     let config = support::database().await;
     for cache in [true, false] {
-        let app = support::app_on(&config, &auth_cache(cache));
+        let app = support::app_on(&config, &auth_cache(cache)).await;
         let uri = stat_uri("demo", &object_path(1));
         let cases = [
             (None, "missing_token"),
@@ -88,7 +88,7 @@ async fn requests_without_a_valid_token_are_401_and_health_stays_open() {
 async fn policies_limit_users_to_their_repositories() {
     let config = support::database().await;
     let token = user_with_token(&config, "reader", &["demo"], &[]).await;
-    let app = support::app_on(&config, &Settings::default());
+    let app = support::app_on(&config, &Settings::default()).await;
     let as_reader = |uri: &str| get_as(uri, Some(&token));
 
     let (status, body) = send(&app.router, as_reader(&stat_uri("demo", &object_path(1)))).await;
@@ -117,7 +117,7 @@ async fn policies_limit_users_to_their_repositories() {
 async fn the_current_user_route_shows_the_token_owner_and_grants() {
     let config = support::database().await;
     let token = user_with_token(&config, "bob", &["demo"], &["scratch"]).await;
-    let app = support::app_on(&config, &auth_cache(true));
+    let app = support::app_on(&config, &auth_cache(true)).await;
 
     let (status, body) = send(&app.router, get_as("/api/v1/user", Some(&token))).await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -216,7 +216,7 @@ async fn tokens_are_stored_only_as_digests() {
 #[tokio::test]
 async fn the_auth_cache_makes_steady_traffic_free_of_token_lookups() {
     let config = support::database().await;
-    let app = support::app_on(&config, &auth_cache(true));
+    let app = support::app_on(&config, &auth_cache(true)).await;
     let uri = stat_uri("demo", &object_path(1));
 
     // A cold token asked by 100 requests at once is looked up once.
@@ -237,7 +237,7 @@ async fn the_auth_cache_makes_steady_traffic_free_of_token_lookups() {
     assert_eq!(stats.misses, 1, "{stats:?}");
     assert_eq!(stats.hits + stats.coalesced, 149, "{stats:?}");
 
-    let off = support::app_on(&config, &auth_cache(false));
+    let off = support::app_on(&config, &auth_cache(false)).await;
     assert!(off.state.auth.cache_stats().is_none());
     assert_eq!(send(&off.router, get(&uri)).await.0, StatusCode::OK);
 }
@@ -259,8 +259,9 @@ async fn a_revoked_token_stops_working_within_the_cache_ttl() {
             },
             ..Settings::default()
         },
-    );
-    let uncached = support::app_on(&config, &auth_cache(false));
+    )
+    .await;
+    let uncached = support::app_on(&config, &auth_cache(false)).await;
     for app in [&cached, &uncached] {
         assert_eq!(
             send(&app.router, get_as(&uri, Some(&token))).await.0,
@@ -302,7 +303,7 @@ async fn the_first_start_creates_an_admin_and_returns_its_token_once() {
     assert!(token.starts_with("pgb_"));
     assert_eq!(auth::bootstrap_admin(&db.config, None).await.unwrap(), None);
 
-    let app = support::app_on(&db.config, &Settings::default());
+    let app = support::app_on(&db.config, &Settings::default()).await;
     let principal = app
         .state
         .auth

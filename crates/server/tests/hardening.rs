@@ -200,7 +200,8 @@ async fn a_frozen_database_bounds_every_request() {
             },
             ..Settings::default()
         },
-    );
+    )
+    .await;
     // Warm the pool and the admin token's cache entry.
     let stat = stat_uri("demo", &server::seed::object_path(1));
     assert_eq!(send(&app.router, get(&stat)).await.0, StatusCode::OK);

@@ -49,7 +49,8 @@ async fn a_lookup_past_its_deadline_is_504_and_the_database_gives_up_too() {
                 },
                 ..Settings::default()
             },
-        );
+        )
+        .await;
         let lock = TableLock::take(&config).await;
         let start = Instant::now();
         let (status, body) = send(&app.router, kv(1)).await;
@@ -108,7 +109,8 @@ async fn a_full_queue_sheds_load_at_once_with_503_and_retry_after() {
             },
             ..Settings::default()
         },
-    );
+    )
+    .await;
     let lock = TableLock::take(&config).await;
 
     // One lookup runs (blocked on the lock) and one waits in the batcher:

@@ -90,7 +90,7 @@ async fn each_sslmode_connects_or_refuses_as_libpq_would() {
     server::auth::bootstrap_admin(&database, Some(ADMIN_TOKEN))
         .await
         .unwrap();
-    let app = support::app_on(&target, &Settings::default());
+    let app = support::app_on(&target, &Settings::default()).await;
     let (status, body) = send(
         &app.router,
         get(&stat_uri("demo", &server::seed::object_path(1))),

@@ -44,7 +44,7 @@ fn import(repo: &str, policy: &str, ndjson: &str) -> Request<Body> {
 async fn a_read_after_an_acknowledged_write_sees_it_on_every_read_path() {
     let config = support::database().await;
     for path in READ_PATHS {
-        let app = support::app_on(&config, &read_path(path));
+        let app = support::app_on(&config, &read_path(path)).await;
         let read_path = format!("{path:?}").to_lowercase();
         let path = format!("new/{read_path}.bin");
         // Read first, so the cached path has "not found" (or the old value) loaded.
@@ -395,7 +395,7 @@ async fn writes_need_write_permission() {
     server::auth::add_token(&client, "viewer", "viewer-token", "")
         .await
         .unwrap();
-    let app = support::app_on(&config, &Settings::default());
+    let app = support::app_on(&config, &Settings::default()).await;
     let as_viewer = |method: Method, uri: &str, body: &str| {
         Request::builder()
             .method(method)

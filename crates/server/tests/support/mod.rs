@@ -50,9 +50,18 @@ pub fn read_path(path: ReadPath) -> Settings {
 
 /// An app over `target` (a config, or a config with its TLS connector)
 /// with `settings`, on a read pool of 4 connections.
-pub fn app_on(target: impl Into<server::db::Postgres>, settings: &Settings) -> TestApp {
+pub async fn app_on(target: impl Into<server::db::Postgres>, settings: &Settings) -> TestApp {
     let target = target.into();
     let state = AppState::connect(&target, 4, settings).expect("valid settings");
+    // The caches are bypassed until the invalidation listener is up: wait
+    // for it (or for it to fail, on a database that is not there).
+    let start = std::time::Instant::now();
+    while state.coherence.connects() == 0
+        && state.coherence.failures() == 0
+        && start.elapsed() < std::time::Duration::from_secs(10)
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
     TestApp {
         router: app(state.clone()),
         state,
@@ -62,7 +71,7 @@ pub fn app_on(target: impl Into<server::db::Postgres>, settings: &Settings) -> T
 
 pub async fn setup(settings: &Settings) -> TestApp {
     let config = database().await;
-    app_on(&config, settings)
+    app_on(&config, settings).await
 }
 
 /// The status, and the body parsed as JSON (`Null` if it is not JSON).
