@@ -3,19 +3,20 @@
 # and same-run reports (batcher overhead, cache, writes), then the seed
 # benchmark in process (loadgen), behind added round-trip time (latency)
 # and over HTTP (httpload). All three share one embedded cluster in
-# .data/bench-pg, whose 10M rows are loaded once and kept. Takes tens of
-# minutes; run it on an otherwise idle machine.
+# .data/bench-pg, whose 10M rows are loaded once and kept. Then
+# cross-instance invalidation (coherence, on a throwaway database). Takes
+# tens of minutes; run it on an otherwise idle machine.
 #
 #   ./scripts/bench.sh            # everything
 #   ./scripts/bench.sh loadgen    # only the named parts: criterion, loadgen,
-#                                 # latency, http
+#                                 # latency, http, coherence
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/ensure-postgres.sh
 ./scripts/ensure-bench-tools.sh
 
 parts=("$@")
-[[ ${#parts[@]} -gt 0 ]] || parts=(criterion loadgen latency http)
+[[ ${#parts[@]} -gt 0 ]] || parts=(criterion loadgen latency http coherence)
 cargo build --release -p benches --bins
 for part in "${parts[@]}"; do
     echo "=== $part" >&2
@@ -24,8 +25,9 @@ for part in "${parts[@]}"; do
     loadgen) ./target/release/loadgen ;;
     latency) ./target/release/latency ;;
     http) ./target/release/httpload ;;
+    coherence) ./target/release/coherence ;;
     *)
-        echo "unknown part '$part' (criterion, loadgen, latency, http)" >&2
+        echo "unknown part '$part' (criterion, loadgen, latency, http, coherence)" >&2
         exit 2
         ;;
     esac

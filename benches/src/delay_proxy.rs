@@ -83,6 +83,21 @@ fn connect(client: TcpStream, upstream: SocketAddr, one_way: Duration) -> std::i
 
 /// Copies `from` to `to`, each chunk `delay` after it was read.
 fn pump(mut from: TcpStream, mut to: TcpStream, delay: Duration) -> std::io::Result<()> {
+    if delay.is_zero() {
+        // No hand-off between threads: the proxy's own cost, and no more.
+        thread::Builder::new()
+            .name("delay-copy".into())
+            .spawn(move || {
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n @ 1..) = from.read(&mut buf) {
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = to.shutdown(Shutdown::Write);
+            })?;
+        return Ok(());
+    }
     let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
     thread::Builder::new()
         .name("delay-read".into())
@@ -106,6 +121,9 @@ fn pump(mut from: TcpStream, mut to: TcpStream, delay: Duration) -> std::io::Res
     thread::Builder::new()
         .name("delay-write".into())
         .spawn(move || {
+            // The kernel lets a sleeping thread wake up to 50 µs late by
+            // default, to batch timer wake-ups; a delay should be exact.
+            let _ = nix::sys::prctl::set_timerslack(1);
             for (due, chunk) in rx {
                 let now = Instant::now();
                 if due > now {

@@ -1,0 +1,232 @@
+//! Cross-instance cache invalidation, measured (issue: scale-out): two
+//! server instances on one database, both on the cached read path.
+//!
+//! 1. Invalidation delay: instance A caches an object, instance B writes
+//!    it, and A is polled until its cached read path returns the new value;
+//!    the delay runs from B's acknowledgement. Meanwhile B writes other
+//!    objects at a steady rate, so notifications arrive under load.
+//! 2. What the notifications cost writes: 300 callers upsert through B's
+//!    micro-batching writer with the notification triggers enabled and
+//!    disabled, interleaved rounds, in the same run.
+//!
+//! ```text
+//! cargo run --release -p benches --bin coherence
+//! cargo run --release -p benches --bin coherence -- --smoke
+//! ```
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use benches::{closed_loop, seeded_database, RunReport};
+use clap::Parser;
+use hdrhistogram::Histogram;
+use server::queries::objects::{ObjectKey, ObjectRow, Stat};
+use server::settings::{ReadPath, ReadSettings, Settings};
+use server::AppState;
+
+/// Measures cross-instance invalidation.
+#[derive(Debug, Parser)]
+#[command(about)]
+struct Args {
+    /// Objects seeded in repository `demo`.
+    #[arg(long, default_value_t = 20_000)]
+    objects: u64,
+    /// Invalidation probes (one at a time).
+    #[arg(long, default_value_t = 500)]
+    probes: u64,
+    /// Background writes per second through B while probing.
+    #[arg(long, default_value_t = 2_000)]
+    write_rate: u64,
+    /// Concurrent writers in the cost runs.
+    #[arg(long, default_value_t = 300)]
+    callers: usize,
+    /// Seconds per cost run.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Interleaved rounds of the cost runs.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// A few seconds in all, for CI: proves the tool runs.
+    #[arg(long)]
+    smoke: bool,
+}
+
+fn row(i: u64, address: &str) -> ObjectRow {
+    ObjectRow {
+        repository: "demo".to_owned(),
+        path: format!("coherence/{i:09}"),
+        physical_address: address.to_owned(),
+        size_bytes: 1,
+        checksum: "c".to_owned(),
+        content_type: "application/octet-stream".to_owned(),
+        metadata: serde_json::json!({}),
+    }
+}
+
+fn address(stat: Option<Stat>) -> Option<String> {
+    match stat {
+        Some(Stat::Found(s)) => Some(s.physical_address.clone()),
+        _ => None,
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let mut args = Args::parse();
+    if args.smoke {
+        (args.objects, args.probes, args.seconds, args.rounds) = (1_000, 20, 0.3, 1);
+    }
+    let config = seeded_database(args.objects, 0).await;
+    let settings = Settings {
+        read: ReadSettings {
+            path: ReadPath::Cached,
+            ..ReadSettings::default()
+        },
+        ..Settings::default()
+    };
+    let a = AppState::connect(&config, 8, &settings)?;
+    let b = AppState::connect(&config, 8, &settings)?;
+    for s in [&a, &b] {
+        let start = Instant::now();
+        while s.coherence.connects() == 0 {
+            anyhow::ensure!(start.elapsed() < Duration::from_secs(10), "no listener");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    let delays = probe_delays(&a, &b, &args).await?;
+    let q = |q: f64| Duration::from_nanos(delays.value_at_quantile(q)).as_secs_f64() * 1e3;
+    println!(
+        "\n### Invalidation delay, B's write acknowledged to A's cached read seeing it\n\n\
+         {} probes, B writing {} other objects/s meanwhile, {} objects\n\n\
+         | p50 ms | p90 ms | p99 ms | max ms |\n|---:|---:|---:|---:|\n\
+         | {:.2} | {:.2} | {:.2} | {:.2} |",
+        delays.len(),
+        args.write_rate,
+        args.objects,
+        q(0.5),
+        q(0.9),
+        q(0.99),
+        Duration::from_nanos(delays.max()).as_secs_f64() * 1e3,
+    );
+
+    write_cost(&b, &config, &args).await?;
+    a.shutdown().await;
+    b.shutdown().await;
+    Ok(())
+}
+
+/// Probes one key at a time while a background task writes others.
+async fn probe_delays(a: &AppState, b: &AppState, args: &Args) -> anyhow::Result<Histogram<u64>> {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let background = {
+        let writes = b.writes.clone();
+        let stop = Arc::clone(&stop);
+        let every = Duration::from_secs_f64(1.0 / args.write_rate.max(1) as f64);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut i = 1_000_000u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                tick.tick().await;
+                i += 1;
+                let writes = writes.clone();
+                // Not awaited here, so a slow write does not lower the rate.
+                tokio::spawn(async move {
+                    let _ = writes.put(row(i % 1_000_000 + 1_000_000, "s3://bg")).await;
+                });
+            }
+        })
+    };
+    let mut hist = Histogram::<u64>::new(3)?;
+    for i in 0..args.probes {
+        let key = ObjectKey {
+            repository: "demo".to_owned(),
+            path: format!("coherence/{i:09}"),
+        };
+        b.writes.put(row(i, "s3://old")).await?;
+        // Cached in A (after B's write has reached it).
+        while address(a.reads.object_stat.get(key.clone()).await?).as_deref() != Some("s3://old") {
+            tokio::task::yield_now().await;
+        }
+        let new = format!("s3://new/{i}");
+        b.writes.put(row(i, &new)).await?;
+        let acked = Instant::now();
+        // Polled without sleeping: tokio's timers would round to 1 ms.
+        while address(a.reads.object_stat.get(key.clone()).await?).as_deref() != Some(&new) {
+            anyhow::ensure!(
+                acked.elapsed() < Duration::from_secs(10),
+                "A never saw probe {i}"
+            );
+            tokio::task::yield_now().await;
+        }
+        hist.record(u64::try_from(acked.elapsed().as_nanos()).unwrap_or(u64::MAX))?;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    background.await?;
+    Ok(hist)
+}
+
+/// Upserts through B's writer with the triggers on and off, interleaved.
+async fn write_cost(
+    b: &AppState,
+    config: &tokio_postgres::Config,
+    args: &Args,
+) -> anyhow::Result<()> {
+    let (client, conn) = config.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    let run = Duration::from_secs_f64(args.seconds);
+    let mut results: Vec<(&str, RunReport)> = Vec::new();
+    for _ in 0..args.rounds {
+        for (label, action) in [
+            ("notifications on", "ENABLE"),
+            ("notifications off", "DISABLE"),
+        ] {
+            client
+                .batch_execute(&format!("ALTER TABLE objects {action} TRIGGER USER"))
+                .await?;
+            let writes = b.writes.clone();
+            let report = closed_loop(args.callers, run, 1_000_000, move |k| {
+                let writes = writes.clone();
+                async move {
+                    let _ = writes.put(row(k + 2_000_000, "s3://cost")).await;
+                }
+            })
+            .await;
+            results.push((label, report));
+        }
+    }
+    client
+        .batch_execute("ALTER TABLE objects ENABLE TRIGGER USER")
+        .await?;
+    println!(
+        "\n### Micro-batched upserts through one instance, {} callers, {:.1} s per run\n\n\
+         | run | upserts/s | p50 ms | p99 ms |\n|---|---:|---:|---:|",
+        args.callers, args.seconds
+    );
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    for (label, r) in &results {
+        println!(
+            "| {label} | {:.0} | {:.2} | {:.2} |",
+            r.per_sec(),
+            ms(r.quantile(0.5)),
+            ms(r.quantile(0.99))
+        );
+    }
+    let median = |label: &str| {
+        let mut v: Vec<f64> = results
+            .iter()
+            .filter(|(l, _)| *l == label)
+            .map(|(_, r)| r.per_sec())
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (on, off) = (median("notifications on"), median("notifications off"));
+    println!(
+        "\nmedian upserts/s: {on:.0} with notifications, {off:.0} without: {:.2}x",
+        on / off
+    );
+    Ok(())
+}
