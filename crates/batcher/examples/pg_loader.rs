@@ -47,7 +47,9 @@ impl BatchQuery for UsersById {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("DATABASE_URL")
-        .map_err(|_| "set DATABASE_URL to a scratch database (see the example's docs)")?;
+        .ok()
+        .filter(|url| !url.is_empty())
+        .ok_or("set DATABASE_URL to a scratch database (see the example's docs)")?;
     // `pool` sets the wait, create and recycle timeouts deadpool leaves
     // unset: a request never waits forever for a connection.
     let pool = pg::pool(url.parse()?, &PoolOptions::with_max_size(8))?;
