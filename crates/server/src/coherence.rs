@@ -17,6 +17,7 @@ struct Inner {
     received: AtomicU64,
     connects: AtomicU64,
     failures: AtomicU64,
+    unreadable: AtomicU64,
 }
 
 impl Default for Coherence {
@@ -26,6 +27,7 @@ impl Default for Coherence {
             received: AtomicU64::new(0),
             connects: AtomicU64::new(0),
             failures: AtomicU64::new(0),
+            unreadable: AtomicU64::new(0),
         }))
     }
 }
@@ -59,6 +61,17 @@ impl Coherence {
     /// Times the listener failed.
     pub fn failures(&self) -> u64 {
         self.0.failures.load(Ordering::Relaxed)
+    }
+
+    /// A notification this version could not read (every cache was
+    /// flushed for it).
+    pub fn count_unreadable(&self) {
+        self.0.unreadable.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Notifications that could not be read.
+    pub fn unreadable(&self) -> u64 {
+        self.0.unreadable.load(Ordering::Relaxed)
     }
 
     /// One notification applied.

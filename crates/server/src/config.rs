@@ -15,8 +15,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use pgbatch::defaults as lib;
 
 use crate::settings::{
-    defaults, AuthSettings, BatchSettings, CacheSettings, DbSettings, ImportSettings, Limits,
-    ReadPath, ReadSettings, Settings, TlsOverrides, WriteSettings,
+    defaults, AuthSettings, BatchSettings, CacheSettings, DbSettings, ImportSettings,
+    InvalidationSettings, Limits, ReadPath, ReadSettings, Settings, TlsOverrides, WriteSettings,
 };
 use crate::tls::SslMode;
 
@@ -515,6 +515,7 @@ impl ServeArgs {
                 max_stat_paths: self.max_stat_paths,
                 max_body_bytes: self.max_body_bytes,
             },
+            invalidation: InvalidationSettings::default(),
         }
     }
 }

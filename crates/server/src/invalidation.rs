@@ -1,21 +1,26 @@
 //! Cache coherence across instances, on Postgres's own LISTEN/NOTIFY.
 //!
-//! Triggers (migration `V20261122000100__invalidation`) send, from the
-//! transaction of every committed change a cache may hold, one
-//! notification per statement on [`CHANNEL`]; Postgres delivers it at
-//! commit, and only if the transaction commits. Each instance keeps one
-//! dedicated connection (never from a pool, never through a pooler, which
-//! would not keep a session's LISTEN) and applies what arrives to its
-//! object-stat and token caches.
+//! Triggers (migrations `V20261122000100__invalidation` and
+//! `V20261122000200__invalidation_chunks`) send, from the transaction of
+//! every committed change a cache may hold, the changed keys on
+//! [`CHANNEL`] in payloads under NOTIFY's 8,000-byte limit ("drop all"
+//! past 10,000 rows, nothing for a statement that touched no row);
+//! Postgres delivers them at commit, and only if the transaction commits.
+//! Each instance keeps one dedicated connection (never from a pool, never
+//! through a pooler, which would not keep a session's LISTEN) and applies
+//! what arrives to its object-stat and token caches. `random_read_test`
+//! (the kv lookup) has no triggers: the service never writes it.
 //!
 //! Notifications sent while the listener is disconnected are lost. So
 //! while it is down the caches are bypassed ([`Coherence`]): reads go to
 //! the database, and nothing is cached. After it reconnects and LISTENs
 //! again, every cache is flushed before they are used again. A ping every
-//! second finds a connection that died silently (a frozen or partitioned
-//! database sends no error). The caches' TTL stays as a last safety net.
+//! second (answered within two) and TCP keepalives find a connection that
+//! died silently (a frozen or partitioned database sends no error): until
+//! then, for at most about three seconds, a cache may serve what a lost
+//! notification would have dropped. The caches' TTL stays as a last bound.
 
-use std::time::Duration;
+use std::time::Instant;
 
 use anyhow::{bail, Context as _};
 use futures_util::future::poll_fn;
@@ -29,19 +34,13 @@ use crate::coherence::Coherence;
 use crate::db::Postgres;
 use crate::queries::objects::ObjectKey;
 use crate::reads::Reads;
+use crate::settings::InvalidationSettings;
 
 /// The notification channel the triggers send on.
 pub const CHANNEL: &str = "pgbatch_invalidate";
 
 /// The listener's `application_name`, which names it in `pg_stat_activity`.
 pub const APPLICATION_NAME: &str = "pgbatch-listener";
-
-/// How long connecting, LISTEN and each ping may take.
-const STEP_TIMEOUT: Duration = Duration::from_secs(5);
-/// How often the connection is checked.
-const PING_EVERY: Duration = Duration::from_secs(1);
-/// The first and the longest wait between reconnection attempts.
-const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
 
 /// What a notification asks to drop.
 #[derive(Debug, PartialEq, Eq)]
@@ -59,8 +58,9 @@ struct Payload {
     c: String,
     #[serde(default)]
     all: bool,
+    /// `null` when a statement touched no row (older triggers sent it).
     #[serde(default)]
-    k: Vec<serde_json::Value>,
+    k: Option<Vec<serde_json::Value>>,
 }
 
 impl Invalidation {
@@ -73,6 +73,7 @@ impl Invalidation {
             ("auth", _) | ("tokens", true) => Self::AllAuth,
             ("objects", false) => p
                 .k
+                .unwrap_or_default()
                 .into_iter()
                 .map(|k| {
                     let (repository, path): (String, String) = serde_json::from_value(k).ok()?;
@@ -81,7 +82,8 @@ impl Invalidation {
                 .collect::<Option<_>>()
                 .map_or(Self::Unknown, Self::Objects),
             ("tokens", false) => {
-                p.k.into_iter()
+                p.k.unwrap_or_default()
+                    .into_iter()
                     .map(|k| hex::decode(k.as_str()?).ok())
                     .collect::<Option<_>>()
                     .map_or(Self::Unknown, Self::Tokens)
@@ -128,15 +130,22 @@ pub async fn listen(
     target: Postgres,
     caches: Caches,
     coherence: Coherence,
+    settings: InvalidationSettings,
     stop: CancellationToken,
 ) {
-    let mut backoff = BACKOFF.0;
+    let mut backoff = settings.reconnect_min;
     loop {
+        let started = Instant::now();
         let result = tokio::select! {
             () = stop.cancelled() => return,
-            r = session(&target, &caches, &coherence, &mut backoff) => r,
+            r = session(&target, &caches, &coherence, &settings) => r,
         };
         coherence.failed();
+        // A connection that lasted starts the backoff over; one that keeps
+        // dropping at once does not flush every cache every 100 ms.
+        if started.elapsed() >= InvalidationSettings::STABLE_AFTER {
+            backoff = settings.reconnect_min;
+        }
         if let Err(e) = result {
             tracing::warn!(error = %format!("{e:#}"), retry_in = ?backoff,
                 "cache invalidation listener lost; caches bypassed until it is back");
@@ -145,9 +154,13 @@ pub async fn listen(
             () = stop.cancelled() => return,
             () = tokio::time::sleep(backoff) => {}
         }
-        backoff = (backoff * 2).min(BACKOFF.1);
+        backoff = (backoff * 2).min(settings.reconnect_max);
     }
 }
+
+/// Notifications received and not yet applied, at most: past it the
+/// listener reconnects and flushes instead of growing without bound.
+const BACKLOG: usize = 10_000;
 
 /// One connection's life: connect, LISTEN, flush, then apply
 /// notifications until the connection fails.
@@ -155,23 +168,34 @@ async fn session(
     target: &Postgres,
     caches: &Caches,
     coherence: &Coherence,
-    backoff: &mut Duration,
+    settings: &InvalidationSettings,
 ) -> anyhow::Result<()> {
+    let step = settings.ping_timeout;
     let mut config = target.config.clone();
-    config.application_name(APPLICATION_NAME);
-    let (client, mut connection) =
-        tokio::time::timeout(STEP_TIMEOUT, config.connect(target.tls.clone()))
-            .await
-            .context("connecting timed out")?
-            .context("could not connect")?;
-    let (tx, mut notifications) = mpsc::unbounded_channel();
+    config
+        .application_name(APPLICATION_NAME)
+        .connect_timeout(step)
+        // The kernel gives up on a peer that stopped answering, even
+        // between pings.
+        .keepalives(true)
+        .keepalives_idle(settings.ping_every)
+        .tcp_user_timeout(settings.ping_every + step);
+    let (client, mut connection) = tokio::time::timeout(step, config.connect(target.tls.clone()))
+        .await
+        .context("connecting timed out")?
+        .context("could not connect")?;
+    let (tx, mut notifications) = mpsc::channel(BACKLOG);
     // The connection's messages are read by a task of its own: the client
     // needs it driven to run LISTEN and the pings.
     let driver = tokio::spawn(async move {
         loop {
             match poll_fn(|cx| connection.poll_message(cx)).await {
                 Some(Ok(AsyncMessage::Notification(n))) => {
-                    if tx.send(n).is_err() {
+                    if tx.try_send(n).is_err() {
+                        tracing::warn!(
+                            backlog = BACKLOG,
+                            "invalidations arrive faster than they are applied"
+                        );
                         return;
                     }
                 }
@@ -185,38 +209,39 @@ async fn session(
         }
     });
     let _abort = AbortOnDrop(driver);
-    tokio::time::timeout(
-        STEP_TIMEOUT,
-        client.batch_execute(&format!("LISTEN {CHANNEL}")),
-    )
-    .await
-    .context("LISTEN timed out")?
-    .context("LISTEN failed")?;
+    tokio::time::timeout(step, client.batch_execute(&format!("LISTEN {CHANNEL}")))
+        .await
+        .context("LISTEN timed out")?
+        .context("LISTEN failed")?;
     // Whatever was sent while no one listened is lost: start afresh.
     caches.flush();
     coherence.connected();
-    *backoff = BACKOFF.0;
     tracing::info!(channel = CHANNEL, "listening for cache invalidations");
 
-    let mut ping = tokio::time::interval(PING_EVERY);
-    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Pinged beside the notifications, so a slow answer holds none up.
+    let pings = async {
+        loop {
+            tokio::time::sleep(settings.ping_every).await;
+            tokio::time::timeout(step, client.simple_query(""))
+                .await
+                .context("the database did not answer a ping in time")?
+                .context("ping failed")?;
+        }
+    };
+    tokio::pin!(pings);
     loop {
         tokio::select! {
             n = notifications.recv() => {
                 let Some(n) = n else { bail!("the connection closed") };
                 let invalidation = Invalidation::parse(n.payload());
                 if invalidation == Invalidation::Unknown {
+                    coherence.count_unreadable();
                     tracing::warn!(payload = n.payload(), "unreadable invalidation; flushing every cache");
                 }
                 caches.apply(invalidation).await;
                 coherence.count_received();
             }
-            _ = ping.tick() => {
-                tokio::time::timeout(STEP_TIMEOUT, client.simple_query(""))
-                    .await
-                    .context("the database did not answer a ping")?
-                    .context("ping failed")?;
-            }
+            r = &mut pings => return r,
         }
     }
 }
@@ -260,6 +285,11 @@ mod tests {
         assert_eq!(
             Invalidation::parse(r#"{"c":"auth","all":true}"#),
             Invalidation::AllAuth
+        );
+        // A statement that touched nothing: nothing to drop, no flush.
+        assert_eq!(
+            Invalidation::parse(r#"{"c" : "tokens", "k" : null}"#),
+            Invalidation::Tokens(vec![])
         );
         for bad in [
             "",

@@ -218,6 +218,11 @@ fn encode_coherence(
             coherence.connects(),
         ),
         (
+            "cache_invalidations_unreadable",
+            "Invalidation notifications that could not be read (each flushed every cache)",
+            coherence.unreadable(),
+        ),
+        (
             "cache_invalidation_listener_failures",
             "Times the invalidation listener failed; the caches are bypassed until it is back",
             coherence.failures(),

@@ -76,6 +76,44 @@ pub struct Settings {
     pub auth: AuthSettings,
     /// Request limits.
     pub limits: Limits,
+    /// The cross-instance invalidation listener.
+    pub invalidation: InvalidationSettings,
+}
+
+/// The cross-instance invalidation listener's timing (see
+/// [`crate::invalidation`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidationSettings {
+    /// How often the listener's connection is checked.
+    pub ping_every: Duration,
+    /// How long a check, a connection attempt or LISTEN may take. A
+    /// connection that died silently is found within `ping_every +
+    /// ping_timeout`; until then the caches are used (and flushed later).
+    pub ping_timeout: Duration,
+    /// The first wait before reconnecting; it doubles up to
+    /// `reconnect_max`, and starts over once a connection has lasted
+    /// [`STABLE_AFTER`](Self::STABLE_AFTER).
+    pub reconnect_min: Duration,
+    /// The longest wait before reconnecting.
+    pub reconnect_max: Duration,
+}
+
+impl InvalidationSettings {
+    /// How long a connection must last for the backoff to start over, so a
+    /// listener that connects and drops again does not flush every cache
+    /// every `reconnect_min`.
+    pub const STABLE_AFTER: Duration = Duration::from_secs(10);
+}
+
+impl Default for InvalidationSettings {
+    fn default() -> Self {
+        Self {
+            ping_every: Duration::from_secs(1),
+            ping_timeout: Duration::from_secs(2),
+            reconnect_min: Duration::from_millis(100),
+            reconnect_max: Duration::from_secs(5),
+        }
+    }
 }
 
 /// Which database to use.

@@ -95,6 +95,15 @@ pub struct Inner {
     pub coherence: Coherence,
     /// Stops the invalidation listener.
     stop: CancellationToken,
+    /// Whether a listener was started.
+    listening: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // A state dropped without `shutdown` leaves no listener behind.
+        self.stop.cancel();
+    }
 }
 
 impl std::ops::Deref for AppState {
@@ -144,6 +153,7 @@ impl AppState {
             settings: settings.clone(),
             coherence,
             stop: CancellationToken::new(),
+            listening: std::sync::atomic::AtomicBool::new(false),
         })))
     }
 
@@ -151,6 +161,12 @@ impl AppState {
     /// [`invalidation`]); until the listener is up, and whenever it is
     /// down, the caches are bypassed. Stopped by [`shutdown`](Self::shutdown).
     pub fn listen(&self, target: Postgres) {
+        if self
+            .listening
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            return; // one listener per state
+        }
         self.coherence.set_usable(false);
         let caches = Caches {
             reads: self.reads.clone(),
@@ -160,6 +176,7 @@ impl AppState {
             target,
             caches,
             self.coherence.clone(),
+            self.settings.invalidation,
             self.stop.clone(),
         ));
     }

@@ -11,19 +11,32 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use serde_json::Value;
 use server::seed::object_path;
-use server::settings::ReadPath;
+use server::settings::{InvalidationSettings, ReadPath, Settings};
 use support::{get, get_as, read_path, send, stat_uri, TestApp, ADMIN_TOKEN};
 
 /// Two instances, each with its object and token caches, on one database.
 async fn two_instances() -> (TestApp, TestApp) {
+    two_instances_with(read_path(ReadPath::Cached)).await
+}
+
+async fn two_instances_with(settings: Settings) -> (TestApp, TestApp) {
     let db = support::database().await;
-    let settings = read_path(ReadPath::Cached);
     let a = support::app_on(&db, &settings).await;
     let b = support::app_on(&db, &settings).await;
     for app in [&a, &b] {
         until("the listener is up", || listening(app, 1)).await;
     }
     (a, b)
+}
+
+/// The change reached `app` as notifications, not through a bypassed
+/// cache or a flush for an unreadable payload.
+fn delivered(app: &TestApp) {
+    let c = &app.state.coherence;
+    assert!(c.received() >= 1, "no notification applied");
+    assert_eq!(c.failures(), 0, "the listener failed");
+    assert_eq!(c.unreadable(), 0, "an unreadable notification");
+    assert!(c.caches_usable());
 }
 
 fn listening(app: &TestApp, connects: u64) -> bool {
@@ -87,7 +100,7 @@ async fn a_write_through_one_instance_is_read_through_the_others_cache() {
         "seen through a's cache {:?} after b's ack ({stale} stale reads)",
         acked.elapsed()
     );
-    assert!(a.state.coherence.received() >= 1);
+    delivered(&a);
     // And the other way round, for a delete.
     let delete = Request::delete(format!("/api/v1/repositories/demo/objects?path={path}"))
         .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
@@ -97,6 +110,7 @@ async fn a_write_through_one_instance_is_read_through_the_others_cache() {
     assert_eq!(send(&a.router, delete).await.0, StatusCode::NO_CONTENT);
     let uri = stat_uri("demo", &path);
     until_status(&b, &uri, ADMIN_TOKEN, StatusCode::NOT_FOUND).await;
+    delivered(&b);
 }
 
 async fn until_status(app: &TestApp, uri: &str, token: &str, want: StatusCode) -> Value {
@@ -151,6 +165,12 @@ async fn a_token_revoked_on_one_instance_is_refused_by_the_other() {
     let body = until_status(&a, &uri, &token, StatusCode::UNAUTHORIZED).await;
     assert_eq!(body["error"]["code"], "unknown_token");
     eprintln!("refused by a {:?} after b revoked it", revoked.elapsed());
+    // Revoking a token nobody has touches no row: nothing is sent.
+    let nothing = Request::delete("/api/v1/user/tokens/0123456789abcdef")
+        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&b.router, nothing).await.0, StatusCode::NOT_FOUND);
 
     // A policy change reaches the other instance's cached principal too.
     let granted = stat_uri("empty", "x");
@@ -162,11 +182,19 @@ async fn a_token_revoked_on_one_instance_is_refused_by_the_other() {
     )
     .await;
     until_status(&a, &granted, ADMIN_TOKEN, StatusCode::FORBIDDEN).await;
+    delivered(&a);
 }
 
 #[tokio::test]
 async fn a_lost_listener_bypasses_the_caches_and_flushes_them_when_back() {
-    let (a, _b) = two_instances().await;
+    // A long first backoff, so the change below surely lands while no one
+    // listens.
+    let mut settings = read_path(ReadPath::Cached);
+    settings.invalidation = InvalidationSettings {
+        reconnect_min: Duration::from_secs(3),
+        ..InvalidationSettings::default()
+    };
+    let (a, _b) = two_instances_with(settings).await;
     let path = object_path(9);
     let before = address_of(&a, &path).await; // cached
     assert_ne!(before, "s3://changed/while-deaf");
@@ -179,7 +207,7 @@ async fn a_lost_listener_bypasses_the_caches_and_flushes_them_when_back() {
     .await;
     assert_eq!(killed, 2, "both instances' listeners");
     until("a notices its listener is gone", || {
-        !a.state.coherence.caches_usable() || a.state.coherence.connects() >= 2
+        !a.state.coherence.caches_usable()
     })
     .await;
     // Nobody listens now: this change's notification is lost.
@@ -192,21 +220,23 @@ async fn a_lost_listener_bypasses_the_caches_and_flushes_them_when_back() {
     )
     .await;
     assert_eq!(changed, 1);
-    // Read through while the listener is down, or flushed when it came back.
+    assert!(!a.state.coherence.caches_usable(), "still deaf");
+    // Read through to the database while the listener is down.
     assert_eq!(address_of(&a, &path).await, "s3://changed/while-deaf");
+    // Not cached meanwhile, and flushed when it is back.
     until("a listens again", || listening(&a, 2)).await;
     assert_eq!(address_of(&a, &path).await, "s3://changed/while-deaf");
     assert_eq!(address_of(&a, &path).await, "s3://changed/while-deaf");
 }
 
 #[tokio::test]
-async fn a_change_too_large_to_list_flushes_the_other_caches() {
+async fn a_change_of_hundreds_of_rows_reaches_the_other_caches() {
     let (a, b) = two_instances().await;
     let path = object_path(11);
     let before = send(&a.router, get(&stat_uri("demo", &path))).await.1["size_bytes"]
         .as_i64()
         .unwrap();
-    // 300 rows in one statement: more keys than a notification lists.
+    // 300 rows in one statement: more keys than one notification holds.
     let n = sql(
         &b,
         "UPDATE objects SET size_bytes = size_bytes + 1 WHERE repository = 'demo'",
@@ -224,4 +254,86 @@ async fn a_change_too_large_to_list_flushes_the_other_caches() {
         assert!(start.elapsed() < Duration::from_secs(10), "never flushed");
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+    delivered(&a);
+}
+
+/// Listens on the database of `app` with a connection of its own, runs
+/// `statements`, and returns every payload sent up to a marker.
+async fn payloads_of(app: &TestApp, statements: &str) -> Vec<String> {
+    use futures_util::future::poll_fn;
+    let (listener, mut conn) = app.config.connect(tokio_postgres::NoTls).await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = poll_fn(|cx| conn.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    listener
+        .batch_execute("LISTEN pgbatch_invalidate")
+        .await
+        .unwrap();
+    let (client, conn) = app.config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client.batch_execute(statements).await.unwrap();
+    client
+        .batch_execute("NOTIFY pgbatch_invalidate, 'marker'")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    loop {
+        let payload = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("the marker arrives")
+            .unwrap();
+        if payload == "marker" {
+            return out;
+        }
+        out.push(payload);
+    }
+}
+
+#[tokio::test]
+async fn the_triggers_send_every_key_in_payloads_under_the_limit_and_nothing_for_no_row() {
+    let app = support::setup(&Settings::default()).await;
+    let nothing = payloads_of(
+        &app,
+        "DELETE FROM tokens WHERE false; UPDATE objects SET size_bytes = 0 WHERE false; \
+         DELETE FROM objects WHERE false;",
+    )
+    .await;
+    assert!(nothing.is_empty(), "{nothing:?}");
+
+    // 300 rows with long paths: several payloads, each under 8,000 bytes,
+    // naming every key; no "drop everything".
+    let long = "x".repeat(900);
+    let payloads = payloads_of(
+        &app,
+        &format!("UPDATE objects SET path = path || '/{long}' WHERE repository = 'demo'"),
+    )
+    .await;
+    assert!(payloads.len() > 1, "{}", payloads.len());
+    let mut keys = std::collections::HashSet::new();
+    for p in &payloads {
+        assert!(p.len() < 8_000, "{} bytes", p.len());
+        let v: Value = serde_json::from_str(p).unwrap();
+        assert_eq!(v["c"], "objects", "{p}");
+        for k in v["k"].as_array().unwrap() {
+            keys.insert(k[1].as_str().unwrap().to_owned());
+        }
+    }
+    // The keys before and after the update: both may be cached.
+    assert_eq!(keys.len(), 2 * support::SEEDED as usize);
+    assert!(keys.contains(&object_path(1)));
+    assert!(keys.contains(&format!("{}/{long}", object_path(1))));
+
+    // Past 10,000 rows (an import): one "drop everything".
+    let bulk = payloads_of(
+        &app,
+        "INSERT INTO objects (repository, path, physical_address, size_bytes, checksum) \
+         SELECT 'demo', 'bulk/' || n, 's3://b', 1, 'c' FROM generate_series(1, 10001) AS n",
+    )
+    .await;
+    assert_eq!(bulk, [r#"{"c":"objects","all":true}"#]);
 }
