@@ -240,14 +240,20 @@ impl Running {
     /// Connection settings for database `dbname` on it, over its socket,
     /// as the superuser `postgres` (as [`Cluster::config`]).
     pub fn config(&self, dbname: &str) -> tokio_postgres::Config {
-        let mut config = tokio_postgres::Config::new();
-        config
-            .host_path(&self.socket_dir)
-            .port(self.port)
-            .user("postgres")
-            .dbname(dbname);
-        config
+        socket_config(&self.socket_dir, self.port, dbname)
     }
+}
+
+/// Settings to connect as `postgres` to `dbname` over the Unix socket in
+/// `socket_dir` named by `port`.
+fn socket_config(socket_dir: &Path, port: u16, dbname: &str) -> tokio_postgres::Config {
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host_path(socket_dir)
+        .port(port)
+        .user("postgres")
+        .dbname(dbname);
+    config
 }
 
 /// A running Postgres server with its own data directory, stopped by
@@ -423,13 +429,7 @@ impl Cluster {
     /// Connection settings for database `dbname` as the `postgres`
     /// superuser, over the cluster's Unix socket.
     pub fn config(&self, dbname: &str) -> tokio_postgres::Config {
-        let mut config = tokio_postgres::Config::new();
-        config
-            .host_path(&self.socket_dir)
-            .port(self.port)
-            .user("postgres")
-            .dbname(dbname);
-        config
+        socket_config(&self.socket_dir, self.port, dbname)
     }
 
     /// Like [`config`](Self::config), but over TCP to `127.0.0.1`, when the
