@@ -12,14 +12,7 @@ use server::config::{Cli, Command, TokenCommand, UserCommand};
 use server::queries::kv::kv_pk;
 use server::seed::object_path;
 use server::settings::{AuthSettings, CacheSettings, Settings};
-use support::{get, get_as, send, send_full, stat_uri};
-use tokio_postgres::NoTls;
-
-async fn client(config: &tokio_postgres::Config) -> tokio_postgres::Client {
-    let (client, conn) = config.connect(NoTls).await.unwrap();
-    tokio::spawn(conn);
-    client
-}
+use support::{client, get, get_as, send, send_full, stat_uri};
 
 /// The default settings with the token cache on or off.
 fn auth_cache(on: bool) -> Settings {

@@ -12,7 +12,7 @@ use axum::http::{Request, StatusCode};
 use serde_json::Value;
 use server::seed::object_path;
 use server::settings::{InvalidationSettings, ReadPath, Settings};
-use support::{get, get_as, read_path, send, stat_uri, TestApp, ADMIN_TOKEN};
+use support::{client, get, get_as, read_path, send, stat_uri, TestApp, ADMIN_TOKEN};
 
 /// Two instances, each with its object and token caches, on one database.
 async fn two_instances() -> (TestApp, TestApp) {
@@ -72,9 +72,11 @@ fn put(path: &str, address: &str) -> Request<Body> {
 }
 
 async fn sql(app: &TestApp, statement: &str) -> u64 {
-    let (client, conn) = app.config.connect(tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
-    client.execute(statement, &[]).await.unwrap()
+    client(&app.config)
+        .await
+        .execute(statement, &[])
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -131,17 +133,8 @@ async fn until_status(app: &TestApp, uri: &str, token: &str, want: StatusCode) -
 #[tokio::test]
 async fn a_token_revoked_on_one_instance_is_refused_by_the_other() {
     let (a, b) = two_instances().await;
-    let c = {
-        let (client, conn) = a.config.connect(tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(conn);
-        client
-    };
-    let mut c2 = {
-        let (client, conn) = a.config.connect(tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(conn);
-        client
-    };
-    server::auth::create_user(&mut c2, "carol", &["demo".to_owned()], &[])
+    let mut c = client(&a.config).await;
+    server::auth::create_user(&mut c, "carol", &["demo".to_owned()], &[])
         .await
         .unwrap();
     let token = server::auth::new_token().unwrap();
@@ -274,8 +267,7 @@ async fn payloads_of(app: &TestApp, statements: &str) -> Vec<String> {
         .batch_execute("LISTEN pgbatch_invalidate")
         .await
         .unwrap();
-    let (client, conn) = app.config.connect(tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
+    let client = client(&app.config).await;
     client.batch_execute(statements).await.unwrap();
     client
         .batch_execute("NOTIFY pgbatch_invalidate, 'marker'")

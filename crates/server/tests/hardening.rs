@@ -40,6 +40,18 @@ fn trickled_import(repo: &str, lines: Vec<String>, gap: Duration) -> Request<Bod
     .unwrap()
 }
 
+/// The default settings with a 150 ms read deadline: work that must not
+/// run under it (imports, writes) is easy to catch outlasting it.
+fn short_read_deadline() -> Settings {
+    Settings {
+        read: ReadSettings {
+            timeout: Duration::from_millis(150),
+            ..ReadSettings::default()
+        },
+        ..Settings::default()
+    }
+}
+
 fn paths(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| line(&format!("{prefix}/{i:04}"))).collect()
 }
@@ -48,14 +60,7 @@ fn paths(prefix: &str, n: usize) -> Vec<String> {
 /// cancel an import's COPY, reported as "database unavailable".
 #[tokio::test]
 async fn an_import_outlasting_the_read_deadline_commits() {
-    let app = support::setup(&Settings {
-        read: ReadSettings {
-            timeout: Duration::from_millis(150),
-            ..ReadSettings::default()
-        },
-        ..Settings::default()
-    })
-    .await;
+    let app = support::setup(&short_read_deadline()).await;
     // 40 lines over about a second: far past the read deadline.
     let req = trickled_import("empty", paths("slow", 40), Duration::from_millis(25));
     let (status, body) = send(&app.router, req).await;
@@ -443,18 +448,10 @@ async fn an_import_cancelled_by_its_statement_timeout_is_a_timeout() {
 /// inside the write deadline.
 #[tokio::test]
 async fn a_write_waiting_past_the_read_deadline_commits() {
-    let app = support::setup(&Settings {
-        read: ReadSettings {
-            timeout: Duration::from_millis(150),
-            ..ReadSettings::default()
-        },
-        ..Settings::default()
-    })
-    .await;
+    let app = support::setup(&short_read_deadline()).await;
     let path = server::seed::object_path(3);
     // Another session holds the row for 400 ms.
-    let (locker, conn) = app.config.connect(tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
+    let locker = support::client(&app.config).await;
     locker
         .batch_execute(&format!(
             "BEGIN; SELECT 1 FROM objects WHERE repository = 'demo' AND path = '{path}' FOR UPDATE"

@@ -1,19 +1,17 @@
 //! Migrations on databases that are not fresh: one holding the seed
 //! benchmark's own table, and one migrated by an earlier release.
 
+mod support;
+
 use server::db;
+use support::client;
 
 /// The seed's setup script's table (seed 000), created before the server
 /// ever ran: the server migrates around it and serves its rows.
 #[tokio::test]
 async fn a_database_with_the_seed_benchmarks_table_migrates_and_keeps_its_rows() {
     let database = embedded_pg::testing::database().await.unwrap();
-    let (client, conn) = database
-        .config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let client = client(&database.config).await;
     client
         .batch_execute(
             "CREATE TABLE random_read_test (pk text PRIMARY KEY, payload text);
@@ -38,12 +36,7 @@ async fn a_database_with_the_seed_benchmarks_table_migrates_and_keeps_its_rows()
 async fn a_database_migrated_by_an_earlier_release_still_migrates() {
     let database = embedded_pg::testing::database().await.unwrap();
     db::migrate(&database.config).await.unwrap();
-    let (client, conn) = database
-        .config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let client = client(&database.config).await;
     let old_sql = include_str!("../src/superseded/V20261121000000__object_metadata.sql");
     let old = refinery::Migration::unapplied("V20261121000000__object_metadata", old_sql)
         .unwrap()

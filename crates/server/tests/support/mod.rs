@@ -22,14 +22,20 @@ pub struct TestApp {
     pub config: tokio_postgres::Config,
 }
 
+/// A connection to `config`, driven by a task of its own.
+pub async fn client(config: &tokio_postgres::Config) -> tokio_postgres::Client {
+    let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+}
+
 /// A migrated database seeded with [`SEEDED`] objects in repository `demo`
 /// and as many `random_read_test` rows, plus an empty repository `empty`.
 pub async fn database() -> tokio_postgres::Config {
     let config = server::testing::seeded_database(SEEDED, SEEDED, ADMIN_TOKEN)
         .await
         .expect("seeded test database");
-    let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
+    let client = client(&config).await;
     server::queries::repositories::insert(&client, "empty", "s3://e/")
         .await
         .unwrap()
@@ -136,9 +142,8 @@ pub async fn assert_error_cases(
 
 /// How many objects `repo` holds, straight from the database.
 pub async fn objects_in(config: &tokio_postgres::Config, repo: &str) -> i64 {
-    let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
-    client
+    client(config)
+        .await
         .query_one(
             "SELECT count(*) FROM objects WHERE repository = $1",
             &[&repo],
