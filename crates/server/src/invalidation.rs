@@ -1,9 +1,8 @@
 //! Cache coherence across instances, on Postgres's own LISTEN/NOTIFY.
 //!
-//! Triggers (migrations `V20261122000100__invalidation` and
-//! `V20261122000200__invalidation_chunks`) send, from the transaction of
-//! every committed change a cache may hold, the changed keys on
-//! [`CHANNEL`] in payloads under NOTIFY's 8,000-byte limit ("drop all"
+//! Triggers (migration `V20261122000100__invalidation`) send, from the
+//! transaction of every committed change a cache may hold, the changed
+//! keys on [`CHANNEL`] in payloads under NOTIFY's 8,000-byte limit ("drop all"
 //! past 10,000 rows, nothing for a statement that touched no row);
 //! Postgres delivers them at commit, and only if the transaction commits.
 //! Each instance keeps one dedicated connection (never from a pool, never
