@@ -45,10 +45,7 @@ impl ProcessStats {
         let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
         let ticks = clock_ticks()?;
         let page = page_size()?;
-        let boot_time = std::fs::read_to_string("/proc/stat")
-            .ok()?
-            .lines()
-            .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<u64>().ok())?;
+        let boot_time = boot_time()?;
         let open_fds = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
         let (max_fds, _) =
             nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).ok()?;
@@ -62,6 +59,18 @@ impl ProcessStats {
             max_fds,
         })
     }
+}
+
+/// The system's boot time (Unix seconds), read from `/proc/stat` once:
+/// it does not change while the process runs.
+fn boot_time() -> Option<u64> {
+    static BOOT_TIME: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *BOOT_TIME.get_or_init(|| {
+        std::fs::read_to_string("/proc/stat")
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<u64>().ok())
+    })
 }
 
 fn clock_ticks() -> Option<f64> {
