@@ -41,6 +41,17 @@ pub struct ClusterOptions {
     ready_timeout: Duration,
     /// PEM certificate chain and key for `ssl=on`.
     tls: Option<(String, String)>,
+    /// The primary a new data directory is copied from (a streaming
+    /// replica), instead of `initdb`.
+    primary: Option<PrimarySource>,
+}
+
+/// Where a replica's base backup and WAL stream come from: a primary's
+/// socket.
+#[derive(Debug, Clone)]
+struct PrimarySource {
+    socket_dir: PathBuf,
+    port: u16,
 }
 
 impl ClusterOptions {
@@ -55,7 +66,26 @@ impl ClusterOptions {
             settings: Vec::new(),
             ready_timeout: Duration::from_secs(60),
             tls: None,
+            primary: None,
         }
+    }
+
+    /// Makes this cluster a hot-standby streaming replica of `primary`:
+    /// a data directory that does not exist yet is copied from it by
+    /// `pg_basebackup -R` (which writes `primary_conninfo` and
+    /// `standby.signal`), and the server then replays the primary's WAL
+    /// as it streams in, answering read-only queries meanwhile. The
+    /// primary must allow replication (`wal_level=replica`, the default,
+    /// and WAL senders); its socket's `trust` authentication covers
+    /// replication connections. Add
+    /// `.setting("recovery_min_apply_delay", "2s")` for a replica that
+    /// lags by a known amount.
+    pub fn replica_of(mut self, primary: &Cluster) -> Self {
+        self.primary = Some(PrimarySource {
+            socket_dir: primary.socket_dir.clone(),
+            port: primary.port,
+        });
+        self
     }
 
     /// The port number. It names the socket file, and is the TCP port when
@@ -293,7 +323,10 @@ impl Cluster {
         }
         let log_path = data_dir.with_extension("log");
         run_as.check_reachable(&data_dir)?;
-        prepare_data_dir(&bin_dir, run_as, &data_dir, options.durable)?;
+        match &options.primary {
+            Some(primary) => base_backup(&bin_dir, run_as, &data_dir, primary)?,
+            None => prepare_data_dir(&bin_dir, run_as, &data_dir, options.durable)?,
+        }
         let mut settings = options.settings.clone();
         if let Some((cert, key)) = &options.tls {
             for (file, pem, setting) in [
@@ -636,6 +669,54 @@ fn prepare_data_dir(bin_dir: &Path, run_as: RunAs, dir: &Path, durable: bool) ->
         });
     }
     tracing::info!(data_dir = %dir.display(), "initialized a new postgres cluster");
+    Ok(())
+}
+
+/// Copies `primary` into `dir` with `pg_basebackup -R`, unless `dir`
+/// already holds a cluster (a replica started before).
+fn base_backup(
+    bin_dir: &Path,
+    run_as: RunAs,
+    dir: &Path,
+    primary: &PrimarySource,
+) -> Result<(), Error> {
+    if dir.join("PG_VERSION").is_file() {
+        return Ok(());
+    }
+    fs::create_dir_all(dir).map_err(|source| Error::Io {
+        what: "could not create",
+        path: dir.to_owned(),
+        source,
+    })?;
+    run_as.own(dir)?;
+    let program = bin_dir.join("pg_basebackup");
+    let mut cmd = Command::new(&program);
+    cmd.arg("-D")
+        .arg(dir)
+        .arg("-h")
+        .arg(&primary.socket_dir)
+        .args(["-p", &primary.port.to_string(), "-U", "postgres"])
+        // Streams the WAL written during the copy, and writes the
+        // settings that make the copy a standby of the primary.
+        .args(["-X", "stream", "-R", "--checkpoint=fast", "--no-sync"])
+        .current_dir(dir);
+    run_as.apply(&mut cmd);
+    let out = cmd.output().map_err(|source| Error::Io {
+        what: "could not run",
+        path: program,
+        source,
+    })?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            program: "pg_basebackup",
+            output: format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        });
+    }
+    tracing::info!(data_dir = %dir.display(), "copied a replica from its primary");
     Ok(())
 }
 

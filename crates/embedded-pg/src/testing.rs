@@ -98,6 +98,27 @@ pub async fn private_cluster() -> Result<Cluster, Error> {
 pub async fn private_cluster_with(
     customize: impl FnOnce(ClusterOptions) -> ClusterOptions,
 ) -> Result<Cluster, Error> {
+    Cluster::start(customize(private_options()?)).await
+}
+
+/// A streaming replica of `primary` (a [`private_cluster`]) in a private
+/// directory of its own, with `customize` applied to its options (a
+/// `recovery_min_apply_delay`, say). Restart it after a stop with
+/// `Cluster::start` on the same options.
+///
+/// # Errors
+///
+/// As [`private_cluster`], or when the base backup fails.
+pub async fn private_replica_with(
+    primary: &Cluster,
+    customize: impl FnOnce(ClusterOptions) -> ClusterOptions,
+) -> Result<Cluster, Error> {
+    Cluster::start(customize(private_options()?.replica_of(primary))).await
+}
+
+/// Options of a throwaway cluster in a fresh private directory, on a port
+/// that was free a moment before.
+pub fn private_options() -> Result<ClusterOptions, Error> {
     let base = std::env::temp_dir().join("pgbatch-test");
     remove_stale_clusters(&base);
     let dir = base.join(format!(
@@ -115,11 +136,10 @@ pub async fn private_cluster_with(
             source,
         })?
         .port();
-    let options = ClusterOptions::new(dir)
+    Ok(ClusterOptions::new(dir)
         .port(port)
         .durable(false)
-        .setting("shared_buffers", "16MB");
-    Cluster::start(customize(options)).await
+        .setting("shared_buffers", "16MB"))
 }
 
 async fn start_server() -> Result<Server, Error> {

@@ -146,3 +146,47 @@ async fn a_running_cluster_is_found_and_never_started_twice() {
     cluster.stop().await;
     assert_eq!(embedded_pg::Running::find(&dir), None, "a stopped server");
 }
+
+#[tokio::test]
+async fn a_replica_streams_the_primarys_changes_and_lags_as_told() {
+    let primary = embedded_pg::testing::private_cluster().await.unwrap();
+    let replica = embedded_pg::testing::private_replica_with(&primary, |o| {
+        o.setting("recovery_min_apply_delay", "1s")
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        query_one(
+            &replica.config("postgres"),
+            "SELECT pg_is_in_recovery()::text"
+        )
+        .await,
+        "true"
+    );
+    let (client, conn) = primary.config("postgres").connect(NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute("CREATE TABLE streamed (v text); INSERT INTO streamed VALUES ('sent');")
+        .await
+        .unwrap();
+    let written = std::time::Instant::now();
+    let (reader, conn) = replica.config("postgres").connect(NoTls).await.unwrap();
+    tokio::spawn(conn);
+    // The delay holds the table back for about a second, then it arrives.
+    loop {
+        let found = reader
+            .query_opt("SELECT v FROM streamed", &[])
+            .await
+            .ok()
+            .flatten();
+        if let Some(row) = found {
+            assert_eq!(row.get::<_, String>(0), "sent");
+            break;
+        }
+        assert!(written.elapsed() < std::time::Duration::from_secs(30));
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(written.elapsed() >= std::time::Duration::from_millis(900));
+    replica.stop().await;
+    primary.stop().await;
+}
