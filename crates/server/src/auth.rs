@@ -17,6 +17,7 @@ use pgbatch::cache::Cache;
 use pgbatch::pg::{PgError, Pool};
 use rand::TryRngCore;
 use sha2::{Digest as _, Sha256};
+use tokio_postgres::types::PgLsn;
 
 use crate::coherence::Coherence;
 use crate::db::Postgres;
@@ -24,6 +25,7 @@ use crate::failure::Failure;
 use crate::input;
 use crate::queries::auth as sql;
 pub use crate::queries::auth::{Grant, TokenInfo};
+use crate::replicas::{Needs, ReadRouter};
 use crate::settings::AuthSettings;
 
 /// A token's SHA-256 digest, the only form in which tokens are stored.
@@ -123,33 +125,35 @@ impl Principal {
 /// Resolves tokens to principals, through a cache unless it is turned off.
 #[derive(Debug, Clone)]
 pub struct Authenticator {
-    pool: Pool,
+    router: ReadRouter,
     cache: Option<Cache<TokenDigest, Arc<Principal>>>,
     /// The cache is used only while this allows.
     coherence: Coherence,
 }
 
 impl Authenticator {
-    /// An authenticator over `pool`, with the token cache `settings` ask
-    /// for (none: every token is looked up, for comparison), used only
-    /// while `coherence` allows.
+    /// An authenticator reading tokens where `router` sends reads, with
+    /// the token cache `settings` ask for (none: every token is looked up,
+    /// for comparison), used only while `coherence` allows. Token changes
+    /// go to the primary.
     ///
     /// # Errors
     ///
     /// When the cache settings are invalid.
     pub fn new(
-        pool: Pool,
+        router: impl Into<ReadRouter>,
         settings: &AuthSettings,
         coherence: &Coherence,
     ) -> Result<Self, pgbatch::BuildError> {
+        let router = router.into();
         let cache = match &settings.cache {
             None => None,
             Some(c) => {
-                let pool = pool.clone();
+                let router = router.clone();
                 Some(c.builder("auth").build(move |digest: TokenDigest| {
-                    let pool = pool.clone();
+                    let router = router.clone();
                     async move {
-                        load_principal(&pool, &digest)
+                        find_principal(&router, Needs::CacheFill, &digest)
                             .await
                             .map(|p| p.map(Arc::new))
                             .map_err(pgbatch::Error::load)
@@ -158,7 +162,7 @@ impl Authenticator {
             }
         };
         Ok(Self {
-            pool,
+            router,
             cache,
             coherence: coherence.clone(),
         })
@@ -172,13 +176,34 @@ impl Authenticator {
     /// connection is free in time, [`Failure::Timeout`] when Postgres
     /// cancelled the statement, else [`Failure::Unavailable`].
     pub async fn principal(&self, token: &str) -> Result<Option<Arc<Principal>>, Failure> {
+        self.principal_at(token, None).await
+    }
+
+    /// As [`principal`](Self::principal); with a `position` (a write's,
+    /// presented by the client), from a database that has replayed it,
+    /// past the cache: a token created on another instance works at once.
+    ///
+    /// # Errors
+    ///
+    /// As [`principal`](Self::principal).
+    pub async fn principal_at(
+        &self,
+        token: &str,
+        position: Option<PgLsn>,
+    ) -> Result<Option<Arc<Principal>>, Failure> {
         let digest = digest(token);
-        match &self.cache {
-            Some(cache) if self.coherence.caches_usable() => Ok(cache.get(digest).await?),
-            _ => Ok(load_principal(&self.pool, &digest)
-                .await
-                .map(|p| p.map(Arc::new))?),
-        }
+        let needs = match (position, &self.cache) {
+            (Some(lsn), _) => Needs::Position(lsn),
+            (None, Some(cache)) if self.coherence.caches_usable() => {
+                return Ok(cache.get(digest).await?);
+            }
+            // Uncached reads follow the cache's rule too, so a token
+            // revoked while the listener is down is refused.
+            (None, _) => Needs::CacheFill,
+        };
+        Ok(find_principal(&self.router, needs, &digest)
+            .await
+            .map(|p| p.map(Arc::new))?)
     }
 
     /// The tokens of `user` (ids and descriptions, never the tokens).
@@ -187,7 +212,7 @@ impl Authenticator {
     ///
     /// As a lookup's: the pool or the database failing.
     pub async fn tokens_of(&self, user: &str) -> Result<Vec<TokenInfo>, Failure> {
-        let client = self.pool.get().await.map_err(PgError::from)?;
+        let client = self.router.primary().get().await.map_err(PgError::from)?;
         Ok(sql::list_tokens(&**client, Some(user))
             .await
             .map_err(PgError::from)?)
@@ -207,7 +232,7 @@ impl Authenticator {
     pub async fn revoke(&self, caller: &Principal, id: &str) -> Result<(), Failure> {
         input::token_id(id)?;
         let owner = (!caller.may(Action::Write, "*")).then_some(caller.user.as_str());
-        let client = self.pool.get().await.map_err(PgError::from)?;
+        let client = self.router.primary().get().await.map_err(PgError::from)?;
         let digests = sql::delete_token(&**client, id, owner)
             .await
             .map_err(PgError::from)?;
@@ -221,6 +246,7 @@ impl Authenticator {
     /// Drops every cached principal (after a user or policy change).
     pub fn forget_all(&self) {
         if let Some(cache) = &self.cache {
+            self.router.begin_invalidation();
             cache.invalidate_all();
         }
     }
@@ -230,6 +256,7 @@ impl Authenticator {
         let Some(cache) = &self.cache else {
             return;
         };
+        self.router.begin_invalidation();
         for digest in digests {
             if let Ok(digest) = TokenDigest::try_from(digest.as_slice()) {
                 cache.invalidate(&digest).await;
@@ -248,6 +275,24 @@ impl Authenticator {
     pub fn cache_stats(&self) -> Option<pgbatch::cache::CacheStats> {
         self.cache.as_ref().map(Cache::stats)
     }
+}
+
+/// The principal of `digest`, read where `router` sends a read that
+/// `needs`. A token a replica does not know is looked up again on the
+/// primary: it may be newer than the replica's replay.
+async fn find_principal(
+    router: &ReadRouter,
+    needs: Needs,
+    digest: &TokenDigest,
+) -> Result<Option<Principal>, PgError> {
+    let pools = router.pools();
+    let found = router
+        .read(needs, |i| load_principal(&pools[i], digest))
+        .await?;
+    if found.is_none() && router.has_replicas() {
+        return load_principal(router.primary(), digest).await;
+    }
+    Ok(found)
 }
 
 /// One round trip: the token's user and all their policies.

@@ -16,7 +16,8 @@ use pgbatch::defaults as lib;
 
 use crate::settings::{
     defaults, AuthSettings, BatchSettings, CacheSettings, DbSettings, ImportSettings,
-    InvalidationSettings, Limits, ReadPath, ReadSettings, Settings, TlsOverrides, WriteSettings,
+    InvalidationSettings, Limits, ReadPath, ReadSettings, ReplicaSettings, Settings, TlsOverrides,
+    WriteSettings,
 };
 use crate::tls::SslMode;
 
@@ -47,6 +48,30 @@ pub fn parse_expiry(text: &str) -> Result<Duration, String> {
         .filter(|s| (1..=100 * 365 * 86_400).contains(s))
         .ok_or_else(|| format!("`{text}`: a token lifetime is 1 s to 100 years"))?;
     Ok(Duration::from_secs(secs))
+}
+
+/// A replica lag bound: a whole number with `ms`, `s` or `m` (`500ms`,
+/// `5s`), from 1 ms to 1 hour.
+///
+/// # Errors
+///
+/// A message naming the accepted form.
+pub fn parse_lag(text: &str) -> Result<Duration, String> {
+    let bad = || format!("`{text}` is not a duration such as 500ms, 5s or 2m (ms, s or m)");
+    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    let unit_ms = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        _ => return Err(bad()),
+    };
+    let total = n
+        .checked_mul(unit_ms)
+        .filter(|ms| (1..=3_600_000).contains(ms))
+        .ok_or_else(|| format!("`{text}`: a replica lag bound is 1 ms to 1 hour"))?;
+    Ok(Duration::from_millis(total))
 }
 
 /// `d` in whole milliseconds, for a flag's default.
@@ -179,6 +204,18 @@ pub struct DbArgs {
     /// `sslrootcert`), instead of the system's. Wins over the URL's.
     #[arg(long, env = "PGBATCH_SSLROOTCERT", global = true)]
     pub sslrootcert: Option<PathBuf>,
+    /// A read replica of the database (repeatable; the environment
+    /// variable takes a comma-separated list): reads go to replicas that
+    /// keep up, writes and the invalidation listener to the primary. The
+    /// TLS flags apply to replicas too.
+    #[arg(
+        long = "replica-url",
+        env = "PGBATCH_REPLICA_URLS",
+        value_delimiter = ',',
+        global = true,
+        hide_env_values = true
+    )]
+    pub replica_urls: Vec<String>,
     /// Directory of the embedded cluster (created on first start, kept
     /// across restarts; used without `--database-url`).
     #[arg(
@@ -322,6 +359,11 @@ pub struct ServeArgs {
     /// in flight (`--queue-capacity`) before a request gets 503.
     #[arg(long, env = "PGBATCH_ADMISSION_WAIT_MS", default_value_t = ms(defaults::ADMISSION_WAIT), help_heading = "Reads")]
     pub admission_wait_ms: u64,
+    /// Read replicas (`--replica-url`) lagging more than this (`500ms`,
+    /// `5s`, `1m`) are skipped until they catch up; with none usable,
+    /// reads go to the primary.
+    #[arg(long, env = "PGBATCH_MAX_REPLICA_LAG", value_parser = parse_lag, default_value = "5s", help_heading = "Replicas")]
+    pub max_replica_lag: Duration,
     /// Most object writes committed in one statement.
     #[arg(long, env = "PGBATCH_WRITE_BATCH_SIZE", default_value_t = defaults::WRITE_BATCH_SIZE, help_heading = "Writes")]
     pub write_batch_size: usize,
@@ -516,6 +558,13 @@ impl ServeArgs {
                 max_body_bytes: self.max_body_bytes,
             },
             invalidation: InvalidationSettings::default(),
+            replicas: ReplicaSettings {
+                max_lag: self.max_replica_lag,
+                // Half the read deadline for the replica, half for the
+                // primary if the replica fails.
+                replica_budget: Duration::from_millis(self.request_timeout_ms) / 2,
+                ..ReplicaSettings::default()
+            },
         }
     }
 }
@@ -531,6 +580,7 @@ impl DbArgs {
                 mode: self.sslmode,
                 root_cert: self.sslrootcert.clone(),
             },
+            replica_urls: self.replica_urls.clone(),
         }
     }
 }

@@ -93,6 +93,8 @@ pub struct Database {
     /// The embedded cluster, when there is no `DATABASE_URL`; stopped when
     /// dropped.
     pub cluster: Option<Cluster>,
+    /// Read replicas of it (`--replica-url`).
+    pub replicas: Vec<Postgres>,
 }
 
 /// The database name used inside the embedded cluster.
@@ -120,22 +122,29 @@ impl Database {
         settings: &DbSettings,
         customize: impl FnOnce(ClusterOptions) -> ClusterOptions,
     ) -> anyhow::Result<Self> {
+        let replicas = settings
+            .replica_urls
+            .iter()
+            .enumerate()
+            .map(|(i, url)| {
+                target_of(url, &settings.tls)
+                    .with_context(|| format!("replica URL number {} is not usable", i + 1))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
         if let Some(url) = &settings.url {
-            let (mut config, mut tls_settings) = tls::parse_url(url)?;
-            // Flags and their environment variables win over the URL.
-            if let Some(mode) = settings.tls.mode {
-                tls_settings.mode = mode;
-            }
-            if let Some(root) = &settings.tls.root_cert {
-                tls_settings.root_cert = Some(root.clone());
-            }
-            config.ssl_mode(tls_settings.mode.for_tokio_postgres());
-            let tls = tls::connector(&tls_settings)?;
+            let Postgres { config, tls } = target_of(url, &settings.tls)?;
             return Ok(Self {
                 config,
                 tls,
                 cluster: None,
+                replicas,
             });
+        }
+        if !replicas.is_empty() {
+            anyhow::bail!(
+                "read replicas (--replica-url) need the primary's --database-url; \
+                 the embedded cluster has no replicas"
+            );
         }
         // No replication from the embedded cluster, so WAL need only cover
         // crash recovery; bulk loads into fresh tables then skip it.
@@ -152,6 +161,7 @@ impl Database {
             config: cluster.config(EMBEDDED_DB),
             tls: tls::default_connector(),
             cluster: Some(cluster),
+            replicas: Vec::new(),
         })
     }
 
@@ -175,6 +185,7 @@ impl Database {
                     config: running.config(EMBEDDED_DB),
                     tls: tls::default_connector(),
                     cluster: None,
+                    replicas: Vec::new(),
                 });
             }
         }
@@ -187,6 +198,21 @@ impl Database {
             cluster.stop().await;
         }
     }
+}
+
+/// The target a connection string names, its TLS settings overridden by
+/// flags (which win over the URL).
+fn target_of(url: &str, overrides: &crate::settings::TlsOverrides) -> anyhow::Result<Postgres> {
+    let (mut config, mut tls_settings) = tls::parse_url(url)?;
+    if let Some(mode) = overrides.mode {
+        tls_settings.mode = mode;
+    }
+    if let Some(root) = &overrides.root_cert {
+        tls_settings.root_cert = Some(root.clone());
+    }
+    config.ssl_mode(tls_settings.mode.for_tokio_postgres());
+    let tls = tls::connector(&tls_settings)?;
+    Ok(Postgres { config, tls })
 }
 
 async fn create_database_if_missing(

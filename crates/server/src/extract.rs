@@ -19,6 +19,7 @@ use serde::de::DeserializeOwned;
 use crate::auth::{Action, Authenticator, Principal};
 use crate::error::AppError;
 use crate::input;
+use crate::position::ReadPosition;
 
 /// The authenticated user of an `/api` request, put there by
 /// [`require_token`].
@@ -135,8 +136,9 @@ pub async fn require_token(
     next: Next,
 ) -> Result<Response, AppError> {
     let token = bearer_token(req.headers().get(header::AUTHORIZATION))?.to_owned();
+    let ReadPosition(position) = ReadPosition::of(req.headers())?;
     let principal = auth
-        .principal(&token)
+        .principal_at(&token, position)
         .await?
         .ok_or_else(|| AppError::unauthorized("unknown_token", "the bearer token is not valid"))?;
     if principal.expired(std::time::SystemTime::now()) {

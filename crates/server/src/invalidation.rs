@@ -31,8 +31,10 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::Authenticator;
 use crate::coherence::Coherence;
 use crate::db::Postgres;
+use crate::queries::database;
 use crate::queries::objects::ObjectKey;
 use crate::reads::Reads;
+use crate::replicas::ReadRouter;
 use crate::settings::InvalidationSettings;
 
 /// The notification channel the triggers send on.
@@ -99,6 +101,9 @@ pub struct Caches {
     pub reads: Reads,
     /// The token cache.
     pub auth: Authenticator,
+    /// Told the primary's position after each invalidation, so cache
+    /// fills from replicas are no older.
+    pub router: ReadRouter,
 }
 
 impl Caches {
@@ -212,8 +217,12 @@ async fn session(
         .await
         .context("LISTEN timed out")?
         .context("LISTEN failed")?;
-    // Whatever was sent while no one listened is lost: start afresh.
+    // Whatever was sent while no one listened is lost: start afresh. Fills
+    // from replicas must then be at least as new as the primary now.
     caches.flush();
+    if caches.router.has_replicas() {
+        settle(&client, &caches.router, caches.router.ticket(), step).await?;
+    }
     coherence.connected();
     tracing::info!(channel = CHANNEL, "listening for cache invalidations");
 
@@ -237,12 +246,32 @@ async fn session(
                     coherence.count_unreadable();
                     tracing::warn!(payload = n.payload(), "unreadable invalidation; flushing every cache");
                 }
+                caches.router.begin_invalidation();
                 caches.apply(invalidation).await;
                 coherence.count_received();
+            }
+            ticket = caches.router.position_wanted() => {
+                settle(&client, &caches.router, ticket, step).await?;
             }
             r = &mut pings => return r,
         }
     }
+}
+
+/// Reads the primary's WAL position on the listener's connection, after
+/// the invalidations up to `ticket` were applied, and tells `router`.
+async fn settle(
+    client: &tokio_postgres::Client,
+    router: &ReadRouter,
+    ticket: u64,
+    step: std::time::Duration,
+) -> anyhow::Result<()> {
+    let position = tokio::time::timeout(step, database::wal_position(client))
+        .await
+        .context("reading the WAL position timed out")?
+        .context("reading the WAL position failed")?;
+    router.settle(ticket, position);
+    Ok(())
 }
 
 /// Stops the connection's task when the session ends.

@@ -56,9 +56,11 @@ pub mod invalidation;
 pub mod lookup;
 pub mod metrics;
 pub mod openapi;
+pub mod position;
 pub mod process;
 pub mod queries;
 pub mod reads;
+pub mod replicas;
 mod routes;
 pub mod seed;
 pub mod serve;
@@ -106,6 +108,9 @@ pub fn app(state: AppState) -> Router {
         .route("/api/v1/user", get(user::current))
         .route("/api/v1/user/tokens", get(user::tokens))
         .route("/api/v1/user/tokens/{id}", delete(user::revoke))
+        // Inside the token check: only an authorized write that succeeded
+        // asks for its position.
+        .route_layer(from_fn_with_state(state.clone(), position::stamp_writes))
         .route_layer(from_fn_with_state(
             state.auth.clone(),
             extract::require_token,

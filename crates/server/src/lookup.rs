@@ -12,12 +12,14 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use pgbatch::cache::{Cache, CacheStats};
-use pgbatch::pg::{BatchQuery, PgError, PgLoader, Pool};
-use pgbatch::{Batcher, BuildError, StatsSnapshot};
+use pgbatch::pg::{BatchQuery, PgError};
+use pgbatch::{Batcher, BuildError, Loader as _, StatsSnapshot};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_postgres::types::PgLsn;
 
 use crate::coherence::Coherence;
 use crate::failure::{Failure, Work};
+use crate::replicas::{Needs, ReadRouter, RoutedLoader};
 use crate::settings::{ReadPath, ReadSettings};
 
 /// Keys of one [`BatchQuery`], looked up through one read path.
@@ -50,11 +52,14 @@ pub struct Lookup<Q: BatchQuery> {
     /// Off while cross-instance invalidations may have been missed: the
     /// cached path then reads through its batcher.
     coherence: Coherence,
+    /// For reads at a client's position: straight to a database that has
+    /// replayed it, past the cache and the batcher.
+    direct: RoutedLoader<Q>,
 }
 
 enum Path<Q: BatchQuery> {
     /// One statement per key, on a pooled connection.
-    Naive(PgLoader<Q>),
+    Naive(RoutedLoader<Q>),
     /// Keys coalesced into batched statements.
     Batched(Batcher<Q::Key, Q::Value>),
     /// A cache whose misses go through the batcher (kept for its stats and
@@ -88,6 +93,7 @@ impl<Q: BatchQuery> Clone for Lookup<Q> {
             capacity: self.capacity,
             admission_wait: self.admission_wait,
             coherence: self.coherence.clone(),
+            direct: self.direct.clone(),
         }
     }
 }
@@ -108,9 +114,12 @@ impl<Q: BatchQuery> fmt::Debug for Lookup<Q> {
 }
 
 impl<Q: BatchQuery> Lookup<Q> {
-    /// Lookups of `query` on `pool` through the path `settings` choose;
-    /// `name` labels the batcher and cache in traces and metrics. The
-    /// batched and cached paths start their batcher on the current runtime.
+    /// Lookups of `query` through the path `settings` choose, on the
+    /// databases `source` routes to (a [`Pool`](pgbatch::pg::Pool) alone:
+    /// that one); `name` labels the batcher and cache in traces and
+    /// metrics. The batched and cached paths start their batcher on the
+    /// current runtime. A cache's misses are loaded only where
+    /// [`Needs::CacheFill`] allows.
     ///
     /// # Errors
     ///
@@ -119,21 +128,21 @@ impl<Q: BatchQuery> Lookup<Q> {
     pub fn new(
         name: &'static str,
         query: Q,
-        pool: Pool,
+        source: impl Into<ReadRouter>,
         settings: &ReadSettings,
     ) -> Result<Self, BuildError> {
-        let loader = PgLoader::new(pool, query);
-        let batcher = || {
+        let loader = RoutedLoader::new(source.into(), query, Needs::Any);
+        let batcher = |needs| {
             settings
                 .batch
                 .builder(name, settings.timeout)
-                .build(loader.clone())
+                .build(loader.needing(needs))
         };
         let path = match settings.path {
             ReadPath::Naive => Path::Naive(loader.clone()),
-            ReadPath::Batched => Path::Batched(batcher()?),
+            ReadPath::Batched => Path::Batched(batcher(Needs::Any)?),
             ReadPath::Cached => {
-                let batcher = batcher()?;
+                let batcher = batcher(Needs::CacheFill)?;
                 Path::Cached {
                     cache: settings
                         .cache
@@ -157,6 +166,7 @@ impl<Q: BatchQuery> Lookup<Q> {
             capacity,
             admission_wait: settings.admission_wait,
             coherence: Coherence::default(),
+            direct: loader,
         })
     }
 
@@ -180,7 +190,27 @@ impl<Q: BatchQuery> Lookup<Q> {
     /// [`Failure::Overloaded`], [`Failure::Timeout`] past the deadline, or
     /// [`Failure::Unavailable`].
     pub async fn get(&self, key: Q::Key) -> Result<Option<Q::Value>, Failure> {
+        self.get_at(key, None).await
+    }
+
+    /// As [`get`](Self::get), and with a `position` (a write's WAL
+    /// position the client presents), from a database that has replayed
+    /// it: a replica that has, else the primary; never from the cache or
+    /// a batch, which could be older.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get).
+    pub async fn get_at(
+        &self,
+        key: Q::Key,
+        position: Option<PgLsn>,
+    ) -> Result<Option<Q::Value>, Failure> {
         let _admitted = self.reserve(1).await?;
+        if let Some(lsn) = position {
+            let direct = self.direct.needing(Needs::Position(lsn));
+            return self.within_deadline(direct.load_one(&key)).await;
+        }
         match &self.path {
             Path::Naive(loader) => self.within_deadline(loader.load_one(&key)).await,
             Path::Batched(batcher) => Ok(batcher.load(key).await?),
@@ -201,7 +231,7 @@ impl<Q: BatchQuery> Lookup<Q> {
     /// [`Failure::Overloaded`] comes before any key is queued.
     pub async fn get_many(&self, keys: Vec<Q::Key>) -> Result<Vec<Option<Q::Value>>, Failure> {
         let reservation = self.reserve(keys.len()).await?;
-        self.get_many_reserved(keys, reservation).await
+        self.get_many_reserved(keys, reservation, None).await
     }
 
     /// Room for up to `keys` keys of a later
@@ -229,7 +259,9 @@ impl<Q: BatchQuery> Lookup<Q> {
     }
 
     /// As [`get_many`](Self::get_many), in room already reserved; room
-    /// beyond what `keys` need is given back at once.
+    /// beyond what `keys` need is given back at once. With a `position`,
+    /// as [`get_at`](Self::get_at): all keys in one statement on a
+    /// database that has replayed it.
     ///
     /// # Errors
     ///
@@ -238,6 +270,7 @@ impl<Q: BatchQuery> Lookup<Q> {
         &self,
         keys: Vec<Q::Key>,
         mut reservation: Reservation,
+        position: Option<PgLsn>,
     ) -> Result<Vec<Option<Q::Value>>, Failure> {
         let needed = keys.len().clamp(1, self.capacity);
         // Dropped here: the surplus returns to other requests now, not
@@ -245,6 +278,11 @@ impl<Q: BatchQuery> Lookup<Q> {
         let _surplus = reservation
             .0
             .split(reservation.0.num_permits().saturating_sub(needed));
+        if let Some(lsn) = position {
+            let direct = self.direct.needing(Needs::Position(lsn));
+            let found = self.within_deadline(direct.load(keys.clone())).await?;
+            return Ok(keys.iter().map(|key| found.get(key).cloned()).collect());
+        }
         match &self.path {
             Path::Naive(loader) => {
                 self.within_deadline(async {
@@ -273,6 +311,7 @@ impl<Q: BatchQuery> Lookup<Q> {
     /// back.
     pub async fn invalidate(&self, key: &Q::Key) {
         if let Path::Cached { cache, .. } = &self.path {
+            self.direct.router().begin_invalidation();
             cache.invalidate(key).await;
         }
     }
@@ -280,6 +319,7 @@ impl<Q: BatchQuery> Lookup<Q> {
     /// Drops every cached value (after a write whose keys are not tracked).
     pub fn invalidate_all(&self) {
         if let Path::Cached { cache, .. } = &self.path {
+            self.direct.router().begin_invalidation();
             cache.invalidate_all();
         }
     }

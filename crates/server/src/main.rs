@@ -154,7 +154,8 @@ async fn serve(cli: &Cli, args: &ServeArgs, database: &Database) -> anyhow::Resu
     }
 
     let settings = args.settings();
-    let state = AppState::connect(database, cli.db.pool_size, &settings)?;
+    let state =
+        AppState::connect_with_replicas(database, &database.replicas, cli.db.pool_size, &settings)?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("could not listen on {}", args.listen))?;

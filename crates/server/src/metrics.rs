@@ -25,6 +25,7 @@ use prometheus_client::registry::{Registry, Unit};
 use crate::auth::Authenticator;
 use crate::coherence::Coherence;
 use crate::reads::Reads;
+use crate::replicas::{ReadRouter, ReplicaStatus};
 use crate::writes::Writes;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -58,6 +59,7 @@ impl Metrics {
         auth: Authenticator,
         pool: Pool,
         coherence: Coherence,
+        router: ReadRouter,
     ) -> Self {
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Counter>::default();
@@ -89,6 +91,7 @@ impl Metrics {
             auth,
             pool,
             coherence,
+            router,
         }));
         Self {
             registry,
@@ -176,6 +179,7 @@ struct ServiceCollector {
     auth: Authenticator,
     pool: Pool,
     coherence: Coherence,
+    router: ReadRouter,
 }
 
 impl Collector for ServiceCollector {
@@ -191,8 +195,69 @@ impl Collector for ServiceCollector {
             caches.push(("auth", stats));
         }
         encode_caches(&mut encoder, &caches)?;
-        encode_coherence(&mut encoder, &self.coherence)
+        encode_coherence(&mut encoder, &self.coherence)?;
+        encode_replicas(&mut encoder, &self.router)
     }
+}
+
+fn encode_replicas(
+    encoder: &mut DescriptorEncoder<'_>,
+    router: &ReadRouter,
+) -> Result<(), std::fmt::Error> {
+    let primary = ConstCounter::new(router.primary_reads());
+    primary.encode(encoder.encode_descriptor(
+        "primary_reads",
+        "Reads (batches, single lookups, token lookups) sent to the primary",
+        None,
+        primary.metric_type(),
+    )?)?;
+    let mut family = encoder.encode_descriptor(
+        "replica_fallbacks",
+        "Reads sent to the primary although replicas are configured, by reason",
+        None,
+        MetricType::Counter,
+    )?;
+    for (why, count) in router.fallbacks() {
+        let labels = [("reason", why.label())];
+        ConstCounter::new(count).encode(family.encode_family(&labels)?)?;
+    }
+    let replicas = router.replicas();
+    let counters: [(&str, &str, ReplicaField); 2] = [
+        ("replica_reads", "Reads a replica answered", |r| r.reads),
+        (
+            "replica_failures",
+            "Reads a replica failed (run again on the primary) and polls it missed",
+            |r| r.failures,
+        ),
+    ];
+    for (name, help, value) in counters {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for replica in &replicas {
+            let labels = [("replica", replica.name.as_str())];
+            ConstCounter::new(value(replica)).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    let mut family = encoder.encode_descriptor(
+        "replica_usable",
+        "1 while reads may go to the replica: it answers, replays and keeps within the lag bound",
+        None,
+        MetricType::Gauge,
+    )?;
+    for replica in &replicas {
+        let labels = [("replica", replica.name.as_str())];
+        ConstGauge::new(i64::from(replica.usable)).encode(family.encode_family(&labels)?)?;
+    }
+    let mut family = encoder.encode_descriptor(
+        "replica_lag",
+        "How old the replica's data was at its last poll",
+        Some(&Unit::Seconds),
+        MetricType::Gauge,
+    )?;
+    for replica in &replicas {
+        let labels = [("replica", replica.name.as_str())];
+        ConstGauge::new(replica.lag.as_secs_f64()).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
 
 fn encode_coherence(
@@ -233,6 +298,9 @@ fn encode_coherence(
     }
     Ok(())
 }
+
+/// One counter of a replica's status.
+type ReplicaField = fn(&ReplicaStatus) -> u64;
 
 /// Statistics by batcher name.
 type Batchers = [(&'static str, pgbatch::StatsSnapshot)];

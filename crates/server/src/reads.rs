@@ -7,7 +7,7 @@
 //! route.
 
 use pgbatch::cache::CacheStats;
-use pgbatch::pg::{PgError, Pool};
+use pgbatch::pg::PgError;
 use pgbatch::{BuildError, StatsSnapshot};
 
 use crate::coherence::Coherence;
@@ -16,6 +16,7 @@ use crate::lookup::Lookup;
 use crate::queries::kv::KvQuery;
 use crate::queries::objects::ObjectStatQuery;
 use crate::queries::repositories::{self, Repository};
+use crate::replicas::{Needs, ReadRouter};
 use crate::settings::ReadSettings;
 
 /// Every read the service does. Cheap to clone.
@@ -25,7 +26,7 @@ pub struct Reads {
     pub kv: Lookup<KvQuery>,
     /// Object stats by repository and path.
     pub object_stat: Lookup<ObjectStatQuery>,
-    pool: Pool,
+    router: ReadRouter,
 }
 
 /// One lookup's name and statistics, for `/metrics`.
@@ -40,24 +41,25 @@ pub struct LookupStats {
 }
 
 impl Reads {
-    /// The reads over `pool`; on the batched and cached paths, starts one
-    /// batcher per lookup on the current runtime. The caches are used
-    /// only while `coherence` allows.
+    /// The reads, on the databases `router` chooses; on the batched and
+    /// cached paths, starts one batcher per lookup on the current runtime.
+    /// The caches are used only while `coherence` allows.
     ///
     /// # Errors
     ///
     /// When a batcher or cache setting is invalid.
     pub fn new(
-        pool: Pool,
+        router: impl Into<ReadRouter>,
         settings: &ReadSettings,
         coherence: &Coherence,
     ) -> Result<Self, BuildError> {
+        let router = router.into();
         Ok(Self {
-            kv: Lookup::new("kv", KvQuery, pool.clone(), settings)?
+            kv: Lookup::new("kv", KvQuery, router.clone(), settings)?
                 .with_coherence(coherence.clone()),
-            object_stat: Lookup::new("object_stat", ObjectStatQuery, pool.clone(), settings)?
+            object_stat: Lookup::new("object_stat", ObjectStatQuery, router.clone(), settings)?
                 .with_coherence(coherence.clone()),
-            pool,
+            router,
         })
     }
 
@@ -106,7 +108,19 @@ impl Reads {
     /// [`Failure::Overloaded`] when no connection is free in time, else as
     /// the database fails.
     pub async fn list_repositories(&self) -> Result<Vec<Repository>, Failure> {
-        let client = self.pool.get().await.map_err(PgError::from)?;
-        Ok(repositories::list(&**client).await.map_err(PgError::from)?)
+        let pools = self.router.pools();
+        let listed = self
+            .router
+            .read(Needs::Any, |i| async move {
+                let client = pools[i].get().await?;
+                Ok::<_, PgError>(repositories::list(&**client).await?)
+            })
+            .await?;
+        Ok(listed)
+    }
+
+    /// Where reads go.
+    pub fn router(&self) -> &ReadRouter {
+        &self.router
     }
 }

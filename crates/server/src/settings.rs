@@ -33,6 +33,8 @@ pub mod defaults {
     /// request is refused: a tenth of the request deadline, so an
     /// admitted request keeps most of its time.
     pub const ADMISSION_WAIT: Duration = Duration::from_millis(50);
+    /// A read replica lagging more than this is skipped.
+    pub const MAX_REPLICA_LAG: Duration = Duration::from_secs(5);
     /// Most entries per read cache.
     pub const CACHE_CAPACITY: u64 = 100_000;
     /// Lifetime of a cached value (and of a resolved token), before jitter.
@@ -78,6 +80,34 @@ pub struct Settings {
     pub limits: Limits,
     /// The cross-instance invalidation listener.
     pub invalidation: InvalidationSettings,
+    /// Read replicas: the lag bound and how they are polled.
+    pub replicas: ReplicaSettings,
+}
+
+/// How read replicas are chosen and watched (see [`crate::replicas`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaSettings {
+    /// A replica lagging more than this is skipped.
+    pub max_lag: Duration,
+    /// How often each replica's replay position (and the primary's WAL
+    /// position) is read.
+    pub poll_every: Duration,
+    /// How long a poll may take before the replica counts as down.
+    pub poll_timeout: Duration,
+    /// How long a read may take on a replica before it is run again on
+    /// the primary; within the read deadline, so both fit.
+    pub replica_budget: Duration,
+}
+
+impl Default for ReplicaSettings {
+    fn default() -> Self {
+        Self {
+            max_lag: defaults::MAX_REPLICA_LAG,
+            poll_every: Duration::from_millis(100),
+            poll_timeout: Duration::from_secs(1),
+            replica_budget: defaults::REQUEST_TIMEOUT / 2,
+        }
+    }
 }
 
 /// The cross-instance invalidation listener's timing (see
@@ -127,6 +157,9 @@ pub struct DbSettings {
     pub pool_size: usize,
     /// TLS settings given apart from the URL, which win over it.
     pub tls: TlsOverrides,
+    /// Connection strings of read replicas of `url`'s database (the same
+    /// TLS overrides apply); reads go to them, writes never.
+    pub replica_urls: Vec<String>,
 }
 
 /// `sslmode` and `sslrootcert` given as flags (or their environment
@@ -146,6 +179,7 @@ impl Default for DbSettings {
             data_dir: PathBuf::from(defaults::DATA_DIR),
             pool_size: defaults::POOL_SIZE,
             tls: TlsOverrides::default(),
+            replica_urls: Vec::new(),
         }
     }
 }

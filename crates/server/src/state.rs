@@ -13,6 +13,7 @@ use crate::db::{self, Postgres};
 use crate::invalidation::{self, Caches};
 use crate::metrics::Metrics;
 use crate::reads::Reads;
+use crate::replicas::ReadRouter;
 use crate::settings::Settings;
 use crate::writes::Writes;
 
@@ -30,6 +31,9 @@ pub struct Pools {
     /// Imports, one connection each for its whole upload; statements time
     /// out with the import deadline.
     pub import: Pool,
+    /// Each read replica and its pool (the read pool's size and
+    /// deadline).
+    pub replicas: Vec<(Postgres, Pool)>,
 }
 
 /// Write connections beside the writer's batches: deletes and repository
@@ -59,7 +63,27 @@ impl Pools {
                 settings.import.concurrency,
                 settings.import.timeout,
             )?,
+            replicas: Vec::new(),
         })
+    }
+
+    /// These pools and one read pool of `read_size` connections to each
+    /// of `replicas`.
+    ///
+    /// # Errors
+    ///
+    /// When a pool setting is invalid.
+    pub fn with_replicas(
+        mut self,
+        replicas: &[Postgres],
+        read_size: usize,
+        settings: &Settings,
+    ) -> anyhow::Result<Self> {
+        for replica in replicas {
+            let pool = db::pool(replica, read_size, settings.read.timeout)?;
+            self.replicas.push((replica.clone(), pool));
+        }
+        Ok(self)
     }
 
     /// Closes every pool.
@@ -67,6 +91,9 @@ impl Pools {
         self.read.close();
         self.write.close();
         self.import.close();
+        for (_, pool) in &self.replicas {
+            pool.close();
+        }
     }
 }
 
@@ -93,6 +120,8 @@ pub struct Inner {
     /// Whether the caches may be used (off while the invalidation
     /// listener is down), and the listener's counts.
     pub coherence: Coherence,
+    /// Where reads go: the primary, or replicas that keep up.
+    pub router: ReadRouter,
     /// Stops the invalidation listener.
     stop: CancellationToken,
     /// Whether a listener was started.
@@ -126,10 +155,17 @@ impl AppState {
             read: pool,
             write,
             import,
+            replicas,
         } = pools;
         let coherence = Coherence::default();
-        let reads = Reads::new(pool.clone(), &settings.read, &coherence)?;
-        let auth = Authenticator::new(pool.clone(), &settings.auth, &coherence)?;
+        let router = ReadRouter::new(
+            pool.clone(),
+            replicas,
+            &settings.replicas,
+            coherence.clone(),
+        );
+        let reads = Reads::new(router.clone(), &settings.read, &coherence)?;
+        let auth = Authenticator::new(router.clone(), &settings.auth, &coherence)?;
         let writes = Writes::new(
             write,
             import,
@@ -143,6 +179,7 @@ impl AppState {
             auth.clone(),
             pool.clone(),
             coherence.clone(),
+            router.clone(),
         );
         Ok(Self(Arc::new(Inner {
             reads,
@@ -152,6 +189,7 @@ impl AppState {
             metrics: Arc::new(metrics),
             settings: settings.clone(),
             coherence,
+            router,
             stop: CancellationToken::new(),
             listening: std::sync::atomic::AtomicBool::new(false),
         })))
@@ -171,7 +209,13 @@ impl AppState {
         let caches = Caches {
             reads: self.reads.clone(),
             auth: self.auth.clone(),
+            router: self.router.clone(),
         };
+        tokio::spawn(
+            self.router
+                .clone()
+                .poll(self.settings.replicas, self.stop.clone()),
+        );
         tokio::spawn(invalidation::listen(
             target,
             caches,
@@ -192,8 +236,25 @@ impl AppState {
         pool_size: usize,
         settings: &Settings,
     ) -> anyhow::Result<Self> {
+        Self::connect_with_replicas(target, &[], pool_size, settings)
+    }
+
+    /// As [`connect`](Self::connect), reading from `replicas` too (each
+    /// with a read pool of `pool_size`) while they keep up.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect).
+    pub fn connect_with_replicas(
+        target: impl Into<Postgres>,
+        replicas: &[Postgres],
+        pool_size: usize,
+        settings: &Settings,
+    ) -> anyhow::Result<Self> {
         let target = target.into();
-        let state = Self::new(Pools::connect(&target, pool_size, settings)?, settings)?;
+        let pools = Pools::connect(&target, pool_size, settings)?
+            .with_replicas(replicas, pool_size, settings)?;
+        let state = Self::new(pools, settings)?;
         state.listen(target);
         Ok(state)
     }

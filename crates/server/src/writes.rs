@@ -4,15 +4,18 @@
 //! entries it touched, through the read registry, so a read after it sees
 //! the written value.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Body;
 use pgbatch::pg::copy::{self, ConflictPolicy, ImportCounts};
 use pgbatch::pg::{DbErrorKind, PgError, Pool, RowError, Writer, Written};
-use pgbatch::BuildError;
+use pgbatch::{loader_fn, Batcher, BuildError};
+use tokio_postgres::types::PgLsn;
 
 use crate::failure::{Failure, Work};
 use crate::import::NdjsonObjects;
+use crate::queries::database;
 use crate::queries::objects::{self, ObjectKey, ObjectRow, ObjectUpsert, OBJECT_TABLE};
 use crate::queries::repositories::{self, Repository};
 use crate::reads::Reads;
@@ -36,6 +39,9 @@ pub struct Writes {
     imports: Arc<Semaphore>,
     import: ImportSettings,
     reads: Reads,
+    /// The primary's WAL position after a write, for its response: one
+    /// statement for all the writes that ask at once.
+    positions: Batcher<(), PgLsn>,
 }
 
 impl Writes {
@@ -54,7 +60,24 @@ impl Writes {
         import: &ImportSettings,
     ) -> Result<Self, BuildError> {
         let builder = settings.batch.builder("object_write", settings.timeout);
+        let position_pool = pool.clone();
+        // Never joins a statement already running: one that started before
+        // a write committed could return a position before its commit.
+        let positions = Batcher::builder()
+            .name("commit_position")
+            .timeout(settings.timeout)
+            .build(loader_fn(move |_: Vec<()>| {
+                let pool = position_pool.clone();
+                async move {
+                    let client = pool.get().await.map_err(PgError::from)?;
+                    let lsn = database::wal_position(&**client)
+                        .await
+                        .map_err(PgError::from)?;
+                    Ok::<_, PgError>(HashMap::from([((), lsn)]))
+                }
+            }))?;
         Ok(Self {
+            positions,
             writer: Writer::new(pool.clone(), ObjectUpsert, builder)?,
             pool,
             import_pool,
@@ -62,6 +85,21 @@ impl Writes {
             import: *import,
             reads,
         })
+    }
+
+    /// The primary's WAL position now: at or past the commit of every
+    /// write already acknowledged, so a replica that has replayed it shows
+    /// them (read-your-writes, see [`crate::position`]).
+    ///
+    /// # Errors
+    ///
+    /// As the database fails, or past the write deadline.
+    pub async fn commit_position(&self) -> Result<PgLsn, Failure> {
+        self.positions
+            .load(())
+            .await
+            .map_err(|e| Failure::from_batcher(e, Work::Write))?
+            .ok_or_else(|| Failure::unavailable(anyhow::anyhow!("no WAL position returned")))
     }
 
     /// The writer's batcher statistics, for `/metrics`.
@@ -190,6 +228,6 @@ impl Writes {
 
     /// Stops the writer after committing what it holds.
     pub async fn shutdown(&self) {
-        self.writer.shutdown().await;
+        tokio::join!(self.writer.shutdown(), self.positions.shutdown());
     }
 }

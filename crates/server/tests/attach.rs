@@ -13,7 +13,7 @@ async fn admin_commands_attach_to_the_running_cluster_and_a_second_server_refuse
         url: None,
         data_dir: data_dir.clone(),
         pool_size: 2,
-        tls: Default::default(),
+        ..DbSettings::default()
     };
     let serving = Database::open(&settings).await.expect("the first start");
     assert!(serving.cluster.is_some());

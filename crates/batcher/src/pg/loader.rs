@@ -174,6 +174,16 @@ impl<Q: BatchQuery> PgLoader<Q> {
         }
     }
 
+    /// The same query on another pool (a read replica's, say), sharing
+    /// the query rather than copying it.
+    #[must_use]
+    pub fn with_pool(&self, pool: Pool) -> Self {
+        Self {
+            pool,
+            query: Arc::clone(&self.query),
+        }
+    }
+
     /// The pool the loader draws connections from.
     pub fn pool(&self) -> &Pool {
         &self.pool

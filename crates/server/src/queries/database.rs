@@ -2,6 +2,7 @@
 //! the readiness check, creating the embedded cluster's database, and
 //! taking an empty table for a bulk load.
 
+use tokio_postgres::types::PgLsn;
 use tokio_postgres::{Client, GenericClient, Transaction};
 
 /// One trivial round trip: the database answers.
@@ -79,4 +80,46 @@ pub async fn count_rows<C: GenericClient>(
         .await?
         .get(0);
     Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// The insert position, minus the page header it points past when the
+/// last record ended exactly at a page's end (40 bytes at a segment's
+/// start, 24 at a page's): Postgres reports the insert position as where
+/// the next record's bytes will go, which no replica ever reports as
+/// replayed, so without this an idle primary (just after a WAL segment
+/// switch, say) would show every replica behind forever. The header sizes
+/// are Postgres's on 64-bit machines.
+const WAL_POSITION: &str = "\
+WITH p(lsn) AS (SELECT pg_current_wal_insert_lsn()) \
+SELECT CASE \
+    WHEN (lsn - '0/0') % pg_size_bytes(current_setting('wal_segment_size')) = 40 THEN lsn - 40 \
+    WHEN (lsn - '0/0') % current_setting('wal_block_size')::int = 24 THEN lsn - 24 \
+    ELSE lsn END \
+FROM p";
+
+/// The primary's current WAL insert position: every transaction that has
+/// committed before this is read is at or before it, so a replica that has
+/// replayed up to it shows them all (read-your-writes positions, cache
+/// fill floors, lag samples).
+///
+/// # Errors
+///
+/// When the statement fails (on a replica, for one).
+pub async fn wal_position(client: &impl GenericClient) -> Result<PgLsn, tokio_postgres::Error> {
+    let row = client.query_one(WAL_POSITION, &[]).await?;
+    row.try_get(0)
+}
+
+/// Whether this server is a replica (in recovery), and the WAL position it
+/// has replayed up to (`None` before it replayed anything, or when it is
+/// not a replica).
+///
+/// # Errors
+///
+/// When the statement fails.
+pub async fn replay_state(client: &Client) -> Result<(bool, Option<PgLsn>), tokio_postgres::Error> {
+    let row = client
+        .query_one("SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()", &[])
+        .await?;
+    Ok((row.try_get(0)?, row.try_get(1)?))
 }

@@ -16,6 +16,7 @@ use crate::extract::{JsonBody, ObjectPath, ReadableRepository, WritableRepositor
 use crate::failure::Failure;
 use crate::input::{self, ObjectBody};
 use crate::lookup::Reservation;
+use crate::position::ReadPosition;
 use crate::queries::objects::{ObjectKey, ObjectStats, Stat};
 use crate::state::AppState;
 
@@ -40,6 +41,7 @@ fn in_repository(
     params(
         ("repo" = String, Path, description = "Repository name"),
         ("path" = String, Query, description = "The object's path (1 to 1,024 bytes, no NUL)"),
+        ("x-pgbatch-lsn" = Option<String>, Header, description = "A write's commit position (from its answer): read from a database that has replayed it, never from a cache"),
     ),
     responses(
         (status = 200, description = "The object's metadata", body = ObjectStats),
@@ -56,9 +58,14 @@ pub(crate) async fn stat(
     State(state): State<AppState>,
     ReadableRepository(repository): ReadableRepository,
     ObjectPath(path): ObjectPath,
+    ReadPosition(position): ReadPosition,
 ) -> Result<Json<Arc<ObjectStats>>, AppError> {
     let key = ObjectKey { repository, path };
-    let stat = state.reads.object_stat.get(key.clone()).await?;
+    let stat = state
+        .reads
+        .object_stat
+        .get_at(key.clone(), position)
+        .await?;
     let ObjectKey { repository, path } = key;
     match in_repository(stat, &repository)? {
         Some(stats) => Ok(Json(stats)),
@@ -110,7 +117,10 @@ impl FromRequestParts<AppState> for StatRoom {
     post,
     path = "/api/v1/repositories/{repo}/objects/stat",
     tag = "objects",
-    params(("repo" = String, Path, description = "Repository name")),
+    params(
+        ("repo" = String, Path, description = "Repository name"),
+        ("x-pgbatch-lsn" = Option<String>, Header, description = "A write's commit position: all paths read from a database that has replayed it"),
+    ),
     request_body = StatRequest,
     responses(
         (status = 200, description = "Each path's metadata, `null` where absent", body = StatResponse),
@@ -129,6 +139,7 @@ pub(crate) async fn stat_many(
     State(state): State<AppState>,
     ReadableRepository(repository): ReadableRepository,
     StatRoom(room): StatRoom,
+    ReadPosition(position): ReadPosition,
     JsonBody(request): JsonBody<StatRequest>,
 ) -> Result<Json<StatResponse>, AppError> {
     input::stat_paths(&request.paths, state.settings.limits.max_stat_paths)?;
@@ -143,7 +154,7 @@ pub(crate) async fn stat_many(
     let stats = state
         .reads
         .object_stat
-        .get_many_reserved(keys, room)
+        .get_many_reserved(keys, room, position)
         .await?;
     let results = request
         .paths
