@@ -607,6 +607,32 @@ mod tests {
     }
 
     #[test]
+    fn replica_flags_parse_and_default_to_the_settings_default() {
+        let cli = parse(&[]);
+        assert_eq!(
+            cli.serve.settings().replicas.max_lag,
+            defaults::MAX_REPLICA_LAG
+        );
+        assert!(cli.db.settings().replica_urls.is_empty());
+        let cli = parse(&[
+            "--replica-url",
+            "postgres://r1/x",
+            "--replica-url",
+            "postgres://r2/x",
+            "--max-replica-lag",
+            "250ms",
+        ]);
+        assert_eq!(cli.db.settings().replica_urls.len(), 2);
+        let replicas = cli.serve.settings().replicas;
+        assert_eq!(replicas.max_lag, Duration::from_millis(250));
+        assert_eq!(replicas.replica_budget, defaults::REQUEST_TIMEOUT / 2);
+        assert_eq!(parse_lag("2m"), Ok(Duration::from_secs(120)));
+        for bad in ["", "5", "0s", "5h", "ms", "-1s", "2h"] {
+            assert!(parse_lag(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn an_external_database_gets_demo_data_and_an_admin_only_when_asked() {
         let quiet = parse(&["--database-url", "postgres://db/x"]);
         assert_eq!(quiet.serve.seed_rows(false), (0, 0));

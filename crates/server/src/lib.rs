@@ -15,8 +15,10 @@
 //! routes/*       one handler module per resource
 //! deadline       every request's deadline, by kind (read, write, import)
 //! extract        extractors (caller, repository, object path, JSON) and the token middleware
+//! position       read-your-writes over HTTP: x-pgbatch-lsn on writes' answers, read back from reads
 //! error          AppError: a Failure or rejection as an HTTP response
-//! state          AppState and Pools (read, write, import), built from Settings; starts the listener
+//! state          AppState and Pools (read, write, import, replicas), built from Settings; starts
+//!                the listener and the replica poller
 //! invalidation   the LISTEN/NOTIFY listener applying other instances' changes to the caches
 //! testing        a seeded database for tests and benchmarks
 //! metrics        the registry, the scrape-time collector, the `track` middleware
@@ -26,6 +28,7 @@
 //! reads          the registry of lookups, one per query kind
 //! lookup         Lookup<Q>: get / get_many over naive, batched or cached
 //! auth           tokens, principals, grants, the authenticator, user admin
+//! replicas       ReadRouter: which database a read goes to (replicas that keep up, else the primary)
 //! coherence      whether the caches may be used (off while the listener is down)
 //! input          validation and strict query decoding
 //! seed, db       demo data; the database, migrations and pool
