@@ -162,6 +162,31 @@ impl RunAs {
         }
     }
 
+    /// Runs `cmd` (the program `name` at `path`) as this user to its end.
+    ///
+    /// # Errors
+    ///
+    /// When it cannot be started, or fails: with its output.
+    fn run(self, mut cmd: Command, name: &'static str, path: &Path) -> Result<(), Error> {
+        self.apply(&mut cmd);
+        let out = cmd.output().map_err(|source| Error::Io {
+            what: "could not run",
+            path: path.to_owned(),
+            source,
+        })?;
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(Error::Command {
+            program: name,
+            output: format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        })
+    }
+
     /// Makes `path` owned by the run-as user, mode 0700.
     fn own(self, path: &Path) -> Result<(), Error> {
         if let RunAs::Postgres { uid, gid } = self {
@@ -652,22 +677,7 @@ fn prepare_data_dir(bin_dir: &Path, run_as: RunAs, dir: &Path, durable: bool) ->
     if !durable {
         cmd.arg("--no-sync");
     }
-    run_as.apply(&mut cmd);
-    let out = cmd.output().map_err(|source| Error::Io {
-        what: "could not run",
-        path: bin_dir.join("initdb"),
-        source,
-    })?;
-    if !out.status.success() {
-        return Err(Error::Command {
-            program: "initdb",
-            output: format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        });
-    }
+    run_as.run(cmd, "initdb", &bin_dir.join("initdb"))?;
     tracing::info!(data_dir = %dir.display(), "initialized a new postgres cluster");
     Ok(())
 }
@@ -700,22 +710,7 @@ fn base_backup(
         // settings that make the copy a standby of the primary.
         .args(["-X", "stream", "-R", "--checkpoint=fast", "--no-sync"])
         .current_dir(dir);
-    run_as.apply(&mut cmd);
-    let out = cmd.output().map_err(|source| Error::Io {
-        what: "could not run",
-        path: program,
-        source,
-    })?;
-    if !out.status.success() {
-        return Err(Error::Command {
-            program: "pg_basebackup",
-            output: format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        });
-    }
+    run_as.run(cmd, "pg_basebackup", &program)?;
     tracing::info!(data_dir = %dir.display(), "copied a replica from its primary");
     Ok(())
 }

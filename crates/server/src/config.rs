@@ -32,22 +32,15 @@ fn parse_sslmode(name: &str) -> Result<SslMode, String> {
 ///
 /// A message naming the accepted form.
 pub fn parse_expiry(text: &str) -> Result<Duration, String> {
-    let bad = || format!("`{text}` is not a duration such as 30m, 12h or 90d (s, m, h or d)");
-    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number.parse().map_err(|_| bad())?;
-    let unit_secs = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3_600,
-        "d" => 86_400,
-        _ => return Err(bad()),
-    };
-    let secs = n
-        .checked_mul(unit_secs)
-        .filter(|s| (1..=100 * 365 * 86_400).contains(s))
-        .ok_or_else(|| format!("`{text}`: a token lifetime is 1 s to 100 years"))?;
-    Ok(Duration::from_secs(secs))
+    const UNITS: [(&str, u64); 4] = [
+        ("s", 1_000),
+        ("m", 60_000),
+        ("h", 3_600_000),
+        ("d", 86_400_000),
+    ];
+    let range = 1_000..=100 * 365 * 86_400_000;
+    parse_duration(text, &UNITS, "30m, 12h or 90d (s, m, h or d)", range)
+        .map_err(|e| e.unwrap_or_else(|| format!("`{text}`: a token lifetime is 1 s to 100 years")))
 }
 
 /// A replica lag bound: a whole number with `ms`, `s` or `m` (`500ms`,
@@ -57,21 +50,37 @@ pub fn parse_expiry(text: &str) -> Result<Duration, String> {
 ///
 /// A message naming the accepted form.
 pub fn parse_lag(text: &str) -> Result<Duration, String> {
-    let bad = || format!("`{text}` is not a duration such as 500ms, 5s or 2m (ms, s or m)");
+    const UNITS: [(&str, u64); 3] = [("ms", 1), ("s", 1_000), ("m", 60_000)];
+    parse_duration(text, &UNITS, "500ms, 5s or 2m (ms, s or m)", 1..=3_600_000).map_err(|e| {
+        e.unwrap_or_else(|| format!("`{text}`: a replica lag bound is 1 ms to 1 hour"))
+    })
+}
+
+/// A whole number followed by one of `units` (each with its length in
+/// milliseconds), within `range` milliseconds. Hand-written: the flags
+/// take a few units in one form, and a parser crate (humantime) would
+/// accept far more forms than the README documents.
+///
+/// # Errors
+///
+/// `Some(message)` naming the accepted `forms` when the text is not of
+/// that shape; `None` when it is but lies outside `range`.
+fn parse_duration(
+    text: &str,
+    units: &[(&str, u64)],
+    forms: &str,
+    range: std::ops::RangeInclusive<u64>,
+) -> Result<Duration, Option<String>> {
+    let bad = || Some(format!("`{text}` is not a duration such as {forms}"));
     let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
     let (number, unit) = text.split_at(split);
     let n: u64 = number.parse().map_err(|_| bad())?;
-    let unit_ms = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        _ => return Err(bad()),
-    };
-    let total = n
-        .checked_mul(unit_ms)
-        .filter(|ms| (1..=3_600_000).contains(ms))
-        .ok_or_else(|| format!("`{text}`: a replica lag bound is 1 ms to 1 hour"))?;
-    Ok(Duration::from_millis(total))
+    let (_, unit_ms) = units.iter().find(|(u, _)| *u == unit).ok_or_else(bad)?;
+    let ms = n
+        .checked_mul(*unit_ms)
+        .filter(|ms| range.contains(ms))
+        .ok_or(None)?;
+    Ok(Duration::from_millis(ms))
 }
 
 /// `d` in whole milliseconds, for a flag's default.

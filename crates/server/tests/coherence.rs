@@ -58,19 +58,6 @@ async fn address_of(app: &TestApp, path: &str) -> String {
     body["physical_address"].as_str().unwrap().to_owned()
 }
 
-fn put(path: &str, address: &str) -> Request<Body> {
-    let body = serde_json::json!({
-        "physical_address": address,
-        "size_bytes": 1,
-        "checksum": "c",
-    });
-    Request::put(format!("/api/v1/repositories/demo/objects?path={path}"))
-        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap()
-}
-
 async fn sql(app: &TestApp, statement: &str) -> u64 {
     client(&app.config)
         .await
@@ -86,7 +73,7 @@ async fn a_write_through_one_instance_is_read_through_the_others_cache() {
     let before = address_of(&a, &path).await; // now cached in a
     assert_eq!(address_of(&a, &path).await, before);
 
-    let (status, body) = send(&b.router, put(&path, "s3://moved/by-b")).await;
+    let (status, body) = send(&b.router, support::put_object(&path, "s3://moved/by-b")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let acked = Instant::now();
     let mut stale = 0;

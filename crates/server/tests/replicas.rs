@@ -114,22 +114,9 @@ fn fallbacks(app: &TestApp, why: Fallback) -> u64 {
         .map_or(0, |(_, n)| *n)
 }
 
-fn put(path: &str, address: &str) -> Request<Body> {
-    let body = serde_json::json!({
-        "physical_address": address,
-        "size_bytes": 1,
-        "checksum": "c",
-    });
-    Request::put(format!("/api/v1/repositories/demo/objects?path={path}"))
-        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap()
-}
-
 /// Writes `address` at `path` through `app`; returns the position header.
 async fn write(app: &TestApp, path: &str, address: &str) -> String {
-    let (status, headers, body) = send_full(&app.router, put(path, address)).await;
+    let (status, headers, body) = send_full(&app.router, support::put_object(path, address)).await;
     assert!(status.is_success(), "{status} {body}");
     headers
         .get(HEADER)
@@ -330,4 +317,43 @@ async fn caches_never_refill_from_a_replica_behind_an_invalidation() {
     .await;
     let (status, body) = send(&b.router, support::get_as(&uri, Some(&token))).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+
+    // b's listener killed: a change made meanwhile is never notified to
+    // b. After b reconnects it flushes, and its cache must not refill from
+    // the replica, which is still seconds behind that change.
+    let path = object_path(8);
+    assert!(address(&b, &path, None).await.is_some()); // cached in b
+    let admin = client(&d.primary.config(DB)).await;
+    let connects = b.state.coherence.connects();
+    let killed = admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = 'pgbatch-listener' AND datname = current_database()",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(killed, 2, "both instances' listeners");
+    until("b notices its listener is gone", || {
+        !b.state.coherence.caches_usable()
+    })
+    .await;
+    admin
+        .execute(
+            "UPDATE objects SET physical_address = 's3://while-deaf' \
+             WHERE path = $1",
+            &[&path],
+        )
+        .await
+        .unwrap();
+    until("b listens again", || {
+        b.state.coherence.caches_usable() && b.state.coherence.connects() > connects
+    })
+    .await;
+    for _ in 0..10 {
+        assert_eq!(
+            address(&b, &path, None).await.as_deref(),
+            Some("s3://while-deaf")
+        );
+    }
 }

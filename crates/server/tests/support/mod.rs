@@ -156,3 +156,17 @@ pub async fn objects_in(config: &tokio_postgres::Config, repo: &str) -> i64 {
 pub fn stat_uri(repo: &str, raw_path_query: &str) -> String {
     format!("/api/v1/repositories/{repo}/objects/stat?path={raw_path_query}")
 }
+
+/// The admin's `PUT` of an object at `path` in `demo` with `address`.
+pub fn put_object(path: &str, address: &str) -> Request<Body> {
+    let body = serde_json::json!({
+        "physical_address": address,
+        "size_bytes": 1,
+        "checksum": "c",
+    });
+    Request::put(format!("/api/v1/repositories/demo/objects?path={path}"))
+        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
