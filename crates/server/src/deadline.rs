@@ -56,12 +56,15 @@ impl Deadlines {
 }
 
 /// Runs the request under its route's deadline; past it, 504 `timeout`.
-pub async fn enforce(State(deadlines): State<Deadlines>, req: Request, next: Next) -> Response {
+/// Leaves the request's kind of [`Work`] in its extensions, for the layers
+/// inside that treat writes apart (see [`crate::position`]).
+pub async fn enforce(State(deadlines): State<Deadlines>, mut req: Request, next: Next) -> Response {
     let route = req
         .extensions()
         .get::<MatchedPath>()
         .map_or("", MatchedPath::as_str);
     let (limit, work) = deadlines.for_route(req.method(), route);
+    req.extensions_mut().insert(work);
     match tokio::time::timeout(limit, next.run(req)).await {
         Ok(response) => response,
         Err(_) => AppError::from(Failure::Timeout(work)).into_response(),

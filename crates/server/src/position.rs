@@ -5,13 +5,13 @@
 
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, Method};
+use axum::http::{HeaderMap, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
 use tokio_postgres::types::PgLsn;
 
 use crate::error::AppError;
-use crate::failure::Failure;
+use crate::failure::{Failure, Work};
 use crate::replicas::parse_position;
 use crate::state::AppState;
 
@@ -51,15 +51,16 @@ impl<S: Send + Sync> FromRequestParts<S> for ReadPosition {
     }
 }
 
-/// Middleware for `/api`: adds [`HEADER`] to the successful answer of
-/// every request that may have written (any method but `GET`, `HEAD`,
-/// `OPTIONS`). A write whose position cannot be read is still answered,
+/// Middleware for `/api`, inside [`crate::deadline::enforce`]: adds
+/// [`HEADER`] to the successful answer of every write (the request kind
+/// `enforce` left in the extensions: not a `GET`, nor a batch stat, which
+/// is a `POST` that reads). A write whose position cannot be read is still answered,
 /// without the header: it is committed, and the client can read from the
 /// primary's side of the consistency model (see the README) without it.
 pub async fn stamp_writes(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let reads_only = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    let wrote = req.extensions().get::<Work>() == Some(&Work::Write);
     let mut response = next.run(req).await;
-    if reads_only || !response.status().is_success() {
+    if !wrote || !response.status().is_success() {
         return response;
     }
     match state.writes.commit_position().await {

@@ -486,7 +486,7 @@ impl ReadRouter {
 
 /// A [`BatchQuery`] run on the database [`ReadRouter`] chooses: one
 /// [`PgLoader`] per pool, sharing the query. A [`Loader`] for the reads
-/// that need [`needs`](Self::needs).
+/// that need what it was built or [`needing`](Self::needing) for.
 pub struct RoutedLoader<Q> {
     router: ReadRouter,
     loaders: Arc<[PgLoader<Q>]>,

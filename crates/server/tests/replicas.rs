@@ -233,8 +233,9 @@ async fn a_lagging_replica_never_answers_a_read_that_presents_a_newer_position()
             serde_json::json!({ "paths": [path, path] }).to_string(),
         ))
         .unwrap();
-    let (status, body) = send(&b.router, req).await;
+    let (status, headers, body) = send_full(&b.router, req).await;
     assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(headers.get(HEADER).is_none(), "a batch stat is a read");
     for result in body["results"].as_array().unwrap() {
         assert_eq!(result["object"]["physical_address"], "s3://new", "{body}");
     }
