@@ -358,3 +358,35 @@ async fn caches_never_refill_from_a_replica_behind_an_invalidation() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_frozen_replica_costs_reads_time_but_fails_none() {
+    let d = deployment("0").await;
+    let a = d
+        .instance(&settings(ReadPath::Batched, Duration::from_secs(5)))
+        .await;
+    for i in 1..=10 {
+        assert!(address(&a, &object_path(i), None).await.is_some());
+    }
+    assert!(replica_reads(&a) >= 1);
+    // SIGSTOP: the replica's connections stay open and nothing answers.
+    let frozen = d.replica.freeze().unwrap();
+    for i in 11..=30 {
+        assert!(address(&a, &object_path(i), None).await.is_some());
+    }
+    assert!(
+        fallbacks(&a, Fallback::ReplicaFailed) >= 1,
+        "a read timed out on it and ran again"
+    );
+    assert!(!a.state.router.replicas()[0].usable);
+    drop(frozen);
+    until("the thawed replica is usable again", || {
+        a.state.router.replicas()[0].usable
+    })
+    .await;
+    let before = replica_reads(&a);
+    for i in 31..=40 {
+        assert!(address(&a, &object_path(i), None).await.is_some());
+    }
+    assert!(replica_reads(&a) > before, "the replica is read again");
+}
