@@ -5,5 +5,11 @@
 # when set), then runs the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/ensure-postgres.sh
+# PGBATCH_PG_VERSION=18 uses PostgreSQL 18 (see ensure-postgres.sh).
+if [[ "${PGBATCH_PG_VERSION:-15}" == 15 ]]; then
+    ./scripts/ensure-postgres.sh
+else
+    PG_BIN_DIR="$(./scripts/ensure-postgres.sh)"
+    export PG_BIN_DIR
+fi
 cargo test --workspace --all-features "$@"

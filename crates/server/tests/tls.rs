@@ -59,9 +59,19 @@ async fn encrypted(client: &tokio_postgres::Client) -> bool {
 async fn each_sslmode_connects_or_refuses_as_libpq_would() {
     let (ca_pem, issuer) = ca("pgbatch test CA");
     let (cert, key) = server_cert(&issuer);
-    let cluster = embedded_pg::testing::private_cluster_with(|o| o.listen_tcp(true).tls(cert, key))
-        .await
-        .expect("a private cluster with TLS");
+    let cluster =
+        match embedded_pg::testing::private_cluster_with(|o| o.listen_tcp(true).tls(cert, key))
+            .await
+        {
+            Ok(cluster) => cluster,
+            // PyPI's PostgreSQL 18 build (PGBATCH_PG_VERSION=18) has no
+            // OpenSSL; CI runs this test on Debian's 15, which has.
+            Err(e) if e.to_string().contains("SSL is not supported by this build") => {
+                eprintln!("not run: this PostgreSQL was built without SSL ({e})");
+                return;
+            }
+            Err(e) => panic!("a private cluster with TLS: {e}"),
+        };
     let dir = tempfile::tempdir().unwrap();
     let ca_file = dir.path().join("ca.pem");
     std::fs::write(&ca_file, &ca_pem).unwrap();
