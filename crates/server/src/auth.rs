@@ -193,7 +193,7 @@ impl Authenticator {
     ) -> Result<Option<Arc<Principal>>, Failure> {
         let digest = digest(token);
         let needs = match (position, &self.cache) {
-            (Some(lsn), _) => Needs::Position(lsn),
+            (Some(lsn), _) => Needs::CacheFillAt(lsn),
             (None, Some(cache)) if self.coherence.caches_usable() => {
                 return Ok(cache.get(digest).await?);
             }
@@ -245,18 +245,20 @@ impl Authenticator {
 
     /// Drops every cached principal (after a user or policy change).
     pub fn forget_all(&self) {
+        // Also without a cache: uncached lookups follow the fill rule.
+        self.router.begin_invalidation();
         if let Some(cache) = &self.cache {
-            self.router.begin_invalidation();
             cache.invalidate_all();
         }
     }
 
     /// Drops the cached principals of tokens with these digests.
     pub async fn forget(&self, digests: &[Vec<u8>]) {
+        // Also without a cache: uncached lookups follow the fill rule.
+        self.router.begin_invalidation();
         let Some(cache) = &self.cache else {
             return;
         };
-        self.router.begin_invalidation();
         for digest in digests {
             if let Ok(digest) = TokenDigest::try_from(digest.as_slice()) {
                 cache.invalidate(&digest).await;

@@ -9,6 +9,7 @@
 use pgbatch::cache::CacheStats;
 use pgbatch::pg::PgError;
 use pgbatch::{BuildError, StatsSnapshot};
+use tokio_postgres::types::PgLsn;
 
 use crate::coherence::Coherence;
 use crate::failure::Failure;
@@ -101,17 +102,22 @@ impl Reads {
         tokio::join!(self.kv.shutdown(), self.object_stat.shutdown());
     }
 
-    /// All repositories, by name.
+    /// All repositories, by name; with a `position`, from a database that
+    /// has replayed it.
     ///
     /// # Errors
     ///
     /// [`Failure::Overloaded`] when no connection is free in time, else as
     /// the database fails.
-    pub async fn list_repositories(&self) -> Result<Vec<Repository>, Failure> {
+    pub async fn list_repositories(
+        &self,
+        position: Option<PgLsn>,
+    ) -> Result<Vec<Repository>, Failure> {
         let pools = self.router.pools();
+        let needs = position.map_or(Needs::Any, Needs::Position);
         let listed = self
             .router
-            .read(Needs::Any, |i| async move {
+            .read(needs, |i| async move {
                 let client = pools[i].get().await?;
                 Ok::<_, PgError>(repositories::list(&**client).await?)
             })

@@ -15,7 +15,10 @@
 //! - [`Needs::Any`] (reads without a position): any usable replica.
 //! - [`Needs::Position`] (a client presented a write's position,
 //!   read-your-writes): only a replica whose polled replay position has
-//!   reached it; replay only moves forward, so that answer cannot go stale.
+//!   reached it. The polled position is the last answer, not the highest
+//!   ever seen: a replica that restarted after a crash may resume at an
+//!   earlier one (between a restart and the next poll, 100 ms, a read may
+//!   still rely on the older answer).
 //! - [`Needs::CacheFill`] (a cache's miss): a cached value must not be older
 //!   than an invalidation this instance has applied, or it would stay in
 //!   the cache until its TTL. So after each invalidation the listener reads
@@ -62,6 +65,11 @@ pub enum Needs {
     /// Every change committed up to this WAL position (a client's
     /// read-your-writes position).
     Position(PgLsn),
+    /// Both: what [`CacheFill`](Self::CacheFill) needs and this position.
+    /// For credentials read at a client's position: an old (or forged)
+    /// position must not let a replica answer that has not replayed a
+    /// revocation this instance has applied.
+    CacheFillAt(PgLsn),
 }
 
 /// Why a read went to the primary although replicas are configured.
@@ -265,6 +273,7 @@ impl ReadRouter {
             Err(_) => self.replica_failed(replica, "slower than its read budget"),
         }
         self.count_fallback(Fallback::ReplicaFailed);
+        self.0.primary_reads.fetch_add(1, Ordering::Relaxed);
         attempt(0).await
     }
 
@@ -287,7 +296,7 @@ impl ReadRouter {
         let floor = match needs {
             Needs::Any => 0,
             Needs::Position(lsn) => u64::from(lsn),
-            Needs::CacheFill => {
+            Needs::CacheFill | Needs::CacheFillAt(_) => {
                 let settled = inner.settled.load(Ordering::Acquire);
                 if !inner.coherence.caches_usable()
                     || settled < inner.invalidations.load(Ordering::Acquire)
@@ -295,7 +304,11 @@ impl ReadRouter {
                     self.count_fallback(Fallback::CacheFill);
                     return None;
                 }
-                inner.fill_floor.load(Ordering::Acquire)
+                let floor = inner.fill_floor.load(Ordering::Acquire);
+                match needs {
+                    Needs::CacheFillAt(lsn) => floor.max(u64::from(lsn)),
+                    _ => floor,
+                }
             }
         };
         // Round robin from a moving start, over the usable replicas that
@@ -315,14 +328,15 @@ impl ReadRouter {
         }
         self.count_fallback(match (any_usable, needs) {
             (false, _) => Fallback::NoneUsable,
-            (true, Needs::CacheFill) => Fallback::CacheFill,
+            (true, Needs::CacheFill | Needs::CacheFillAt(_)) => Fallback::CacheFill,
             (true, _) => Fallback::PositionNotReplayed,
         });
         None
     }
 
+    /// Counts why a read goes to the primary (which [`read`](Self::read)
+    /// counts as a primary read).
     fn count_fallback(&self, why: Fallback) {
-        self.0.primary_reads.fetch_add(1, Ordering::Relaxed);
         let slot = Fallback::ALL.iter().position(|f| *f == why).unwrap_or(0);
         self.0.fallbacks[slot].fetch_add(1, Ordering::Relaxed);
     }
@@ -443,7 +457,15 @@ impl ReadRouter {
         let verdict = match result {
             Ok((true, Some(replay))) => {
                 let replay = u64::from(replay);
-                replica.replay.fetch_max(replay, Ordering::AcqRel);
+                // Stored, not maxed: a replica restarted after a crash
+                // may come back readable at an earlier position, or the
+                // address may now lead to another server; a position
+                // read from it must not be trusted beyond what it says.
+                let before = replica.replay.swap(replay, Ordering::AcqRel);
+                if replay < before {
+                    tracing::warn!(replica = %replica.name, was = %PgLsn::from(before),
+                        now = %PgLsn::from(replay), "a replica's replay position went back");
+                }
                 let lag = samples.lag(replay, now);
                 replica
                     .lag_us

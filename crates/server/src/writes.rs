@@ -22,6 +22,10 @@ use crate::reads::Reads;
 use crate::settings::{ImportSettings, WriteSettings};
 use tokio::sync::Semaphore;
 
+/// Longest wait for a write's commit position; past it the answer goes
+/// without one.
+const POSITION_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// A write's database or pool error, classified.
 fn failed(e: impl Into<PgError>) -> Failure {
     Failure::from_pg(e.into(), Work::Write)
@@ -95,9 +99,11 @@ impl Writes {
     ///
     /// As the database fails, or past the write deadline.
     pub async fn commit_position(&self) -> Result<PgLsn, Failure> {
-        self.positions
-            .load(())
+        // Bounded well inside the write deadline: the write is committed
+        // already, and a slow position read must not turn it into a 504.
+        tokio::time::timeout(POSITION_TIMEOUT, self.positions.load(()))
             .await
+            .map_err(|_| Failure::Timeout(Work::Write))?
             .map_err(|e| Failure::from_batcher(e, Work::Write))?
             .ok_or_else(|| Failure::unavailable(anyhow::anyhow!("no WAL position returned")))
     }

@@ -10,6 +10,7 @@ use crate::auth::Action;
 use crate::error::AppError;
 use crate::extract::{Caller, JsonBody, WritableRepository};
 use crate::input;
+use crate::position::ReadPosition;
 use crate::queries::repositories::Repository;
 use crate::state::AppState;
 
@@ -75,10 +76,11 @@ pub(crate) struct RepositoryList {
 pub(crate) async fn list(
     State(state): State<AppState>,
     Caller(caller): Caller,
+    ReadPosition(position): ReadPosition,
 ) -> Result<Json<RepositoryList>, AppError> {
     let repos: Vec<Repository> = state
         .reads
-        .list_repositories()
+        .list_repositories(position)
         .await?
         .into_iter()
         .filter(|r| caller.may(Action::Read, &r.name))
