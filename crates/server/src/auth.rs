@@ -288,10 +288,16 @@ async fn find_principal(
     digest: &TokenDigest,
 ) -> Result<Option<Principal>, PgError> {
     let pools = router.pools();
+    // The pool that answered last (0: the primary), so a miss the primary
+    // itself gave is not asked again.
+    let answered = std::sync::atomic::AtomicUsize::new(0);
     let found = router
-        .read(needs, |i| load_principal(&pools[i], digest))
+        .read(needs, |i| {
+            answered.store(i, std::sync::atomic::Ordering::Relaxed);
+            load_principal(&pools[i], digest)
+        })
         .await?;
-    if found.is_none() && router.has_replicas() {
+    if found.is_none() && answered.load(std::sync::atomic::Ordering::Relaxed) != 0 {
         return load_principal(router.primary(), digest).await;
     }
     Ok(found)

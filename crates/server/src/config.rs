@@ -569,9 +569,6 @@ impl ServeArgs {
             invalidation: InvalidationSettings::default(),
             replicas: ReplicaSettings {
                 max_lag: self.max_replica_lag,
-                // Half the read deadline for the replica, half for the
-                // primary if the replica fails.
-                replica_budget: Duration::from_millis(self.request_timeout_ms) / 2,
                 ..ReplicaSettings::default()
             },
         }
@@ -634,7 +631,6 @@ mod tests {
         assert_eq!(cli.db.settings().replica_urls.len(), 2);
         let replicas = cli.serve.settings().replicas;
         assert_eq!(replicas.max_lag, Duration::from_millis(250));
-        assert_eq!(replicas.replica_budget, defaults::REQUEST_TIMEOUT / 2);
         assert_eq!(parse_lag("2m"), Ok(Duration::from_secs(120)));
         for bad in ["", "5", "0s", "5h", "ms", "-1s", "2h"] {
             assert!(parse_lag(bad).is_err(), "{bad}");

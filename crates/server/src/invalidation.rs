@@ -246,7 +246,8 @@ async fn session(
                     coherence.count_unreadable();
                     tracing::warn!(payload = n.payload(), "unreadable invalidation; flushing every cache");
                 }
-                caches.router.begin_invalidation();
+                // Each cache marks the router unsettled before it drops
+                // anything (`Lookup::invalidate`, `Authenticator::forget`).
                 caches.apply(invalidation).await;
                 coherence.count_received();
             }

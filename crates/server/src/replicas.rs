@@ -87,7 +87,7 @@ pub enum Fallback {
 }
 
 impl Fallback {
-    /// Every reason, in the order of [`label`](Self::label)'s metric labels.
+    /// Every reason, in declaration order (`reason as usize` indexes it).
     pub const ALL: [Self; 4] = [
         Self::NoneUsable,
         Self::PositionNotReplayed,
@@ -169,6 +169,7 @@ impl From<Pool> for ReadRouter {
             primary,
             Vec::new(),
             &ReplicaSettings::default(),
+            crate::settings::defaults::REQUEST_TIMEOUT,
             Coherence::default(),
         )
     }
@@ -182,12 +183,15 @@ impl From<&Pool> for ReadRouter {
 
 impl ReadRouter {
     /// Reads over `primary` and the `replicas` (each a target and its
-    /// pool). Replicas are unusable until [`poll`](Self::poll) has seen
-    /// them; cache fills follow `coherence`.
+    /// pool), under a `read_deadline`: half of it for a replica, so a
+    /// failed replica leaves the other half to the primary. Replicas are
+    /// unusable until [`poll`](Self::poll) has seen them; cache fills
+    /// follow `coherence`.
     pub fn new(
         primary: Pool,
         replicas: Vec<(Postgres, Pool)>,
         settings: &ReplicaSettings,
+        read_deadline: Duration,
         coherence: Coherence,
     ) -> Self {
         let mut pools = vec![primary];
@@ -210,7 +214,7 @@ impl ReadRouter {
             pools,
             replicas,
             max_lag: settings.max_lag,
-            replica_budget: settings.replica_budget,
+            replica_budget: read_deadline / 2,
             next: AtomicUsize::new(0),
             coherence,
             invalidations: AtomicU64::new(0),
@@ -337,8 +341,7 @@ impl ReadRouter {
     /// Counts why a read goes to the primary (which [`read`](Self::read)
     /// counts as a primary read).
     fn count_fallback(&self, why: Fallback) {
-        let slot = Fallback::ALL.iter().position(|f| *f == why).unwrap_or(0);
-        self.0.fallbacks[slot].fetch_add(1, Ordering::Relaxed);
+        self.0.fallbacks[why as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// A cache entry is about to be dropped (a local write, or a
@@ -385,10 +388,7 @@ impl ReadRouter {
     /// Reads that went to the primary although replicas are configured,
     /// by reason.
     pub fn fallbacks(&self) -> [(Fallback, u64); 4] {
-        Fallback::ALL.map(|f| {
-            let slot = Fallback::ALL.iter().position(|g| *g == f).unwrap_or(0);
-            (f, self.0.fallbacks[slot].load(Ordering::Relaxed))
-        })
+        Fallback::ALL.map(|f| (f, self.0.fallbacks[f as usize].load(Ordering::Relaxed)))
     }
 
     /// Each replica's state.

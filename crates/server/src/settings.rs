@@ -94,9 +94,6 @@ pub struct ReplicaSettings {
     pub poll_every: Duration,
     /// How long a poll may take before the replica counts as down.
     pub poll_timeout: Duration,
-    /// How long a read may take on a replica before it is run again on
-    /// the primary; within the read deadline, so both fit.
-    pub replica_budget: Duration,
 }
 
 impl Default for ReplicaSettings {
@@ -105,7 +102,6 @@ impl Default for ReplicaSettings {
             max_lag: defaults::MAX_REPLICA_LAG,
             poll_every: Duration::from_millis(100),
             poll_timeout: Duration::from_secs(1),
-            replica_budget: defaults::REQUEST_TIMEOUT / 2,
         }
     }
 }

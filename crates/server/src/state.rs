@@ -162,6 +162,7 @@ impl AppState {
             pool.clone(),
             replicas,
             &settings.replicas,
+            settings.read.timeout,
             coherence.clone(),
         );
         let reads = Reads::new(router.clone(), &settings.read, &coherence)?;

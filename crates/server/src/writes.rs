@@ -69,7 +69,10 @@ impl Writes {
         // a write committed could return a position before its commit.
         let positions = Batcher::builder()
             .name("commit_position")
-            .timeout(settings.timeout)
+            // Bounded well inside the write deadline: the write is
+            // committed already, and a slow position read must not turn it
+            // into a 504.
+            .timeout(POSITION_TIMEOUT)
             .build(loader_fn(move |_: Vec<()>| {
                 let pool = position_pool.clone();
                 async move {
@@ -99,11 +102,9 @@ impl Writes {
     ///
     /// As the database fails, or past the write deadline.
     pub async fn commit_position(&self) -> Result<PgLsn, Failure> {
-        // Bounded well inside the write deadline: the write is committed
-        // already, and a slow position read must not turn it into a 504.
-        tokio::time::timeout(POSITION_TIMEOUT, self.positions.load(()))
+        self.positions
+            .load(())
             .await
-            .map_err(|_| Failure::Timeout(Work::Write))?
             .map_err(|e| Failure::from_batcher(e, Work::Write))?
             .ok_or_else(|| Failure::unavailable(anyhow::anyhow!("no WAL position returned")))
     }

@@ -120,14 +120,7 @@ async fn until_status(app: &TestApp, uri: &str, token: &str, want: StatusCode) -
 #[tokio::test]
 async fn a_token_revoked_on_one_instance_is_refused_by_the_other() {
     let (a, b) = two_instances().await;
-    let mut c = client(&a.config).await;
-    server::auth::create_user(&mut c, "carol", &["demo".to_owned()], &[])
-        .await
-        .unwrap();
-    let token = server::auth::new_token().unwrap();
-    server::auth::add_token(&c, "carol", &token, "laptop")
-        .await
-        .unwrap();
+    let token = support::user_with_token(&a.config, "carol").await;
     let uri = stat_uri("demo", &object_path(1));
     for app in [&a, &b] {
         until_status(app, &uri, &token, StatusCode::OK).await; // cached in both

@@ -101,6 +101,20 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Waits until `app` may use the replica again, then reads objects `keys`
+/// and checks that the replica answered some.
+async fn assert_replica_read_again(app: &TestApp, keys: std::ops::RangeInclusive<u64>) {
+    until("the replica is usable again", || {
+        app.state.router.replicas()[0].usable
+    })
+    .await;
+    let before = replica_reads(app);
+    for i in keys {
+        assert!(address(app, &object_path(i), None).await.is_some());
+    }
+    assert!(replica_reads(app) > before, "the replica is read again");
+}
+
 fn replica_reads(app: &TestApp) -> u64 {
     app.state.router.replicas()[0].reads
 }
@@ -191,15 +205,7 @@ async fn reads_go_to_the_replica_and_a_stopped_replica_fails_no_request() {
 
     // Started again, the replica is used again.
     d.replica = Cluster::start(d.replica_options.clone()).await.unwrap();
-    until("the replica is usable again", || {
-        a.state.router.replicas()[0].usable
-    })
-    .await;
-    let before = replica_reads(&a);
-    for i in 1..=20 {
-        assert!(address(&a, &object_path(i), None).await.is_some());
-    }
-    assert!(replica_reads(&a) > before, "the replica is read again");
+    assert_replica_read_again(&a, 1..=20).await;
 }
 
 #[tokio::test]
@@ -345,15 +351,7 @@ async fn a_frozen_replica_costs_reads_time_but_fails_none() {
     );
     assert!(!a.state.router.replicas()[0].usable);
     drop(frozen);
-    until("the thawed replica is usable again", || {
-        a.state.router.replicas()[0].usable
-    })
-    .await;
-    let before = replica_reads(&a);
-    for i in 31..=40 {
-        assert!(address(&a, &object_path(i), None).await.is_some());
-    }
-    assert!(replica_reads(&a) > before, "the replica is read again");
+    assert_replica_read_again(&a, 31..=40).await;
 }
 
 #[tokio::test]
@@ -364,14 +362,7 @@ async fn a_revoked_token_is_refused_though_the_replica_still_has_it() {
     let cached = settings(ReadPath::Cached, Duration::from_secs(60));
     let a = d.instance(&cached).await;
     let b = d.instance(&cached).await;
-    let mut c = client(&d.primary.config(DB)).await;
-    server::auth::create_user(&mut c, "dave", &["demo".to_owned()], &[])
-        .await
-        .unwrap();
-    let token = server::auth::new_token().unwrap();
-    server::auth::add_token(&c, "dave", &token, "laptop")
-        .await
-        .unwrap();
+    let token = support::user_with_token(&d.primary.config(DB), "dave").await;
     let uri = stat_uri("demo", &object_path(1));
     // Not on the replica yet: found on the primary after the replica
     // does not know it.

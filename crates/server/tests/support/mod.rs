@@ -170,3 +170,17 @@ pub fn put_object(path: &str, address: &str) -> Request<Body> {
         .body(Body::from(body.to_string()))
         .unwrap()
 }
+
+/// A new user `name` who may read repository `demo`, and a new
+/// token of theirs (description `laptop`), created in `config`'s database.
+pub async fn user_with_token(config: &tokio_postgres::Config, name: &str) -> String {
+    let mut c = client(config).await;
+    server::auth::create_user(&mut c, name, &["demo".to_owned()], &[])
+        .await
+        .unwrap();
+    let token = server::auth::new_token().unwrap();
+    server::auth::add_token(&c, name, &token, "laptop")
+        .await
+        .unwrap();
+    token
+}
