@@ -3,6 +3,10 @@
 //!
 //! `cargo bench -p benches --bench batcher_latency` (add `-- --test` for a
 //! seconds-long smoke run). Criterion reports means; this reports the tail.
+//!
+//! To profile one case, `-- --callers 300 --only eager` runs just that one,
+//! without its direct baseline (the ratio column then shows `-`);
+//! `--millis N` sets each case's length (default 3000).
 
 use std::time::Duration;
 
@@ -16,8 +20,24 @@ fn us(d: Duration) -> String {
 }
 
 fn main() {
-    let smoke = std::env::args().any(|a| a == "--test");
-    let duration = Duration::from_millis(if smoke { 100 } else { 3_000 });
+    let args: Vec<String> = std::env::args().collect();
+    let smoke = args.iter().any(|a| a == "--test");
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let millis = value("--millis").map(|v| v.parse().expect("--millis takes a number"));
+    let duration = Duration::from_millis(millis.unwrap_or(if smoke { 100 } else { 3_000 }));
+    let callers_list: Vec<usize> = match value("--callers") {
+        Some(v) => vec![v.parse().expect("--callers takes a number")],
+        None => vec![1, 16, 300],
+    };
+    // A substring of the path names: "direct", "eager", "fixed".
+    let only = value("--only");
+    let wanted = |name: &str| only.as_deref().is_none_or(|o| name.contains(o));
+
     let rt = benches::runtime();
     let loader = MemLoader::new(ROWS);
 
@@ -25,21 +45,28 @@ fn main() {
         "| callers | path | keys/s | × direct | p50 µs | p99 µs | p99.9 µs | max µs | mean batch |"
     );
     println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
-    for callers in [1usize, 16, 300] {
-        let direct = rt.block_on({
-            let l = loader.clone();
-            closed_loop(callers, duration, ROWS, move |k| {
-                let l = l.clone();
-                async move {
-                    std::hint::black_box(l.load(vec![k]).await.ok());
-                }
+    for callers in callers_list {
+        let direct = wanted("direct").then(|| {
+            rt.block_on({
+                let l = loader.clone();
+                closed_loop(callers, duration, ROWS, move |k| {
+                    let l = l.clone();
+                    async move {
+                        std::hint::black_box(l.load(vec![k]).await.ok());
+                    }
+                })
             })
         });
-        row(callers, "direct", &direct, &direct, None);
+        if let Some(direct) = &direct {
+            row(callers, "direct", direct, Some(direct), None);
+        }
         for (name, policy) in [
             ("batcher eager", FlushPolicy::Eager),
             ("batcher fixed 0.5 ms", FlushPolicy::FixedDelay),
         ] {
+            if !wanted(name) {
+                continue;
+            }
             let b: Batcher<u64, u64> = {
                 let _guard = rt.enter();
                 Batcher::builder()
@@ -58,17 +85,26 @@ fn main() {
             });
             let stats = b.stats();
             assert_eq!(stats.failed_keys + stats.timed_out + stats.overloaded, 0);
-            row(callers, name, &report, &direct, stats.batch_size.mean());
+            row(
+                callers,
+                name,
+                &report,
+                direct.as_ref(),
+                stats.batch_size.mean(),
+            );
             rt.block_on(b.shutdown());
         }
     }
 }
 
-fn row(callers: usize, name: &str, r: &RunReport, base: &RunReport, batch: Option<f64>) {
+fn row(callers: usize, name: &str, r: &RunReport, base: Option<&RunReport>, batch: Option<f64>) {
     println!(
-        "| {callers} | {name} | {:.0} | {:.2} | {} | {} | {} | {} | {} |",
+        "| {callers} | {name} | {:.0} | {} | {} | {} | {} | {} | {} |",
         r.per_sec(),
-        r.per_sec() / base.per_sec(),
+        base.map_or("-".to_owned(), |b| format!(
+            "{:.2}",
+            r.per_sec() / b.per_sec()
+        )),
         us(r.quantile(0.5)),
         us(r.quantile(0.99)),
         us(r.quantile(0.999)),

@@ -68,10 +68,10 @@ impl Loader<u64, u64> for MemLoader {
     type Error = Infallible;
 
     async fn load(&self, keys: Vec<u64>) -> Result<HashMap<u64, u64>, Infallible> {
-        Ok(keys
-            .into_iter()
-            .filter_map(|k| self.get(k).map(|v| (k, v)))
-            .collect())
+        // Sized up front, as a real loader would for its rows.
+        let mut rows = HashMap::with_capacity(keys.len());
+        rows.extend(keys.into_iter().filter_map(|k| self.get(k).map(|v| (k, v))));
+        Ok(rows)
     }
 }
 

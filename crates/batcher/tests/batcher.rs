@@ -329,18 +329,90 @@ async fn a_request_deadline_times_out_and_leaves_nothing_behind() {
     assert!(matches!(h2.await.unwrap(), Err(Error::Timeout(_))));
     assert_eq!(start.elapsed(), Duration::from_millis(100));
 
-    // When the hung load finishes, the abandoned key 2 is not loaded, and
-    // the worker holds nothing.
+    // The worker timed key 2 out where it waited, so when the hung load
+    // finishes, key 2 is not loaded, and the worker holds nothing.
     loader.open(10);
     settle().await;
     assert_eq!(loader.calls(), vec![vec![1]]);
     let stats = b.stats();
     assert_eq!(stats.timed_out, 2);
-    assert_eq!(stats.abandoned, 1);
+    assert_eq!(stats.abandoned, 0, "a timeout is not counted twice");
     assert_eq!((stats.pending_keys, stats.in_flight_batches), (0, 0));
 
     // And it still serves.
     assert_eq!(b.load(3).await.unwrap(), Some(value_of(3)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn callers_beyond_a_full_batch_time_out_while_every_slot_hangs() {
+    // The worker times callers out itself (they hold no timers), so it must
+    // see the requests it cannot batch yet too.
+    let loader = TestLoader::gated();
+    let b = builder()
+        .max_batch_size(2)
+        .max_concurrent_batches(1)
+        .timeout(Duration::from_millis(100))
+        .build(loader.clone())
+        .unwrap();
+
+    let running = spawn_load(&b, 1);
+    settle().await;
+    let waiting: Vec<_> = (2..=6).map(|k| spawn_load(&b, k)).collect();
+    let start = Instant::now();
+    assert!(matches!(running.await.unwrap(), Err(Error::Timeout(_))));
+    for h in waiting {
+        assert!(matches!(h.await.unwrap(), Err(Error::Timeout(_))));
+    }
+    assert_eq!(start.elapsed(), Duration::from_millis(100));
+    let stats = b.stats();
+    assert_eq!((stats.timed_out, stats.pending_keys), (6, 0));
+
+    loader.open(10);
+    settle().await;
+    assert_eq!(
+        loader.calls(),
+        vec![vec![1]],
+        "timed-out keys are not loaded"
+    );
+    assert_eq!(b.load(7).await.unwrap(), Some(value_of(7)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_worker_sheds_requests_past_the_waiters_it_may_hold() {
+    // One running, one batch forming, one channel's worth: three held.
+    let loader = TestLoader::gated();
+    let b = builder()
+        .max_batch_size(1)
+        .max_concurrent_batches(1)
+        .channel_capacity(1)
+        .build(loader.clone())
+        .unwrap();
+    let mut held = Vec::new();
+    for k in 1..=3 {
+        held.push((k, spawn_load(&b, k)));
+        settle().await; // received before the next: the channel holds one
+    }
+    assert_eq!(b.stats().queued, 0);
+    let shed = b.load(4).await;
+    assert!(matches!(shed, Err(Error::Overloaded)), "{shed:?}");
+    assert_eq!(b.stats().overloaded, 1);
+
+    loader.open(3);
+    for (k, h) in held {
+        assert_eq!(ok(h).await, Some(value_of(k)));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_not_yet_run_cannot_time_callers_out_so_they_do() {
+    let (b, _worker) = builder()
+        .timeout(Duration::from_millis(20))
+        .build_pair(TestLoader::new())
+        .unwrap();
+    let start = Instant::now();
+    assert!(matches!(b.load(1).await, Err(Error::Timeout(_))));
+    assert_eq!(start.elapsed(), Duration::from_millis(20));
+    assert_eq!(b.stats().timed_out, 1);
 }
 
 #[tokio::test(start_paused = true)]

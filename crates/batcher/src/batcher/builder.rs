@@ -99,7 +99,9 @@ where
 
     /// How many requests may wait in the queue for the worker. Together with
     /// `max_batch_size × (max_concurrent_batches + 1)` keys held by the
-    /// worker, this bounds the batcher's memory. Must be at least 1. Default
+    /// worker, this bounds the batcher's memory: past that many waiters,
+    /// requests fail with [`Error::Overloaded`](crate::Error::Overloaded).
+    /// Must be at least 1. Default
     /// [`defaults::CHANNEL_CAPACITY`](crate::defaults::CHANNEL_CAPACITY).
     pub fn channel_capacity(mut self, n: usize) -> Self {
         self.config.channel_capacity = n;
@@ -124,6 +126,12 @@ where
     /// answer, including time waiting for room in the queue. The caller gets
     /// [`Error::Timeout`](crate::Error::Timeout) when it passes. Must be
     /// greater than zero. Default [`defaults::TIMEOUT`](crate::defaults::TIMEOUT).
+    ///
+    /// With [`Overflow::Reject`], the running worker answers the timeout
+    /// itself, with one timer for the earliest deadline, so a request costs
+    /// no timer of its own (a timer per request was the largest cost per
+    /// key). With [`Overflow::Wait`], or before the worker runs, each
+    /// caller keeps its own timer.
     pub fn timeout(mut self, d: Duration) -> Self {
         self.config.timeout = Some(d);
         self

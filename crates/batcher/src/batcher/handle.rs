@@ -59,6 +59,12 @@ use crate::Error;
 /// handle is dropped; requests already queued are still loaded and
 /// answered, and later ones fail with [`Error::Closed`].
 pub struct Batcher<K, V> {
+    // One `Arc` for everything, so a clone (one per task, often one per
+    // request) is one atomic increment instead of one per field.
+    inner: Arc<Inner<K, V>>,
+}
+
+struct Inner<K, V> {
     tx: mpsc::Sender<Message<K, V>>,
     shared: Arc<Shared>,
     /// For direct loads (see [`BatcherBuilder::direct_when_idle`]).
@@ -68,9 +74,7 @@ pub struct Batcher<K, V> {
 impl<K, V> Clone for Batcher<K, V> {
     fn clone(&self) -> Self {
         Self {
-            tx: self.tx.clone(),
-            load: Arc::clone(&self.load),
-            shared: Arc::clone(&self.shared),
+            inner: Arc::clone(&self.inner),
         }
     }
 }
@@ -78,8 +82,8 @@ impl<K, V> Clone for Batcher<K, V> {
 impl<K, V> fmt::Debug for Batcher<K, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Batcher")
-            .field("name", &self.shared.config.name)
-            .field("closed", &self.tx.is_closed())
+            .field("name", &self.inner.shared.config.name)
+            .field("closed", &self.inner.tx.is_closed())
             .finish_non_exhaustive()
     }
 }
@@ -94,7 +98,8 @@ where
     let shared = Arc::new(Shared::new(config));
     let load = load_fn(loader);
     let worker = Worker::new(rx, Arc::clone(&load), Arc::clone(&shared));
-    (Batcher { tx, shared, load }, worker)
+    let inner = Arc::new(Inner { tx, shared, load });
+    (Batcher { inner }, worker)
 }
 
 impl<K, V> Batcher<K, V>
@@ -149,7 +154,7 @@ where
     pub async fn load(&self, key: K) -> Result<Option<V>, Error> {
         let now = Instant::now();
         let deadline = self.deadline(now);
-        let request = self.shared.start_request();
+        let request = self.inner.shared.start_request();
         if request.alone {
             if let Some(slot) = self.direct_slot() {
                 // The slot is freed before `request`, so a caller that
@@ -178,7 +183,7 @@ where
     {
         let now = Instant::now();
         let deadline = self.deadline(now);
-        let _request = self.shared.start_request();
+        let _request = self.inner.shared.start_request();
         let keys = keys.into_iter();
         let mut queued = Vec::with_capacity(keys.size_hint().0);
         for key in keys {
@@ -201,30 +206,30 @@ where
     /// already stopped; for a worker from [`pair`](Self::pair), only
     /// returns once that worker has run to completion or been dropped.
     pub async fn shutdown(&self) {
-        self.shared.shutdown.cancel();
-        self.shared.done.cancelled().await;
+        self.inner.shared.shutdown.cancel();
+        self.inner.shared.done.cancelled().await;
     }
 
     /// Whether the worker no longer accepts requests (shut down or gone).
     pub fn is_closed(&self) -> bool {
-        self.tx.is_closed()
+        self.inner.tx.is_closed()
     }
 
     /// A snapshot of this batcher's counters and histograms.
     pub fn stats(&self) -> StatsSnapshot {
-        let queued = self.tx.max_capacity() - self.tx.capacity();
-        self.shared.stats.snapshot(queued)
+        let queued = self.inner.tx.max_capacity() - self.inner.tx.capacity();
+        self.inner.shared.stats.snapshot(queued)
     }
 
     /// A load slot for a caller that found the batcher idle, if the
     /// settings allow direct loads and the worker is there to take over
     /// once the batcher is busy.
     fn direct_slot(&self) -> Option<LoadSlot> {
-        let shared = &self.shared;
+        let shared = &self.inner.shared;
         if !policy::allows_direct_loads(&shared.config)
             || !shared.is_worker_running()
             || shared.shutdown.is_cancelled()
-            || self.tx.is_closed()
+            || self.inner.tx.is_closed()
         {
             return None;
         }
@@ -240,15 +245,15 @@ where
         deadline: Option<Instant>,
         _slot: LoadSlot,
     ) -> Result<Option<V>, Error> {
-        let stats = &self.shared.stats;
+        let stats = &self.inner.shared.stats;
         Stats::incr(&stats.requests, 1);
         Stats::incr(&stats.batches, 1);
         stats.batch_size.record(1);
         Stats::record_duration(&stats.queue_wait, now.elapsed());
-        let span = run::batch_span(&self.shared.config.name, 1, true);
+        let span = run::batch_span(&self.inner.shared.config.name, 1, true);
         let load = run::run(
-            self.load.start(vec![key.clone()]),
-            self.shared.config.load_timeout,
+            self.inner.load.start(vec![key.clone()]),
+            self.inner.shared.config.load_timeout,
         )
         .instrument(span.clone());
         let started = Instant::now();
@@ -259,18 +264,22 @@ where
         Stats::record_duration(&stats.load_duration, started.elapsed());
         let _enter = span.enter();
         let value = outcome.settle(stats, 1)?.remove(&key);
-        run::record_found(stats, usize::from(self.load.found(value.as_ref())), 1);
+        run::record_found(stats, usize::from(self.inner.load.found(value.as_ref())), 1);
         Ok(value)
     }
 
     fn deadline(&self, now: Instant) -> Option<Instant> {
         // A timeout too large to add is no deadline at all.
-        self.shared.config.timeout.and_then(|t| now.checked_add(t))
+        self.inner
+            .shared
+            .config
+            .timeout
+            .and_then(|t| now.checked_add(t))
     }
 
     fn timed_out(&self) -> Error {
-        Stats::incr(&self.shared.stats.timed_out, 1);
-        Error::Timeout(self.shared.config.timeout.unwrap_or_default())
+        Stats::incr(&self.inner.shared.stats.timed_out, 1);
+        Error::Timeout(self.inner.shared.config.timeout.unwrap_or_default())
     }
 
     async fn enqueue(
@@ -286,20 +295,20 @@ where
             enqueued_at: now,
             span: tracing::Span::current(),
         };
-        match self.shared.config.overflow {
-            Overflow::Reject => self.tx.try_send(msg).map_err(|e| match e {
+        match self.inner.shared.config.overflow {
+            Overflow::Reject => self.inner.tx.try_send(msg).map_err(|e| match e {
                 TrySendError::Full(_) => {
-                    Stats::incr(&self.shared.stats.overloaded, 1);
+                    Stats::incr(&self.inner.shared.stats.overloaded, 1);
                     Error::Overloaded
                 }
                 TrySendError::Closed(_) => Error::Closed,
             })?,
             Overflow::Wait => {
                 let sent = match deadline {
-                    Some(d) => timeout_at(d, self.tx.send(msg))
+                    Some(d) => timeout_at(d, self.inner.tx.send(msg))
                         .await
                         .map_err(|_| self.timed_out())?,
-                    None => self.tx.send(msg).await,
+                    None => self.inner.tx.send(msg).await,
                 };
                 sent.map_err(|_| Error::Closed)?;
             }
@@ -308,9 +317,16 @@ where
     }
 
     async fn wait(&self, rx: Rx<V>, deadline: Option<Instant>) -> Result<Option<V>, Error> {
+        let shared = &self.inner.shared;
+        // A running worker that enforces deadlines answers the timeout
+        // itself; a worker not yet run cannot, so the caller keeps its own.
+        let worker_times_out =
+            policy::worker_enforces_deadlines(&shared.config) && shared.is_worker_running();
         let reply: Result<Reply<V>, _> = match deadline {
-            Some(d) => timeout_at(d, rx).await.map_err(|_| self.timed_out())?,
-            None => rx.await,
+            Some(d) if !worker_times_out => {
+                timeout_at(d, rx).await.map_err(|_| self.timed_out())?
+            }
+            _ => rx.await,
         };
         // The worker dropped our sender without answering: it is gone.
         reply.unwrap_or(Err(Error::Closed))

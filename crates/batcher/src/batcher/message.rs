@@ -24,6 +24,9 @@ pub(crate) struct Message<K, V> {
     pub(crate) span: tracing::Span,
 }
 
+/// Who waits for one key: almost always one caller, kept inline.
+pub(crate) type Waiters<V> = smallvec::SmallVec<[Waiter<V>; 1]>;
+
 /// A caller waiting for a key, as the worker keeps it.
 #[derive(Debug)]
 pub(crate) struct Waiter<V> {

@@ -2,7 +2,7 @@
 //! worker's counts, so each rule is stated once and tested here without a
 //! runtime. The worker and the handle only gather the counts and act.
 
-use super::config::{Config, FlushPolicy};
+use super::config::{Config, FlushPolicy, Overflow};
 
 /// What the worker knows about the batch it is forming.
 #[derive(Debug, Clone, Copy, Default)]
@@ -51,6 +51,20 @@ pub(crate) fn allows_direct_loads(config: &Config) -> bool {
         && config.max_concurrent_batches > 1
 }
 
+/// Whether the worker answers [`Error::Timeout`](crate::Error::Timeout) for
+/// its waiters itself, so callers need no timer of their own: one timer for
+/// the earliest deadline replaces one per request, which registering in
+/// Tokio's shared timer wheel made the largest cost per key.
+///
+/// Only where the worker can see every waiting caller: with
+/// [`Overflow::Reject`] it always receives (answering
+/// [`Error::Overloaded`](crate::Error::Overloaded) past [`held_limit`]), so
+/// no request sits unseen in the channel. [`Overflow::Wait`] leaves messages
+/// in the channel to push back on senders, so its callers keep their timers.
+pub(crate) fn worker_enforces_deadlines(config: &Config) -> bool {
+    config.timeout.is_some() && config.overflow == Overflow::Reject
+}
+
 /// The most waiters the worker holds in its pending batch and running
 /// loads. Duplicates and joins add waiters without adding keys, so this
 /// bounds memory where the key count alone would not: a full batch for
@@ -64,7 +78,10 @@ pub(crate) fn held_limit(config: &Config) -> usize {
 
 /// Whether the worker may take another message: the batch is not full and
 /// the waiters it holds are under [`held_limit`]. When it may not, messages
-/// stay in the bounded channel, which then pushes back on callers.
+/// stay in the bounded channel, which then pushes back on callers, unless
+/// the worker [enforces deadlines](worker_enforces_deadlines), which needs
+/// to see every request: then it always receives, and a full batch grows
+/// past `max_batch_size` (loads still get at most that many keys).
 pub(crate) fn may_accept(config: &Config, pending_keys: usize, held: usize) -> bool {
     pending_keys < config.max_batch_size && held < held_limit(config)
 }

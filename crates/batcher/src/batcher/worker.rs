@@ -21,7 +21,7 @@ use tokio_util::sync::DropGuard;
 use tracing::Instrument;
 
 use super::config::Config;
-use super::message::{Message, Reply, Waiter};
+use super::message::{Message, Reply, Waiter, Waiters};
 use super::policy::{self, Pending};
 use super::run::{self, LoadFn, Outcome};
 use super::shared::{LoadSlot, Shared};
@@ -80,8 +80,8 @@ where
         let mut state = State::new(self);
         let mut shutdown = pin!(state.shared.shutdown.clone().cancelled_owned());
         loop {
-            let can_recv = !state.rx_done
-                && policy::may_accept(state.config(), state.pending.len(), state.held);
+            let limit = state.receive_limit();
+            let can_recv = !state.rx_done && limit > 0;
             let event = tokio::select! {
                 // Completions first: they free load slots and memory.
                 biased;
@@ -90,7 +90,10 @@ where
                 }
                 () = &mut shutdown, if !state.draining => Event::Shutdown,
                 () = &mut state.timer, if state.timer_armed => Event::Deadline,
-                msg = state.rx.recv(), if can_recv => Event::Received(msg),
+                () = &mut state.expiry_timer, if state.expiry_armed.is_some() => Event::Expiry,
+                // One call takes a whole burst, and returns its channel
+                // permits at once instead of one lock per message.
+                n = state.rx.recv_many(&mut state.inbox, limit), if can_recv => Event::Received(n),
                 // Unreachable while the invariants hold (a full batch is
                 // always dispatched when no load runs); if it ever happens,
                 // stopping drops every sender, which answers `Closed`.
@@ -108,16 +111,15 @@ where
                     state.timer_armed = false;
                     state.deadline_passed = true;
                 }
-                Event::Received(Some(msg)) => {
-                    state.accept(msg);
-                    state.accept_queued();
-                }
-                Event::Received(None) => {
+                Event::Expiry => state.expire(),
+                Event::Received(n) if n > 0 => state.accept_inbox(),
+                Event::Received(_) => {
                     state.rx_done = true;
                     state.draining = true;
                 }
             }
             state.flush_if_due();
+            state.arm_expiry();
             state.publish_gauges();
             if state.rx_done && state.pending.is_empty() && state.in_flight.is_empty() {
                 break;
@@ -131,12 +133,17 @@ enum Event<K, V> {
     Completed(Result<(task::Id, Outcome<K, V>), JoinError>),
     Shutdown,
     Deadline,
-    Received(Option<Message<K, V>>),
+    Expiry,
+    /// How many messages `recv_many` put in the inbox; none means the
+    /// channel is closed and empty.
+    Received(usize),
 }
 
 /// A batch whose load is running.
 struct Running<K, V> {
-    waiters: HashMap<K, Vec<Waiter<V>>>,
+    waiters: HashMap<K, Waiters<V>>,
+    /// No waiter's deadline is earlier (see [`State::pending_expiry`]).
+    expiry: Option<Instant>,
     started: Instant,
     span: tracing::Span,
     /// Freed when the batch's waiters have been answered.
@@ -147,8 +154,19 @@ struct State<K, V> {
     rx: mpsc::Receiver<Message<K, V>>,
     load: LoadFn<K, V>,
     shared: Arc<Shared>,
+    /// Messages just received, before [`State::accept_inbox`].
+    inbox: Vec<Message<K, V>>,
     /// Keys of the next batch and who waits for each.
-    pending: HashMap<K, Vec<Waiter<V>>>,
+    pending: HashMap<K, Waiters<V>>,
+    /// With [`policy::worker_enforces_deadlines`]: no deadline of a pending
+    /// waiter is earlier. A bound, not always the minimum, so that keeping
+    /// it costs one comparison per request; [`State::expire`] makes it exact.
+    pending_expiry: Option<Instant>,
+    /// Callers wait without timers; this worker answers their timeouts.
+    enforces_deadlines: bool,
+    /// Fires at `expiry_armed`, the earliest waiter deadline it knows of.
+    expiry_timer: Pin<Box<Sleep>>,
+    expiry_armed: Option<Instant>,
     in_flight: JoinSet<Outcome<K, V>>,
     running: HashMap<task::Id, Running<K, V>>,
     /// Which running load has each key, kept only with `join_in_flight`.
@@ -176,7 +194,12 @@ where
     fn new(worker: Worker<K, V>) -> Self {
         let c = &worker.shared.config;
         Self {
+            inbox: Vec::with_capacity(c.max_batch_size),
             pending: HashMap::with_capacity(c.max_batch_size),
+            pending_expiry: None,
+            enforces_deadlines: policy::worker_enforces_deadlines(c),
+            expiry_timer: Box::pin(tokio::time::sleep_until(Instant::now())),
+            expiry_armed: None,
             in_flight: JoinSet::new(),
             running: HashMap::new(),
             in_flight_keys: HashMap::new(),
@@ -197,22 +220,42 @@ where
         &self.shared.config
     }
 
-    /// Takes whatever is already queued, without waiting, so one wake-up
-    /// serves a whole burst.
-    fn accept_queued(&mut self) {
-        while policy::may_accept(self.config(), self.pending.len(), self.held) {
-            match self.rx.try_recv() {
-                Ok(msg) => self.accept(msg),
-                Err(_) => break,
-            }
+    /// How many messages to take in the next receive: up to a batch; none
+    /// while the batch is full or the worker holds all it may, which leaves
+    /// messages in the bounded channel to push back on callers, unless the
+    /// worker [enforces deadlines](policy::worker_enforces_deadlines) and so
+    /// must see every request.
+    fn receive_limit(&self) -> usize {
+        let c = self.config();
+        if self.enforces_deadlines {
+            c.max_batch_size
+        } else if policy::may_accept(c, self.pending.len(), self.held) {
+            (c.max_batch_size - self.pending.len()).min(policy::held_limit(c) - self.held)
+        } else {
+            0
         }
     }
 
+    fn accept_inbox(&mut self) {
+        let mut inbox = mem::take(&mut self.inbox);
+        for msg in inbox.drain(..) {
+            self.accept(msg);
+        }
+        self.inbox = inbox; // keeps its allocation
+    }
+
     fn accept(&mut self, msg: Message<K, V>) {
-        Stats::incr(&self.shared.stats.requests, 1);
+        let stats = &self.shared.stats;
+        Stats::incr(&stats.requests, 1);
         if msg.tx.is_closed() {
             // Timed out or cancelled while still in the channel.
-            Stats::incr(&self.shared.stats.abandoned, 1);
+            Stats::incr(&stats.abandoned, 1);
+            return;
+        }
+        if self.enforces_deadlines && self.held >= policy::held_limit(self.config()) {
+            // Receiving anyway keeps every caller's deadline in sight.
+            Stats::incr(&stats.overloaded, 1);
+            let _ = msg.tx.send(Err(Error::Overloaded)); // caller gone; nothing to do
             return;
         }
         let waiter = Waiter {
@@ -220,28 +263,30 @@ where
             enqueued_at: msg.enqueued_at,
             span: msg.span,
         };
+        let deadline = self.deadline_of(&waiter);
         self.held += 1;
         if let Some(id) = self.in_flight_keys.get(&msg.key) {
-            let joined = self
-                .running
-                .get_mut(id)
-                .and_then(|run| run.waiters.get_mut(&msg.key));
+            let joined = self.running.get_mut(id).and_then(|run| {
+                run.expiry = earliest(run.expiry, deadline);
+                run.waiters.get_mut(&msg.key)
+            });
             if let Some(waiters) = joined {
-                Stats::record_duration(&self.shared.stats.queue_wait, waiter.enqueued_at.elapsed());
+                Stats::record_duration(&stats.queue_wait, waiter.enqueued_at.elapsed());
                 waiters.push(waiter);
-                Stats::incr(&self.shared.stats.joined_in_flight, 1);
+                Stats::incr(&stats.joined_in_flight, 1);
                 return;
             }
         }
+        self.pending_expiry = earliest(self.pending_expiry, deadline);
         let first_key = self.pending.is_empty();
         match self.pending.entry(msg.key) {
             Entry::Occupied(mut e) => {
                 e.get_mut().push(waiter);
-                Stats::incr(&self.shared.stats.deduplicated, 1);
+                Stats::incr(&stats.deduplicated, 1);
             }
             Entry::Vacant(e) => {
                 let enqueued_at = waiter.enqueued_at;
-                e.insert(vec![waiter]);
+                e.insert(smallvec::smallvec![waiter]);
                 if first_key && policy::arms_timer(&self.shared.config) {
                     // Measured from the request, not from its receipt, so
                     // time spent in the channel counts toward the delay.
@@ -253,26 +298,43 @@ where
         }
     }
 
+    /// Dispatches while a batch is due and a slot is free: more than once
+    /// only when the pending keys outgrew one batch (see
+    /// [`policy::may_accept`]), and each round takes keys out, so it ends.
     fn flush_if_due(&mut self) {
-        let pending = Pending {
-            keys: self.pending.len(),
-            deadline_passed: self.deadline_passed,
-            draining: self.draining,
-        };
-        // Slots are shared with callers that load directly when idle.
-        if !policy::is_due(self.config(), pending, self.shared.running_loads()) {
-            return;
-        }
-        if let Some(slot) = LoadSlot::try_take(&self.shared) {
+        loop {
+            let pending = Pending {
+                keys: self.pending.len(),
+                deadline_passed: self.deadline_passed,
+                draining: self.draining,
+            };
+            // Slots are shared with callers that load directly when idle.
+            if !policy::is_due(self.config(), pending, self.shared.running_loads()) {
+                return;
+            }
+            let Some(slot) = LoadSlot::try_take(&self.shared) else {
+                return;
+            };
             self.dispatch(slot);
         }
     }
 
     fn dispatch(&mut self, slot: LoadSlot) {
         let capacity = self.config().max_batch_size;
-        let mut batch = mem::replace(&mut self.pending, HashMap::with_capacity(capacity));
-        self.timer_armed = false;
-        self.deadline_passed = false;
+        let expiry = self.pending_expiry;
+        let mut batch = if self.pending.len() <= capacity {
+            self.pending_expiry = None;
+            self.timer_armed = false;
+            self.deadline_passed = false;
+            mem::replace(&mut self.pending, HashMap::with_capacity(capacity))
+        } else {
+            // Only while deadlines are enforced and every slot was busy;
+            // the rest stays pending, due at once, as a full batch is.
+            let keys: Vec<K> = self.pending.keys().take(capacity).cloned().collect();
+            keys.into_iter()
+                .filter_map(|k| self.pending.remove_entry(&k))
+                .collect()
+        };
 
         // Callers that went away are not loaded for, unless someone else
         // waits for the same key.
@@ -314,6 +376,7 @@ where
             id,
             Running {
                 waiters: batch,
+                expiry,
                 started: now,
                 span,
                 _slot: slot,
@@ -371,6 +434,80 @@ where
         // its answer.
     }
 
+    /// The moment `waiter` times out, when this worker enforces it.
+    fn deadline_of(&self, waiter: &Waiter<V>) -> Option<Instant> {
+        if !self.enforces_deadlines {
+            return None;
+        }
+        self.config()
+            .timeout
+            .and_then(|t| waiter.enqueued_at.checked_add(t))
+    }
+
+    /// Answers [`Error::Timeout`] to every waiter whose deadline has passed,
+    /// pending or in a running load (which goes on for the others), and
+    /// makes the expiry bounds exact.
+    fn expire(&mut self) {
+        self.expiry_armed = None;
+        let Some(timeout) = self.config().timeout else {
+            return;
+        };
+        let now = Instant::now();
+        let mut expired = 0;
+        let mut sweep = |waiters: &mut Waiters<V>, earliest_left: &mut Option<Instant>| {
+            for w in mem::take(waiters) {
+                let deadline = w.enqueued_at.checked_add(timeout);
+                if deadline.is_some_and(|d| d <= now) {
+                    expired += 1;
+                    let _ = w.tx.send(Err(Error::Timeout(timeout))); // caller gone
+                } else {
+                    *earliest_left = earliest(*earliest_left, deadline);
+                    waiters.push(w);
+                }
+            }
+        };
+        if self.pending_expiry.is_some_and(|e| e <= now) {
+            let mut left = None;
+            self.pending.retain(|_, waiters| {
+                sweep(waiters, &mut left);
+                !waiters.is_empty()
+            });
+            self.pending_expiry = left;
+        }
+        for run in self.running.values_mut() {
+            if run.expiry.is_some_and(|e| e <= now) {
+                // Keys whose waiters all left stay, so the load's answer
+                // still finds them.
+                let mut left = None;
+                run.waiters.values_mut().for_each(|w| sweep(w, &mut left));
+                run.expiry = left;
+            }
+        }
+        self.held -= expired;
+        Stats::incr(&self.shared.stats.timed_out, expired as u64);
+    }
+
+    /// Points the expiry timer at the earliest deadline it knows of. A
+    /// later deadline does not move it: firing early only costs a sweep,
+    /// and resetting a timer costs about what a request does.
+    fn arm_expiry(&mut self) {
+        if !self.enforces_deadlines {
+            return;
+        }
+        let next = self
+            .running
+            .values()
+            .fold(self.pending_expiry, |acc, run| earliest(acc, run.expiry));
+        match (next, self.expiry_armed) {
+            (Some(at), Some(armed)) if at >= armed => {}
+            (Some(at), _) => {
+                self.expiry_timer.as_mut().reset(at);
+                self.expiry_armed = Some(at);
+            }
+            (None, _) => self.expiry_armed = None,
+        }
+    }
+
     fn publish_gauges(&self) {
         let stats = &self.shared.stats;
         stats.pending_keys.store(self.pending.len() as u64, Relaxed);
@@ -380,8 +517,16 @@ where
     }
 }
 
+/// The earlier of two optional instants, `None` meaning none at all.
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// Sends `reply` to every waiter, cloning for all but the last.
-fn reply_all<V: Clone>(waiters: Vec<Waiter<V>>, reply: Reply<V>) {
+fn reply_all<V: Clone>(waiters: Waiters<V>, reply: Reply<V>) {
     let mut waiters = waiters.into_iter();
     let last = waiters.next_back();
     for w in waiters {
