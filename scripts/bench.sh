@@ -3,7 +3,8 @@
 # and same-run reports (batcher overhead, cache, writes), then the seed
 # benchmark in process (loadgen), behind added round-trip time (latency)
 # and over HTTP (httpload). All three share one embedded cluster in
-# .data/bench-pg, whose 10M rows are loaded once and kept. Then
+# .data/bench-pg18 (.data/bench-pg for 15), whose 10M rows are loaded once
+# and kept; every report names the server version it ran on. Then
 # cross-instance invalidation (coherence, on a throwaway database) and
 # several instances with a read replica (replicas, on a throwaway primary
 # and replica). Takes
@@ -14,7 +15,19 @@
 #                                 # latency, http, coherence, replicas
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/ensure-postgres.sh
+# PostgreSQL 18 unless PGBATCH_PG_VERSION says otherwise (15 is Debian's).
+# Each version keeps its own cluster: a data directory only starts with the
+# major version that made it.
+PGBATCH_PG_VERSION="${PGBATCH_PG_VERSION:-18}"
+export PGBATCH_PG_VERSION
+if [[ "$PGBATCH_PG_VERSION" == 15 ]]; then
+    ./scripts/ensure-postgres.sh
+    export PGBATCH_BENCH_DATA_DIR="${PGBATCH_BENCH_DATA_DIR:-.data/bench-pg}"
+else
+    PG_BIN_DIR="$(./scripts/ensure-postgres.sh)"
+    export PG_BIN_DIR
+    export PGBATCH_BENCH_DATA_DIR="${PGBATCH_BENCH_DATA_DIR:-.data/bench-pg$PGBATCH_PG_VERSION}"
+fi
 ./scripts/ensure-bench-tools.sh
 
 parts=("$@")

@@ -2,7 +2,7 @@
 //! the load generators: the table's rows, each read path as a closed-loop
 //! run, and the database's bulk ceiling.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,7 +31,9 @@ pub struct TableArgs {
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
     /// Directory of the embedded cluster (kept, so rows are loaded once).
-    #[arg(long, default_value = ".data/bench-pg")]
+    /// A cluster only starts with the major version that made it, so
+    /// `scripts/bench.sh` names one per version.
+    #[arg(long, env = "PGBATCH_BENCH_DATA_DIR", default_value = ".data/bench-pg")]
     pub data_dir: PathBuf,
     /// A seconds-long run on a small table (CI's proof that it works).
     #[arg(long)]
@@ -40,17 +42,14 @@ pub struct TableArgs {
 
 impl TableArgs {
     /// With `--smoke`: a 20,000-row table in a throwaway cluster named after
-    /// `tool` (unless `--data-dir` names one), which
-    /// [`with_table`](Self::with_table) removes afterwards.
+    /// `tool`, which [`with_table`](Self::with_table) removes afterwards.
+    /// Always a throwaway one, so a smoke run never removes a kept cluster.
     pub fn apply_smoke(&mut self, tool: &str) {
         if !self.smoke {
             return;
         }
         self.rows = 20_000;
-        if self.data_dir == Path::new(".data/bench-pg") {
-            self.data_dir =
-                std::env::temp_dir().join(format!("pgbatch-{tool}-{}", std::process::id()));
-        }
+        self.data_dir = std::env::temp_dir().join(format!("pgbatch-{tool}-{}", std::process::id()));
     }
 
     /// Opens the database (the embedded cluster with its buffers sized for
@@ -79,6 +78,8 @@ impl TableArgs {
             server::db::migrate(&db.config).await?;
             ensure_rows(&db.config, self.rows).await?;
             prewarm(&db.config).await?;
+            // Every table a run prints is about this server.
+            println!("PostgreSQL {}\n", server_version(&db.config).await?);
             measure(&db).await
         }
         .await;
@@ -90,6 +91,20 @@ impl TableArgs {
         }
         result
     }
+}
+
+/// The server's version, as `SHOW server_version` gives it.
+///
+/// # Errors
+///
+/// When the database cannot be reached.
+pub async fn server_version(config: &tokio_postgres::Config) -> anyhow::Result<String> {
+    let (client, conn) = config.connect(NoTls).await?;
+    tokio::spawn(conn);
+    Ok(client
+        .query_one("SHOW server_version", &[])
+        .await?
+        .get::<_, String>(0))
 }
 
 /// The primary key of the `k`-th row (`k` in `0..rows`; rows are numbered

@@ -94,6 +94,10 @@ async fn main() -> anyhow::Result<()> {
         }
     }
 
+    println!(
+        "PostgreSQL {}",
+        benches::reads::server_version(&config).await?
+    );
     let delays = probe_delays(&a, &b, &args).await?;
     let q = |q: f64| Duration::from_nanos(delays.value_at_quantile(q)).as_secs_f64() * 1e3;
     println!(
