@@ -39,8 +39,9 @@ pub enum Error {
     #[error("request timed out after {0:?}")]
     Timeout(Duration),
 
-    /// The request queue was full and the batcher is configured to reject
-    /// rather than wait ([`Overflow::Reject`](crate::Overflow::Reject)).
+    /// The request queue was full, or the worker already held as many
+    /// waiters as it may, and the batcher is configured to reject rather
+    /// than wait ([`Overflow::Reject`](crate::Overflow::Reject)).
     /// Callers should shed load (for example answer HTTP 503) and retry later.
     #[error("batcher queue is full")]
     Overloaded,

@@ -211,9 +211,10 @@ pub struct StatsSnapshot {
     /// Requests attached to a load already running for the same key.
     pub joined_in_flight: u64,
     /// Requests whose caller went away before dispatch, so they were never
-    /// loaded.
+    /// loaded, or before the worker timed them out.
     pub abandoned: u64,
-    /// Requests rejected because the queue was full.
+    /// Requests rejected because the queue was full, or because the worker
+    /// already held as many waiters as it may.
     pub overloaded: u64,
     /// Requests whose caller's deadline passed.
     pub timed_out: u64,

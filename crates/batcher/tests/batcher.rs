@@ -378,6 +378,64 @@ async fn callers_beyond_a_full_batch_time_out_while_every_slot_hangs() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn keys_beyond_a_full_batch_are_loaded_oldest_first() {
+    let loader = TestLoader::gated();
+    let b = builder()
+        .max_batch_size(2)
+        .max_concurrent_batches(1)
+        .build(loader.clone())
+        .unwrap();
+    let first = spawn_load(&b, 1);
+    settle().await;
+    // Arriving in this order, a millisecond apart, while the slot is busy.
+    let mut waiting = Vec::new();
+    for k in [9, 5, 7, 3, 8, 2] {
+        waiting.push(spawn_load(&b, k));
+        settle().await;
+        advance(Duration::from_millis(1)).await;
+    }
+    loader.open(10);
+    ok(first).await;
+    for h in waiting {
+        ok(h).await;
+    }
+    let calls = loader.calls();
+    assert_eq!(calls, vec![vec![1], vec![5, 9], vec![3, 7], vec![2, 8]]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fixed_delay_starts_afresh_after_its_pending_keys_time_out() {
+    let loader = TestLoader::gated();
+    let b = builder()
+        .policy(FlushPolicy::FixedDelay)
+        .max_batch_size(2)
+        .max_concurrent_batches(1)
+        .max_delay(Duration::from_millis(10))
+        .timeout(Duration::from_millis(100))
+        .build(loader.clone())
+        .unwrap();
+    // A full batch hangs in the only slot; key 3's flush delay passes with
+    // no slot free, then every key times out.
+    let hung: Vec<_> = [1, 2].map(|k| spawn_load(&b, k)).into();
+    settle().await;
+    let late = spawn_load(&b, 3);
+    for h in hung.into_iter().chain([late]) {
+        assert!(matches!(h.await.unwrap(), Err(Error::Timeout(_))));
+    }
+    loader.open(10);
+    settle().await;
+    assert_eq!(loader.calls(), vec![vec![1, 2]]);
+
+    // A new key waits its own delay, as on an idle batcher.
+    let next = spawn_load(&b, 4);
+    settle().await;
+    assert_eq!(loader.calls().len(), 1, "dispatched before its delay");
+    advance(Duration::from_millis(10)).await;
+    assert_eq!(ok(next).await, Some(value_of(4)));
+    assert_eq!(loader.calls(), vec![vec![1, 2], vec![4]]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn the_worker_sheds_requests_past_the_waiters_it_may_hold() {
     // One running, one batch forming, one channel's worth: three held.
     let loader = TestLoader::gated();

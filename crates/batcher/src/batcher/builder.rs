@@ -100,7 +100,9 @@ where
     /// How many requests may wait in the queue for the worker. Together with
     /// `max_batch_size × (max_concurrent_batches + 1)` keys held by the
     /// worker, this bounds the batcher's memory: past that many waiters,
-    /// requests fail with [`Error::Overloaded`](crate::Error::Overloaded).
+    /// requests fail with [`Error::Overloaded`](crate::Error::Overloaded)
+    /// (with [`Overflow::Reject`]) or wait for room (with
+    /// [`Overflow::Wait`]).
     /// Must be at least 1. Default
     /// [`defaults::CHANNEL_CAPACITY`](crate::defaults::CHANNEL_CAPACITY).
     pub fn channel_capacity(mut self, n: usize) -> Self {

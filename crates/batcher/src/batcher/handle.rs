@@ -136,8 +136,9 @@ where
     ///
     /// # Errors
     ///
-    /// - [`Error::Overloaded`] at once when the queue is full and the overflow
-    ///   policy is [`Overflow::Reject`] (the default);
+    /// - [`Error::Overloaded`] when the queue is full, or the worker already
+    ///   holds as many waiters as it may, and the overflow policy is
+    ///   [`Overflow::Reject`] (the default);
     /// - [`Error::Timeout`] when the [`timeout`](BatcherBuilder::timeout)
     ///   passes first;
     /// - [`Error::Load`], [`Error::LoaderPanicked`] or [`Error::LoadTimeout`]

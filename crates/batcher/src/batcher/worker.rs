@@ -328,11 +328,21 @@ where
             self.deadline_passed = false;
             mem::replace(&mut self.pending, HashMap::with_capacity(capacity))
         } else {
-            // Only while deadlines are enforced and every slot was busy;
-            // the rest stays pending, due at once, as a full batch is.
-            let keys: Vec<K> = self.pending.keys().take(capacity).cloned().collect();
-            keys.into_iter()
-                .filter_map(|k| self.pending.remove_entry(&k))
+            // Only while deadlines are enforced and every slot was busy.
+            // The oldest keys go first, as they would have from the
+            // channel, so a key is not passed over until it times out; the
+            // rest waits for the next slot (or, under `FixedDelay` and
+            // `Adaptive`, for a full batch or the flush timer still armed).
+            let mut by_age: Vec<(Instant, K)> = self
+                .pending
+                .iter()
+                .filter_map(|(k, ws)| ws.first().map(|w| (w.enqueued_at, k.clone())))
+                .collect();
+            by_age.select_nth_unstable_by_key(capacity - 1, |(at, _)| *at);
+            by_age.truncate(capacity);
+            by_age
+                .into_iter()
+                .filter_map(|(_, k)| self.pending.remove_entry(&k))
                 .collect()
         };
 
@@ -453,13 +463,28 @@ where
             return;
         };
         let now = Instant::now();
-        let mut expired = 0;
+        let deadline_of = |w: &Waiter<V>| w.enqueued_at.checked_add(timeout);
+        let (mut expired, mut timed_out) = (0, 0);
         let mut sweep = |waiters: &mut Waiters<V>, earliest_left: &mut Option<Instant>| {
+            // Most keys have nothing expired: leave those as they are.
+            if !waiters
+                .iter()
+                .any(|w| deadline_of(w).is_some_and(|d| d <= now))
+            {
+                for w in waiters.iter() {
+                    *earliest_left = earliest(*earliest_left, deadline_of(w));
+                }
+                return;
+            }
             for w in mem::take(waiters) {
-                let deadline = w.enqueued_at.checked_add(timeout);
+                let deadline = deadline_of(&w);
                 if deadline.is_some_and(|d| d <= now) {
                     expired += 1;
-                    let _ = w.tx.send(Err(Error::Timeout(timeout))); // caller gone
+                    // A caller already gone was abandoned, not timed out
+                    // (and one that timed out by its own timer counted it).
+                    if w.tx.send(Err(Error::Timeout(timeout))).is_ok() {
+                        timed_out += 1;
+                    }
                 } else {
                     *earliest_left = earliest(*earliest_left, deadline);
                     waiters.push(w);
@@ -473,6 +498,11 @@ where
                 !waiters.is_empty()
             });
             self.pending_expiry = left;
+            if self.pending.is_empty() {
+                // As after a dispatch: the next first key starts afresh.
+                self.timer_armed = false;
+                self.deadline_passed = false;
+            }
         }
         for run in self.running.values_mut() {
             if run.expiry.is_some_and(|e| e <= now) {
@@ -484,7 +514,9 @@ where
             }
         }
         self.held -= expired;
-        Stats::incr(&self.shared.stats.timed_out, expired as u64);
+        let stats = &self.shared.stats;
+        Stats::incr(&stats.timed_out, timed_out as u64);
+        Stats::incr(&stats.abandoned, (expired - timed_out) as u64);
     }
 
     /// Points the expiry timer at the earliest deadline it knows of. A
