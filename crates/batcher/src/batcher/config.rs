@@ -5,6 +5,8 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 /// When a batch that is not yet full goes to the loader.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -82,6 +84,14 @@ pub(crate) struct Config {
     pub(crate) load_timeout: Option<Duration>,
     pub(crate) join_in_flight: bool,
     pub(crate) direct_when_idle: bool,
+}
+
+impl Config {
+    /// When a request made at `from` times out. A timeout too large to add
+    /// is no deadline at all.
+    pub(crate) fn deadline(&self, from: Instant) -> Option<Instant> {
+        self.timeout.and_then(|t| from.checked_add(t))
+    }
 }
 
 impl Default for Config {

@@ -154,7 +154,7 @@ where
     /// not affected.
     pub async fn load(&self, key: K) -> Result<Option<V>, Error> {
         let now = Instant::now();
-        let deadline = self.deadline(now);
+        let deadline = self.inner.shared.config.deadline(now);
         let request = self.inner.shared.start_request();
         if request.alone {
             if let Some(slot) = self.direct_slot() {
@@ -183,7 +183,7 @@ where
         I: IntoIterator<Item = K>,
     {
         let now = Instant::now();
-        let deadline = self.deadline(now);
+        let deadline = self.inner.shared.config.deadline(now);
         let _request = self.inner.shared.start_request();
         let keys = keys.into_iter();
         let mut queued = Vec::with_capacity(keys.size_hint().0);
@@ -267,15 +267,6 @@ where
         let value = outcome.settle(stats, 1)?.remove(&key);
         run::record_found(stats, usize::from(self.inner.load.found(value.as_ref())), 1);
         Ok(value)
-    }
-
-    fn deadline(&self, now: Instant) -> Option<Instant> {
-        // A timeout too large to add is no deadline at all.
-        self.inner
-            .shared
-            .config
-            .timeout
-            .and_then(|t| now.checked_add(t))
     }
 
     fn timed_out(&self) -> Error {

@@ -162,8 +162,6 @@ struct State<K, V> {
     /// waiter is earlier. A bound, not always the minimum, so that keeping
     /// it costs one comparison per request; [`State::expire`] makes it exact.
     pending_expiry: Option<Instant>,
-    /// Callers wait without timers; this worker answers their timeouts.
-    enforces_deadlines: bool,
     /// Fires at `expiry_armed`, the earliest waiter deadline it knows of.
     expiry_timer: Pin<Box<Sleep>>,
     expiry_armed: Option<Instant>,
@@ -197,7 +195,6 @@ where
             inbox: Vec::with_capacity(c.max_batch_size),
             pending: HashMap::with_capacity(c.max_batch_size),
             pending_expiry: None,
-            enforces_deadlines: policy::worker_enforces_deadlines(c),
             expiry_timer: Box::pin(tokio::time::sleep_until(Instant::now())),
             expiry_armed: None,
             in_flight: JoinSet::new(),
@@ -227,7 +224,7 @@ where
     /// must see every request.
     fn receive_limit(&self) -> usize {
         let c = self.config();
-        if self.enforces_deadlines {
+        if policy::worker_enforces_deadlines(c) {
             c.max_batch_size
         } else if policy::may_accept(c, self.pending.len(), self.held) {
             (c.max_batch_size - self.pending.len()).min(policy::held_limit(c) - self.held)
@@ -252,7 +249,8 @@ where
             Stats::incr(&stats.abandoned, 1);
             return;
         }
-        if self.enforces_deadlines && self.held >= policy::held_limit(self.config()) {
+        let config = self.config();
+        if policy::worker_enforces_deadlines(config) && self.held >= policy::held_limit(config) {
             // Receiving anyway keeps every caller's deadline in sight.
             Stats::incr(&stats.overloaded, 1);
             let _ = msg.tx.send(Err(Error::Overloaded)); // caller gone; nothing to do
@@ -446,12 +444,11 @@ where
 
     /// The moment `waiter` times out, when this worker enforces it.
     fn deadline_of(&self, waiter: &Waiter<V>) -> Option<Instant> {
-        if !self.enforces_deadlines {
+        let config = self.config();
+        if !policy::worker_enforces_deadlines(config) {
             return None;
         }
-        self.config()
-            .timeout
-            .and_then(|t| waiter.enqueued_at.checked_add(t))
+        config.deadline(waiter.enqueued_at)
     }
 
     /// Answers [`Error::Timeout`] to every waiter whose deadline has passed,
@@ -463,7 +460,8 @@ where
             return;
         };
         let now = Instant::now();
-        let deadline_of = |w: &Waiter<V>| w.enqueued_at.checked_add(timeout);
+        let shared = Arc::clone(&self.shared);
+        let deadline_of = |w: &Waiter<V>| shared.config.deadline(w.enqueued_at);
         let (mut expired, mut timed_out) = (0, 0);
         let mut sweep = |waiters: &mut Waiters<V>, earliest_left: &mut Option<Instant>| {
             // Most keys have nothing expired: leave those as they are.
@@ -523,7 +521,7 @@ where
     /// later deadline does not move it: firing early only costs a sweep,
     /// and resetting a timer costs about what a request does.
     fn arm_expiry(&mut self) {
-        if !self.enforces_deadlines {
+        if !policy::worker_enforces_deadlines(self.config()) {
             return;
         }
         let next = self
