@@ -126,6 +126,47 @@ async fn within_a_batch_the_later_write_of_a_key_wins() {
 }
 
 #[tokio::test]
+async fn two_batches_with_the_same_keys_in_opposite_orders_do_not_deadlock() {
+    let db = embedded_pg::testing::database().await.unwrap();
+    let pool = items_pool(db.config).await;
+    // Each row takes 0.3 s before it is inserted, so the two batches run
+    // side by side: written in arrival order, each would hold its first key
+    // while waiting for the other's, and Postgres would abort one of them
+    // (40P01) after deadlock_timeout.
+    pool.get()
+        .await
+        .unwrap()
+        .batch_execute(
+            "CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM pg_sleep(0.3); RETURN NEW; END $$; \
+             CREATE TRIGGER slow_row BEFORE INSERT ON items \
+             FOR EACH ROW EXECUTE FUNCTION slow_row()",
+        )
+        .await
+        .unwrap();
+    let builder = Writer::<Items>::builder()
+        .policy(FlushPolicy::FixedDelay)
+        .max_batch_size(2)
+        .max_concurrent_batches(2)
+        .max_delay(Duration::from_secs(60));
+    let writer = Writer::new(pool.clone(), Items, builder).unwrap();
+
+    // join! polls in argument order: batch one is (x, y), batch two (y, x).
+    let (x1, y1, y2, x2) = tokio::join!(
+        writer.write(kv("x", 1)),
+        writer.write(kv("y", 1)),
+        writer.write(kv("y", 2)),
+        writer.write(kv("x", 2)),
+    );
+    for (name, r) in [("x1", x1), ("y1", y1), ("y2", y2), ("x2", x2)] {
+        assert!(r.is_ok(), "{name}: {r:?}");
+    }
+    assert_eq!(writer.stats().batches, 2);
+    // Both batches locked x first, so the second waited for the first.
+    assert_eq!(table(&pool).await, vec![kv("x", 2), kv("y", 2)]);
+}
+
+#[tokio::test]
 async fn a_refused_row_fails_only_its_caller() {
     let (pool, writer) = batches_of_three().await;
 

@@ -23,8 +23,11 @@ use crate::{Batcher, BatcherBuilder, BuildError, Error, Loader};
 /// Both statements must `RETURNING` each written row's key and whether it
 /// was inserted rather than updated; `(xmax = 0)` is the usual way to tell.
 pub trait UpsertQuery: Send + Sync + 'static {
-    /// What identifies a row (its conflict target).
-    type Key: Clone + Eq + Hash + Send + Sync + 'static;
+    /// What identifies a row (its conflict target). Ordered because a
+    /// batch's rows are written in key order: two batches running at once
+    /// then lock their common rows in the same order and cannot deadlock
+    /// each other, as they could in arrival order.
+    type Key: Clone + Ord + Hash + Send + Sync + 'static;
     /// A row to write.
     type Row: Clone + Send + Sync + 'static;
 
@@ -206,15 +209,20 @@ impl<Q: UpsertQuery> Loader<WriteRequest<Q::Row>, WriteResult> for PgWriter<Q> {
         for (i, r) in requests.iter().enumerate() {
             latest.insert(self.query.key(&r.row), i);
         }
-        let mut winners: Vec<usize> = latest.values().copied().collect();
-        winners.sort_unstable();
-        let rows: Vec<Q::Row> = winners.iter().map(|&i| requests[i].row.clone()).collect();
+        // Key order, so that concurrent batches take row locks in one
+        // order (see UpsertQuery::Key).
+        let mut winners: Vec<(Q::Key, usize)> = latest.into_iter().collect();
+        winners.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let rows: Vec<Q::Row> = winners
+            .iter()
+            .map(|&(_, i)| requests[i].row.clone())
+            .collect();
 
         let results = self.upsert(&rows).await?;
 
         // The first write of a key in the batch created it if the final
         // row was inserted; every later write of that key updated it.
-        let mut seen: HashMap<Q::Key, ()> = HashMap::with_capacity(latest.len());
+        let mut seen: HashMap<Q::Key, ()> = HashMap::with_capacity(winners.len());
         let mut out = HashMap::with_capacity(requests.len());
         for r in requests {
             let key = self.query.key(&r.row);

@@ -8,7 +8,7 @@ use serde::Serialize;
 use tokio_postgres::{GenericClient, Row};
 
 /// An object's identity.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectKey {
     /// The repository name.
     pub repository: String,
