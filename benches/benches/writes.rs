@@ -10,18 +10,21 @@
 //!    (naive) versus the micro-batched `Writer`.
 //!
 //! `cargo bench -p benches --bench writes` (N = 1,000,000); `-- --test` is a
-//! seconds-long smoke run.
+//! seconds-long smoke run. `-- --part upserts --callers 300
+//! --write-concurrency 1,2,4` runs only the concurrent part, at the given
+//! callers, with one writer per concurrency (statements at once).
 
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
 use benches::closed_loop;
+use clap::Parser;
 use embedded_pg::{Cluster, ClusterOptions};
 use pgbatch::pg::copy::{self, RowSource, RowValues};
 use pgbatch::pg::{self, Params, PoolOptions, UpsertQuery, Writer};
 use server::queries::objects::{ObjectRow, ObjectUpsert, OBJECT_COLUMNS, OBJECT_TABLE};
 use server::queries::repositories;
-use server::settings::WriteSettings;
+use server::settings::{BatchSettings, WriteSettings};
 use tokio_postgres::types::ToSql;
 
 fn row(i: u64) -> ObjectRow {
@@ -115,10 +118,148 @@ fn verdict(ok: bool) -> &'static str {
     }
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Part {
+    All,
+    Inserts,
+    Upserts,
+}
+
+#[derive(Parser)]
+struct Args {
+    /// A seconds-long smoke run (what `cargo bench -- --test` passes).
+    #[arg(long)]
+    test: bool,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+    /// Which part to run.
+    #[arg(long, value_enum, default_value_t = Part::All)]
+    part: Part,
+    /// Callers of the concurrent upserts.
+    #[arg(long, value_delimiter = ',', default_values_t = [64usize, 300, 1000])]
+    callers: Vec<usize>,
+    /// Statements at once of the micro-batched writer; one run per value
+    /// (the server's default when not given).
+    #[arg(long, value_delimiter = ',')]
+    write_concurrency: Vec<usize>,
+    /// Disables the objects table's invalidation triggers (NOTIFY), as
+    /// before cross-instance invalidation existed: a transaction that
+    /// notifies holds a global lock through its commit, so naive upserts
+    /// lose group commit.
+    #[arg(long)]
+    without_notify: bool,
+    /// Seconds per concurrent run.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+}
+
+/// Inserts `n` objects three ways, prints the table, and returns COPY's
+/// ratio to one by one.
+async fn inserts(client: &mut tokio_postgres::Client, n: u64) -> f64 {
+    println!("\n### Inserting {n} objects, one transaction each way\n");
+    println!("| method | seconds | rows/s | × one by one |");
+    println!("|---|---:|---:|---:|");
+    reset(client).await;
+    let single = one_by_one(client, n).await;
+    reset(client).await;
+    let multi = multi_row(client, n).await;
+    reset(client).await;
+    let copied = by_copy(client, n).await;
+    for (name, d) in [
+        ("one statement per row", single),
+        ("multi-row statements (1,000 rows each)", multi),
+        ("binary COPY", copied),
+    ] {
+        println!(
+            "| {name} | {:.2} | {:.0} | {:.1} |",
+            d.as_secs_f64(),
+            n as f64 / d.as_secs_f64(),
+            single.as_secs_f64() / d.as_secs_f64()
+        );
+    }
+    single.as_secs_f64() / copied.as_secs_f64()
+}
+
+enum Path {
+    Naive(pg::Pool),
+    Writer(Writer<ObjectUpsert>),
+}
+
+/// One closed-loop run of single-object upserts from an empty table, with
+/// the mean batch when `path` is the writer.
+async fn upsert_run(
+    client: &tokio_postgres::Client,
+    callers: usize,
+    run_for: Duration,
+    path: Path,
+) -> (benches::RunReport, Option<f64>) {
+    reset(client).await;
+    match path {
+        Path::Naive(pool) => {
+            let report = closed_loop(callers, run_for, 1_000_000, move |k| {
+                let pool = pool.clone();
+                async move {
+                    let client = pool.get().await.expect("connection");
+                    let stmt = client
+                        .prepare_cached(ObjectUpsert.single_sql())
+                        .await
+                        .expect("prepare");
+                    let r = row(k);
+                    let p = ObjectUpsert.single_params(&r);
+                    client.query_one(&stmt, &refs(&p)).await.expect("upsert");
+                }
+            })
+            .await;
+            (report, None)
+        }
+        Path::Writer(writer) => {
+            let before = writer.stats();
+            let report = {
+                let writer = writer.clone();
+                closed_loop(callers, run_for, 1_000_000, move |k| {
+                    let writer = writer.clone();
+                    async move {
+                        writer.write(row(k)).await.expect("write");
+                    }
+                })
+                .await
+            };
+            let after = writer.stats();
+            let mean_batch = (after.batch_size.sum - before.batch_size.sum) as f64
+                / (after.batches - before.batches).max(1) as f64;
+            (report, Some(mean_batch))
+        }
+    }
+}
+
+fn print_upserts(
+    callers: usize,
+    name: &str,
+    (r, batch): &(benches::RunReport, Option<f64>),
+    naive: f64,
+) {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "| {callers} | {name} | {:.0} | {:.1} | {:.2} | {:.2} | {:.2} | {:.1} |",
+        r.per_sec(),
+        r.per_sec() / naive,
+        ms(r.quantile(0.5)),
+        ms(r.quantile(0.99)),
+        ms(r.max()),
+        batch.unwrap_or(1.0)
+    );
+}
+
 fn main() {
-    let smoke = std::env::args().any(|a| a == "--test");
+    let args = Args::parse();
+    let smoke = args.test;
     let n: u64 = if smoke { 2_000 } else { 1_000_000 };
-    let run_for = Duration::from_millis(if smoke { 300 } else { 5_000 });
+    let run_for = if smoke {
+        Duration::from_millis(300)
+    } else {
+        Duration::from_secs_f64(args.seconds)
+    };
     let rt = benches::runtime();
     rt.block_on(async {
         let dir = tempfile::Builder::new()
@@ -136,99 +277,74 @@ fn main() {
         repositories::insert(&client, "bench", "s3://bench/")
             .await
             .expect("repository");
-
-        println!("\n### Inserting {n} objects, one transaction each way\n");
-        println!("| method | seconds | rows/s | × one by one |");
-        println!("|---|---:|---:|---:|");
-        reset(&client).await;
-        let single = one_by_one(&mut client, n).await;
-        reset(&client).await;
-        let multi = multi_row(&mut client, n).await;
-        reset(&client).await;
-        let copied = by_copy(&mut client, n).await;
-        for (name, d) in [("one statement per row", single), ("multi-row statements (1,000 rows each)", multi), ("binary COPY", copied)] {
-            println!(
-                "| {name} | {:.2} | {:.0} | {:.1} |",
-                d.as_secs_f64(),
-                n as f64 / d.as_secs_f64(),
-                single.as_secs_f64() / d.as_secs_f64()
-            );
-        }
-        let copy_ratio = single.as_secs_f64() / copied.as_secs_f64();
-
-        reset(&client).await;
-        let pool = pg::pool(config.clone(), &PoolOptions::with_max_size(16)).expect("pool");
-        // The server's writer, with its defaults (256 rows per statement,
-        // 4 statements at once).
-        let settings = WriteSettings::default();
-        let writer = Writer::new(
-            pool.clone(),
-            ObjectUpsert,
-            settings.batch.builder("object_write", settings.timeout),
-        )
-        .expect("writer");
-        println!("\n### Concurrent single-object upserts, {run_for:?} per run\n");
-        println!("| callers | path | upserts/s | × naive | p50 ms | p99 ms | max ms | mean batch |");
-        println!("|---:|---|---:|---:|---:|---:|---:|---:|");
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let mut verdicts = Vec::new();
-        for callers in [64usize, 300, 1000] {
-            reset(&client).await;
-            let naive = {
-                let pool = pool.clone();
-                closed_loop(callers, run_for, 1_000_000, move |k| {
-                    let pool = pool.clone();
-                    async move {
-                        let client = pool.get().await.expect("connection");
-                        let stmt = client.prepare_cached(ObjectUpsert.single_sql()).await.expect("prepare");
-                        let r = row(k);
-                        let p = ObjectUpsert.single_params(&r);
-                        client.query_one(&stmt, &refs(&p)).await.expect("upsert");
-                    }
-                })
+        if args.without_notify {
+            client
+                .batch_execute(
+                    "ALTER TABLE objects DISABLE TRIGGER objects_notify_insert, \
+                     DISABLE TRIGGER objects_notify_update, DISABLE TRIGGER objects_notify_delete, \
+                     DISABLE TRIGGER objects_notify_truncate",
+                )
                 .await
-            };
-            reset(&client).await;
-            let before = writer.stats();
-            let batched = {
-                let writer = writer.clone();
-                closed_loop(callers, run_for, 1_000_000, move |k| {
-                    let writer = writer.clone();
-                    async move {
-                        writer.write(row(k)).await.expect("write");
-                    }
-                })
-                .await
-            };
-            let after = writer.stats();
-            let mean_batch = (after.batch_size.sum - before.batch_size.sum) as f64
-                / (after.batches - before.batches).max(1) as f64;
-            for (name, r, batch) in [
-                ("naive (autocommit per upsert)", &naive, "1.0".to_owned()),
-                ("micro-batched Writer", &batched, format!("{mean_batch:.1}")),
-            ] {
-                println!(
-                    "| {callers} | {name} | {:.0} | {:.1} | {:.2} | {:.2} | {:.2} | {batch} |",
-                    r.per_sec(),
-                    r.per_sec() / naive.per_sec(),
-                    ms(r.quantile(0.5)),
-                    ms(r.quantile(0.99)),
-                    ms(r.max())
-                );
-            }
-            verdicts.push((callers, batched.per_sec() / naive.per_sec()));
+                .expect("disable notify triggers");
         }
         println!(
-            "\ntarget: COPY at least 15x one by one: {} ({copy_ratio:.1}x)",
-            verdict(copy_ratio >= 15.0)
+            "PostgreSQL {}, invalidation triggers {}",
+            benches::reads::server_version(&config).await.expect("server version"),
+            if args.without_notify { "off" } else { "on" }
         );
-        for (callers, ratio) in verdicts {
-            println!(
-                "target: micro-batched concurrent upserts at least 5x naive, {callers} callers: {} ({ratio:.1}x)",
-                verdict(ratio >= 5.0)
-            );
+
+        let mut verdicts = Vec::new();
+        if args.part != Part::Upserts {
+            let copy_ratio = inserts(&mut client, n).await;
+            verdicts.push(format!(
+                "target: COPY at least 15x one by one: {} ({copy_ratio:.1}x)",
+                verdict(copy_ratio >= 15.0)
+            ));
         }
-        writer.shutdown().await;
+        if args.part != Part::Inserts {
+            let pool = pg::pool(config.clone(), &PoolOptions::with_max_size(16)).expect("pool");
+            // The server's writer settings (256 rows per statement, 4
+            // statements at once unless --write-concurrency says otherwise).
+            let settings = WriteSettings::default();
+            let concurrency = if args.write_concurrency.is_empty() {
+                vec![settings.batch.concurrency]
+            } else {
+                args.write_concurrency.clone()
+            };
+            let writers: Vec<(usize, Writer<ObjectUpsert>)> = concurrency
+                .iter()
+                .map(|&c| {
+                    let batch = BatchSettings { concurrency: c, ..settings.batch };
+                    let writer = Writer::new(pool.clone(), ObjectUpsert, batch.builder("object_write", settings.timeout))
+                        .expect("writer");
+                    (c, writer)
+                })
+                .collect();
+            println!("\n### Concurrent single-object upserts, {run_for:?} per run\n");
+            println!("| callers | path | upserts/s | × naive | p50 ms | p99 ms | max ms | mean batch |");
+            println!("|---:|---|---:|---:|---:|---:|---:|---:|");
+            for &callers in &args.callers {
+                let naive = upsert_run(&client, callers, run_for, Path::Naive(pool.clone())).await;
+                print_upserts(callers, "naive (autocommit per upsert)", &naive, naive.0.per_sec());
+                for (c, writer) in &writers {
+                    let batched = upsert_run(&client, callers, run_for, Path::Writer(writer.clone())).await;
+                    let name = format!("micro-batched Writer, {c} statements at once");
+                    print_upserts(callers, &name, &batched, naive.0.per_sec());
+                    let ratio = batched.0.per_sec() / naive.0.per_sec();
+                    verdicts.push(format!(
+                        "target: micro-batched concurrent upserts at least 5x naive, {callers} callers, {c} at once: {} ({ratio:.1}x)",
+                        verdict(ratio >= 5.0)
+                    ));
+                }
+            }
+            for (_, writer) in writers {
+                writer.shutdown().await;
+            }
+        }
+        println!();
+        for v in verdicts {
+            println!("{v}");
+        }
         cluster.stop().await;
     });
 }
