@@ -415,3 +415,59 @@ pub async fn round_trip(
     }
     Ok(start.elapsed() / u32::try_from(samples).unwrap_or(u32::MAX))
 }
+
+/// One caller's lookup, timed two ways over the same `pool`: a hit of the
+/// server's cached read path, and an uncached single-row lookup
+/// (`SELECT ... WHERE pk = $1`, prepared), each the mean of sequential
+/// calls.
+#[derive(Debug, Clone, Copy)]
+pub struct HitVsUncached {
+    /// A cache hit (`Lookup::get` on the cached path, key already cached).
+    pub hit: Duration,
+    /// An uncached lookup of a key not read before in the run.
+    pub uncached: Duration,
+}
+
+/// Measures [`HitVsUncached`]: `hits` sequential hits over 1,000 cached
+/// keys, and `lookups` sequential uncached reads of distinct keys of a
+/// `rows`-row table, in a spawned task (where request handlers run).
+///
+/// # Errors
+///
+/// When the settings are invalid or a read fails.
+pub async fn hit_vs_uncached(
+    pool: &Pool,
+    rows: u64,
+    hits: u64,
+    lookups: u64,
+) -> anyhow::Result<HitVsUncached> {
+    const HOT: u64 = 1_000;
+    let settings = read_settings(ReadPath::Cached, BatchSettings::default());
+    let cached = Lookup::new("kv", KvQuery, pool.clone(), &settings)?;
+    let uncached = pgbatch::pg::PgLoader::new(pool.clone(), KvQuery);
+    let rows = rows.max(HOT + 1);
+    tokio::spawn(async move {
+        for k in 0..HOT {
+            cached.get(key(k)).await?.context("a seeded row")?;
+        }
+        let keys: Vec<String> = (0..hits).map(|i| key(i % HOT)).collect();
+        let start = Instant::now();
+        for k in keys {
+            std::hint::black_box(cached.get(k).await?);
+        }
+        let hit = start.elapsed() / u32::try_from(hits.max(1)).unwrap_or(u32::MAX);
+        // Distinct keys spread over the table, none of them cached by this
+        // process; Postgres may have them in its buffers, as it would in
+        // production.
+        let mut stream = KeyStream::new(7);
+        let start = Instant::now();
+        for _ in 0..lookups {
+            let k = HOT + stream.next_below(rows - HOT);
+            std::hint::black_box(uncached.load_one(&key(k)).await?);
+        }
+        let uncached = start.elapsed() / u32::try_from(lookups.max(1)).unwrap_or(u32::MAX);
+        cached.shutdown().await;
+        Ok(HitVsUncached { hit, uncached })
+    })
+    .await?
+}

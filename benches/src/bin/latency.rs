@@ -2,10 +2,13 @@
 //! (after seed 004): Postgres is reached through a latency proxy that adds
 //! 0, 0.5 and 5 ms per round trip (half each way; `benches::delay_proxy`,
 //! in this process, nothing to install), and naive, pipelined and batched
-//! reads are measured at each, beside a run without the proxy.
+//! reads are measured at each, beside a run without the proxy. The `lookup`
+//! path times one caller's cache hit against one uncached lookup at each
+//! round trip.
 //!
 //! ```text
 //! cargo run --release -p benches --bin latency             # 10M rows, 300 initiators
+//! cargo run --release -p benches --bin latency -- --paths lookup --rtt-ms 0.5,1
 //! cargo run --release -p benches --bin latency -- --smoke  # seconds, for CI
 //! ```
 
@@ -54,9 +57,41 @@ struct Args {
     /// The batcher's flush policy.
     #[arg(long, value_enum, default_value_t = PolicyArg::Adaptive)]
     policy: PolicyArg,
+    /// The paths to measure at each round trip.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "naive,pipelined,batched,lookup"
+    )]
+    paths: Vec<PathArg>,
+    /// Sequential uncached lookups timed by the `lookup` path (hits: 100
+    /// times as many).
+    #[arg(long, default_value_t = 2_000)]
+    lookups: u64,
     /// CSV file results are appended to.
     #[arg(long, default_value = "target/loadgen/latency.csv")]
     csv: PathBuf,
+}
+
+/// A path `--paths` can select.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum PathArg {
+    /// One statement per read on a pooled connection.
+    Naive,
+    /// Single-key statements pipelined on shared connections.
+    Pipelined,
+    /// Reads through the batcher.
+    Batched,
+    /// One caller: a cache hit against an uncached lookup.
+    Lookup,
+}
+
+/// A `lookup` result at one round trip.
+struct LookupOutcome {
+    added_rtt_ms: Option<f64>,
+    measured_rtt: Duration,
+    times: reads::HitVsUncached,
 }
 
 /// One row of results.
@@ -77,6 +112,7 @@ async fn main() -> anyhow::Result<()> {
     if args.table.smoke {
         args.seconds = 0.3;
         args.initiators = 32;
+        args.lookups = args.lookups.min(50);
     }
     // A free loopback port for the cluster's TCP listener, which the
     // proxies forward to.
@@ -154,6 +190,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     }
 
     let mut results = Vec::new();
+    let mut lookups = Vec::new();
     for (i, (added, config)) in targets.iter().enumerate() {
         let label = added.map_or("no proxy".to_owned(), |ms| format!("+{ms} ms"));
         let measured_rtt = reads::round_trip(config, 200).await?;
@@ -165,6 +202,23 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
             config.clone(),
             &PoolOptions::with_max_size(args.connections),
         )?;
+        if args.paths.contains(&PathArg::Lookup) {
+            eprintln!("{label}: one caller, cache hit vs uncached lookup");
+            let hits = if args.table.smoke {
+                1_000
+            } else {
+                100 * args.lookups
+            };
+            let times = reads::hit_vs_uncached(&pool, rows, hits, args.lookups).await?;
+            lookups.push(LookupOutcome {
+                added_rtt_ms: *added,
+                measured_rtt,
+                times,
+            });
+        }
+        if !args.paths.iter().any(|p| *p != PathArg::Lookup) {
+            continue;
+        }
         if i == 0 {
             eprintln!("warming up");
             let warm = run.min(Duration::from_secs(5));
@@ -179,27 +233,69 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
                 mean_batch,
             });
         };
-        eprintln!("{label}: naive on {} connections", args.connections);
-        push("naive", reads::naive_run(&pool, n, run, rows).await, None);
-        eprintln!(
-            "{label}: pipelined on {} connections",
-            args.pipeline_connections
-        );
-        let pipelined =
-            reads::pipelined_run(config, args.pipeline_connections, n, run, rows).await?;
-        push("pipelined", pipelined, None);
-        eprintln!(
-            "{label}: batched, {:?}, max batch {}, {} at once",
-            args.policy, args.max_batch, args.connections
-        );
-        let (report, mean) = reads::batched_run(&pool, settings, n, run, rows).await?;
-        push("batched", report, Some(mean));
+        if args.paths.contains(&PathArg::Naive) {
+            eprintln!("{label}: naive on {} connections", args.connections);
+            push("naive", reads::naive_run(&pool, n, run, rows).await, None);
+        }
+        if args.paths.contains(&PathArg::Pipelined) {
+            eprintln!(
+                "{label}: pipelined on {} connections",
+                args.pipeline_connections
+            );
+            let pipelined =
+                reads::pipelined_run(config, args.pipeline_connections, n, run, rows).await?;
+            push("pipelined", pipelined, None);
+        }
+        if args.paths.contains(&PathArg::Batched) {
+            eprintln!(
+                "{label}: batched, {:?}, max batch {}, {} at once",
+                args.policy, args.max_batch, args.connections
+            );
+            let (report, mean) = reads::batched_run(&pool, settings, n, run, rows).await?;
+            push("batched", report, Some(mean));
+        }
     }
 
-    print_table(&results, args);
-    append_csv(&args.csv, &results, args)?;
-    eprintln!("appended to {}", args.csv.display());
+    if !results.is_empty() {
+        print_table(&results, args);
+        append_csv(&args.csv, &results, args)?;
+        eprintln!("appended to {}", args.csv.display());
+    }
+    if !lookups.is_empty() {
+        print_lookups(&lookups);
+    }
     Ok(())
+}
+
+/// The `lookup` path's table and the cache's target (issue 4: a hit at
+/// least 1,000x faster than an uncached lookup), judged at the round trips
+/// of a real network (0.5 ms or more added).
+fn print_lookups(lookups: &[LookupOutcome]) {
+    println!("\nOne caller, sequential: a cache hit (server's cached read path, key cached) vs an uncached single-row lookup\n");
+    println!(
+        "| added RTT | SELECT 1 mean ms | cache hit ns | uncached lookup µs | uncached / hit |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    for o in lookups {
+        let t = o.times;
+        println!(
+            "| {} | {:.3} | {} | {:.1} | {:.0}x |",
+            label(o.added_rtt_ms),
+            ms(o.measured_rtt),
+            t.hit.as_nanos(),
+            t.uncached.as_secs_f64() * 1e6,
+            t.uncached.as_secs_f64() / t.hit.as_secs_f64()
+        );
+    }
+    println!();
+    for o in lookups.iter().filter(|o| o.added_rtt_ms >= Some(0.5)) {
+        let ratio = o.times.uncached.as_secs_f64() / o.times.hit.as_secs_f64();
+        println!(
+            "target: a cache hit at least 1,000x faster than an uncached lookup at {}: {} ({ratio:.0}x)",
+            label(o.added_rtt_ms),
+            if ratio >= 1000.0 { "met" } else { "MISSED" }
+        );
+    }
 }
 
 fn ms(d: Duration) -> f64 {
