@@ -189,44 +189,103 @@ pub async fn prewarm(config: &tokio_postgres::Config) -> anyhow::Result<()> {
 /// Keys per second of back-to-back `= ANY($1)` queries of `keys` random
 /// keys on `connections` connections: what the database itself can serve.
 ///
-/// # Panics
+/// # Errors
 ///
-/// When a query fails: the ceiling is meaningless then.
+/// When a connection cannot be made or a query fails: the ceiling is
+/// meaningless then.
 pub async fn ceiling(
-    pool: &Pool,
+    config: &tokio_postgres::Config,
     connections: usize,
     keys: usize,
     rows: u64,
     run: Duration,
-) -> f64 {
-    let stop = Instant::now() + run;
+) -> anyhow::Result<f64> {
+    statement_rate(
+        config,
+        "",
+        KvQuery.batch_sql(),
+        connections,
+        keys,
+        rows,
+        run,
+    )
+    .await
+}
+
+/// The batched read statements compared by `loadgen --only statements`:
+/// a name, what each connection runs first, and the statement, which
+/// takes the keys as `$1::text[]`.
+pub const STATEMENTS: [(&str, &str, &str); 4] = [
+    (
+        "= ANY($1)",
+        "",
+        "SELECT pk, payload FROM random_read_test WHERE pk = ANY($1)",
+    ),
+    (
+        "= ANY($1), generic plan",
+        "SET plan_cache_mode = force_generic_plan",
+        "SELECT pk, payload FROM random_read_test WHERE pk = ANY($1)",
+    ),
+    (
+        "= ANY($1), custom plans",
+        "SET plan_cache_mode = force_custom_plan",
+        "SELECT pk, payload FROM random_read_test WHERE pk = ANY($1)",
+    ),
+    (
+        "unnest($1) join",
+        "",
+        "SELECT t.pk, t.payload FROM unnest($1::text[]) AS k(pk) \
+         JOIN random_read_test t ON t.pk = k.pk",
+    ),
+];
+
+/// Keys found per second by back-to-back runs of `sql` with `keys` random
+/// keys each, on `connections` connections of their own (each first runs
+/// `setup`).
+///
+/// # Errors
+///
+/// When a connection cannot be made or a query fails.
+pub async fn statement_rate(
+    config: &tokio_postgres::Config,
+    setup: &str,
+    sql: &str,
+    connections: usize,
+    keys: usize,
+    rows: u64,
+    run: Duration,
+) -> anyhow::Result<f64> {
+    let mut clients = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        let (client, conn) = config.connect(NoTls).await?;
+        tokio::spawn(conn);
+        client.batch_execute(setup).await?;
+        let stmt = client.prepare(sql).await?;
+        clients.push((client, stmt));
+    }
     let start = Instant::now();
-    let tasks: Vec<_> = (0..connections)
-        .map(|c| {
-            let pool = pool.clone();
+    let stop = start + run;
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(c, (client, stmt))| {
             tokio::spawn(async move {
-                let client = pool.get().await.expect("connection");
-                let stmt = client
-                    .prepare_cached(KvQuery.batch_sql())
-                    .await
-                    .expect("prepare");
                 let mut stream = KeyStream::new(1_000 + c as u64);
                 let mut done = 0u64;
                 while Instant::now() < stop {
                     let batch: Vec<String> =
                         (0..keys).map(|_| key(stream.next_below(rows))).collect();
-                    let found = client.query(&stmt, &[&batch]).await.expect("ceiling query");
-                    done += found.len() as u64;
+                    done += client.query(&stmt, &[&batch]).await?.len() as u64;
                 }
-                done
+                anyhow::Ok(done)
             })
         })
         .collect();
     let mut total = 0;
     for t in tasks {
-        total += t.await.expect("ceiling task");
+        total += t.await??;
     }
-    total as f64 / start.elapsed().as_secs_f64()
+    Ok(total as f64 / start.elapsed().as_secs_f64())
 }
 
 /// The settings of the load generators' read paths: `batch`, a deadline

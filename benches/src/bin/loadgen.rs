@@ -57,6 +57,11 @@ struct Args {
     /// Keys per query when measuring the bulk ceiling.
     #[arg(long, default_value_t = 10_000)]
     ceiling_keys: usize,
+    /// Rounds of the statements comparison; each round runs every form for
+    /// `--seconds` with the largest of `--batch-sizes` keys per statement
+    /// on `--batch-concurrency` connections.
+    #[arg(long, default_value_t = 3)]
+    statement_rounds: usize,
     /// CSV file results are appended to.
     #[arg(long, default_value = "target/loadgen/statistics.csv")]
     csv: PathBuf,
@@ -64,8 +69,10 @@ struct Args {
     #[arg(long, default_value = "target/loadgen/batching.svg")]
     svg: PathBuf,
     /// Runs to make, of: ceiling, naive, pipelined, fixed, eager, adaptive,
-    /// cached, single (the 1-initiator runs). A partial run prints no
-    /// verdict that needs a missing run (to profile one path, say).
+    /// cached, single (the 1-initiator runs), and statements (not by
+    /// default: the batched statement's forms compared, see
+    /// `--statement-rounds`). A partial run prints no verdict that needs a
+    /// missing run (to profile one path, say).
     #[arg(
         long,
         value_delimiter = ',',
@@ -124,8 +131,9 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
         });
     };
 
-    const RUNS: [&str; 8] = [
+    const RUNS: [&str; 9] = [
         "ceiling",
+        "statements",
         "naive",
         "pipelined",
         "fixed",
@@ -148,10 +156,20 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
             "ceiling: {} keys per query on {} connections",
             args.ceiling_keys, args.batch_concurrency
         );
-        reads::ceiling(&pool, args.batch_concurrency, args.ceiling_keys, rows, run).await
+        reads::ceiling(
+            &db.config,
+            args.batch_concurrency,
+            args.ceiling_keys,
+            rows,
+            run,
+        )
+        .await?
     } else {
         f64::NAN
     };
+    if want("statements") {
+        compare_statements(args, &db.config, run).await?;
+    }
 
     if want("naive") {
         eprintln!("naive");
@@ -210,6 +228,9 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
         }
     }
 
+    if results.is_empty() && !ceiling.is_finite() {
+        return Ok(());
+    }
     print_table(&results, ceiling, args);
     append_csv(&args.csv, &results, ceiling, args)?;
     plot(&args.svg, &results, args.initiators)?;
@@ -223,6 +244,50 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+/// Runs every form of `reads::STATEMENTS` in turn, `--statement-rounds`
+/// times, and prints each form's median keys/s, its range, and its ratio
+/// to `= ANY($1)` with the server's default plan choice.
+async fn compare_statements(
+    args: &Args,
+    config: &tokio_postgres::Config,
+    run: Duration,
+) -> anyhow::Result<()> {
+    let keys = args.batch_sizes.iter().copied().max().unwrap_or(64);
+    let connections = args.batch_concurrency;
+    let mut rates = vec![Vec::new(); reads::STATEMENTS.len()];
+    for round in 0..args.statement_rounds.max(1) {
+        for (i, (name, setup, sql)) in reads::STATEMENTS.iter().enumerate() {
+            eprintln!("statements, round {}: {name}", round + 1);
+            rates[i].push(
+                reads::statement_rate(config, setup, sql, connections, keys, args.table.rows, run)
+                    .await?,
+            );
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let base = median(&mut rates[0].clone());
+    println!(
+        "\nThe batched statement's forms: {keys} random keys per statement, {connections} connections, {} rounds of {:.1} s, interleaved\n",
+        rates[0].len(),
+        args.seconds
+    );
+    println!("| statement | keys/s (median) | range | × `= ANY($1)` |");
+    println!("|---|---:|---:|---:|");
+    for (i, (name, _, _)) in reads::STATEMENTS.iter().enumerate() {
+        let m = median(&mut rates[i]);
+        println!(
+            "| {name} | {m:.0} | {:.0}-{:.0} | {:.2} |",
+            rates[i][0],
+            rates[i][rates[i].len() - 1],
+            m / base
+        );
+    }
+    Ok(())
 }
 
 fn print_table(results: &[Outcome], ceiling: f64, args: &Args) {
