@@ -297,8 +297,8 @@ fn main() {
         if args.part != Part::Upserts {
             let copy_ratio = inserts(&mut client, n).await;
             verdicts.push(format!(
-                "target: COPY at least 15x one by one: {} ({copy_ratio:.1}x)",
-                verdict(copy_ratio >= 15.0)
+                "target: COPY at least 25x one by one (issue 14; issue 5 asked 15x): {} ({copy_ratio:.1}x)",
+                verdict(copy_ratio >= 25.0)
             ));
         }
         if args.part != Part::Inserts {
