@@ -126,6 +126,10 @@ enum Part {
 }
 
 #[derive(Parser)]
+// `cargo bench -p benches -- <args>` gives every bench of the package the
+// same arguments (criterion's filters and options too): ignore what is not
+// ours.
+#[command(ignore_errors = true)]
 struct Args {
     /// A seconds-long smoke run (what `cargo bench -- --test` passes).
     #[arg(long)]

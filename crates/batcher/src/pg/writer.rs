@@ -24,9 +24,11 @@ use crate::{Batcher, BatcherBuilder, BuildError, Error, Loader};
 /// was inserted rather than updated; `(xmax = 0)` is the usual way to tell.
 pub trait UpsertQuery: Send + Sync + 'static {
     /// What identifies a row (its conflict target). Ordered because a
-    /// batch's rows are written in key order: two batches running at once
-    /// then lock their common rows in the same order and cannot deadlock
-    /// each other, as they could in arrival order.
+    /// batch's rows are written in key order: two of this writer's batches
+    /// running at once then lock their common rows in the same order and
+    /// cannot deadlock each other, as they could in arrival order. Other
+    /// writers of the table (an import ordered by the database's collation,
+    /// say) may still take the same locks in another order.
     type Key: Clone + Ord + Hash + Send + Sync + 'static;
     /// A row to write.
     type Row: Clone + Send + Sync + 'static;
