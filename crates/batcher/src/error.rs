@@ -132,3 +132,14 @@ pub enum BuildError {
     #[error("no Tokio runtime to spawn the batcher worker on")]
     NoRuntime,
 }
+
+/// The message of a caught panic, for [`Error::LoaderPanicked`].
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}

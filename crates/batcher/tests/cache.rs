@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pgbatch::cache::{Cache, CacheBuilder};
+use pgbatch::cache::{Admission, Cache, CacheBuilder};
 use pgbatch::{Batcher, Error};
 use support::{value_of, TestLoader};
 use tokio::sync::Semaphore;
@@ -93,10 +93,10 @@ async fn a_thousand_concurrent_gets_of_one_cold_key_cause_one_load() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_gets_over_a_hundred_keys_through_a_batcher_make_few_batches() {
-    let loader = TestLoader::new();
-    // This instant loader would finish each direct load before the next
-    // spawned get runs, making every load a batch of one: this test is
-    // about coalescing through the worker.
+    // Loads are held until every get waits: an instant loader would free
+    // its slot before the next spawned get runs, making every load a batch
+    // of one, and this test is about coalescing through the worker.
+    let loader = TestLoader::gated();
     let batcher: Batcher<u64, String> = Batcher::builder()
         .max_concurrent_batches(2)
         .direct_when_idle(false)
@@ -112,6 +112,12 @@ async fn a_thousand_gets_over_a_hundred_keys_through_a_batcher_make_few_batches(
             tokio::spawn(async move { (i % 100, cache.get(i % 100).await) })
         })
         .collect();
+    eventually("every get waiting", || {
+        let s = cache.stats();
+        s.misses + s.coalesced == 1000
+    })
+    .await;
+    loader.open(1000);
     for g in gets {
         let (key, value) = g.await.unwrap();
         assert_eq!(value.unwrap(), Some(value_of(key)), "key {key}");
@@ -345,4 +351,73 @@ fn invalid_settings_are_rejected() {
         .max_capacity(0)
         .build(|_k: u64| async { Ok(None) })
         .is_err());
+}
+
+#[tokio::test]
+async fn a_lone_callers_abandoned_load_still_fills_the_cache() {
+    let loads = Loads::gated();
+    let cache = counting_cache(&loads);
+    let gave_up = tokio::time::timeout(Duration::from_millis(20), cache.get(9)).await;
+    assert!(gave_up.is_err(), "the load is held at the gate");
+    loads.gate.as_ref().unwrap().add_permits(1);
+    // Joins the handed-over load or finds its value: either way no second
+    // load.
+    assert_eq!(cache.get(9).await.unwrap(), Some(value_of(9)));
+    assert_eq!(cache.get(9).await.unwrap(), Some(value_of(9)));
+    assert_eq!(loads.calls(), 1);
+}
+
+#[tokio::test]
+async fn with_second_miss_admission_a_key_is_stored_from_its_second_miss() {
+    let loads = Arc::new(Loads::default());
+    let cache = counting_cache_with(
+        &loads,
+        Cache::builder()
+            .admission(Admission::SecondMiss)
+            .negative_ttl(Duration::from_secs(60)),
+    );
+    assert_eq!(cache.get(5).await.unwrap(), Some(value_of(5)));
+    assert_eq!(cache.get(5).await.unwrap(), Some(value_of(5)));
+    assert_eq!(loads.calls(), 2, "the first miss is answered, not stored");
+    assert_eq!(cache.get(5).await.unwrap(), Some(value_of(5)));
+    assert_eq!(loads.calls(), 2, "the second miss was stored");
+    let s = cache.stats();
+    assert_eq!((s.misses, s.hits, s.not_admitted), (2, 1, 1), "{s:?}");
+
+    // Invalidation still removes an admitted value, and the key's next
+    // miss stores again: it is no longer a first sighting.
+    cache.invalidate(&5).await;
+    assert_eq!(cache.get(5).await.unwrap(), Some(value_of(5)));
+    assert_eq!(cache.get(5).await.unwrap(), Some(value_of(5)));
+    assert_eq!(loads.calls(), 3);
+}
+
+#[tokio::test]
+async fn with_second_miss_admission_errors_are_still_not_cached() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let cache: Cache<u64, String> = Cache::builder()
+        .admission(Admission::SecondMiss)
+        .build({
+            let calls = Arc::clone(&calls);
+            move |k: u64| {
+                let n = calls.fetch_add(1, SeqCst);
+                async move {
+                    if n < 2 {
+                        Err(Error::load(std::io::Error::other("database down")))
+                    } else {
+                        Ok(Some(value_of(k)))
+                    }
+                }
+            }
+        })
+        .unwrap();
+    assert!(cache.get(1).await.is_err());
+    assert!(cache.get(1).await.is_err());
+    assert_eq!(cache.get(1).await.unwrap(), Some(value_of(1)));
+    assert_eq!(cache.get(1).await.unwrap(), Some(value_of(1)));
+    assert_eq!(
+        calls.load(SeqCst),
+        4,
+        "errors are neither stored nor count as misses seen"
+    );
 }

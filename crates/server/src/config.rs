@@ -278,6 +278,24 @@ impl From<ReadPath> for ReadPathArg {
     }
 }
 
+/// Which loaded values a cache stores, as a flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AdmissionArg {
+    /// Every loaded value.
+    Always,
+    /// A key's value from its second miss within a window on.
+    SecondMiss,
+}
+
+impl From<AdmissionArg> for pgbatch::cache::Admission {
+    fn from(arg: AdmissionArg) -> Self {
+        match arg {
+            AdmissionArg::Always => Self::Always,
+            AdmissionArg::SecondMiss => Self::SecondMiss,
+        }
+    }
+}
+
 /// Whether a cache is used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnOff {
@@ -420,6 +438,11 @@ pub struct ServeArgs {
         help_heading = "Caches"
     )]
     pub cache_negative_ttl_ms: u64,
+    /// Which loaded values the cache stores: `always`, or `second-miss`
+    /// (a key's value from its second miss within a window on) for lookups
+    /// spread over many more keys than the cache holds.
+    #[arg(long, env = "PGBATCH_CACHE_ADMISSION", value_enum, default_value_t = AdmissionArg::Always, help_heading = "Caches")]
+    pub cache_admission: AdmissionArg,
     /// Cache resolved tokens (`off`: look every token up, for comparison).
     #[arg(long, env = "PGBATCH_AUTH_CACHE", value_enum, default_value_t = OnOff::from(AuthSettings::default().cache.is_some()), help_heading = "Authentication")]
     pub auth_cache: OnOff,
@@ -538,6 +561,7 @@ impl ServeArgs {
                     jitter: Duration::from_millis(self.cache_jitter_ms),
                     negative_ttl: (self.cache_negative_ttl_ms > 0)
                         .then(|| Duration::from_millis(self.cache_negative_ttl_ms)),
+                    admission: self.cache_admission.into(),
                 },
             },
             write: WriteSettings {
@@ -560,6 +584,8 @@ impl ServeArgs {
                     ttl: Duration::from_millis(self.auth_cache_ttl_ms),
                     jitter: Duration::from_millis(self.auth_cache_jitter_ms),
                     negative_ttl: None,
+                    // Few, hot keys: each is worth storing at once.
+                    admission: pgbatch::cache::Admission::Always,
                 }),
             },
             limits: Limits {
@@ -606,6 +632,7 @@ impl ServeArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pgbatch::cache::Admission;
 
     fn parse(args: &[&str]) -> Cli {
         Cli::try_parse_from(std::iter::once("server").chain(args.iter().copied()))
@@ -756,6 +783,7 @@ mod tests {
         assert_eq!(s.read.batch, batch);
         assert_eq!(s.read.timeout, Duration::from_millis(1500));
         assert_eq!(s.read.cache.negative_ttl, Some(Duration::from_millis(40)));
+        assert_eq!(s.read.cache.admission, Admission::Always);
         assert_eq!(s.auth.cache, None);
         // The writer batches with its own size and concurrency, and the
         // shared policy, delay and queue.
@@ -781,11 +809,16 @@ mod tests {
         std::env::set_var("PGBATCH_CACHE_TTL_MS", "1234");
         std::env::set_var("PGBATCH_AUTH_CACHE_JITTER_MS", "0");
         std::env::set_var("PGBATCH_READ_PATH", "naive");
+        std::env::set_var("PGBATCH_CACHE_ADMISSION", "second-miss");
         let s = parse(&[]).serve.settings();
         std::env::remove_var("PGBATCH_CACHE_TTL_MS");
         std::env::remove_var("PGBATCH_AUTH_CACHE_JITTER_MS");
         std::env::remove_var("PGBATCH_READ_PATH");
+        std::env::remove_var("PGBATCH_CACHE_ADMISSION");
         assert_eq!(s.read.cache.ttl, Duration::from_millis(1234));
+        assert_eq!(s.read.cache.admission, Admission::SecondMiss);
+        // The token cache's keys are few and hot: always stored.
+        assert_eq!(s.auth.cache.map(|c| c.admission), Some(Admission::Always));
         assert_eq!(s.auth.cache.map(|c| c.jitter), Some(Duration::ZERO));
         assert_eq!(s.read.path, ReadPath::Naive);
     }

@@ -471,7 +471,7 @@ fn encode_caches(
     encoder: &mut DescriptorEncoder<'_>,
     caches: &Caches,
 ) -> Result<(), std::fmt::Error> {
-    let counters: [(&str, &str, CacheField); 7] = [
+    let counters: [(&str, &str, CacheField); 8] = [
         ("cache_hits", "Lookups answered from the cache", |s| s.hits),
         ("cache_misses", "Lookups that started a load", |s| s.misses),
         (
@@ -482,6 +482,11 @@ fn encode_caches(
         ("cache_load_errors", "Loads that failed (not cached)", |s| {
             s.load_errors
         }),
+        (
+            "cache_not_admitted",
+            "Loaded values not stored: their key's first miss (--cache-admission second-miss)",
+            |s| s.not_admitted,
+        ),
         (
             "cache_evictions",
             "Entries evicted to stay within capacity",

@@ -282,6 +282,9 @@ pub struct CacheSettings {
     pub jitter: Duration,
     /// Lifetime of a cached "not found", if cached at all.
     pub negative_ttl: Option<Duration>,
+    /// Which loaded values are stored: all (the default), or a key's from
+    /// its second miss on, for key spaces far larger than the cache.
+    pub admission: pgbatch::cache::Admission,
 }
 
 impl Default for CacheSettings {
@@ -291,6 +294,7 @@ impl Default for CacheSettings {
             ttl: defaults::CACHE_TTL,
             jitter: defaults::CACHE_JITTER,
             negative_ttl: None,
+            admission: pgbatch::cache::Admission::Always,
         }
     }
 }
@@ -306,7 +310,8 @@ impl CacheSettings {
             .name(name)
             .max_capacity(self.capacity)
             .time_to_live(self.ttl)
-            .jitter(self.jitter);
+            .jitter(self.jitter)
+            .admission(self.admission);
         match self.negative_ttl {
             Some(ttl) => b.negative_ttl(ttl),
             None => b,

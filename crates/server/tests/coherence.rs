@@ -309,3 +309,36 @@ async fn the_triggers_send_every_key_in_payloads_under_the_limit_and_nothing_for
     .await;
     assert_eq!(bulk, [r#"{"c":"objects","all":true}"#]);
 }
+
+#[tokio::test]
+async fn with_second_miss_admission_a_stored_value_is_still_invalidated_by_the_other_instance() {
+    let mut settings = read_path(ReadPath::Cached);
+    settings.read.cache.admission = pgbatch::cache::Admission::SecondMiss;
+    let (a, b) = two_instances_with(settings).await;
+    let path = object_path(6);
+    let stats = |app: &TestApp| {
+        let caches = app.state.reads.cache_stats();
+        let (_, s) = caches
+            .iter()
+            .find(|(name, _)| *name == "object_stat")
+            .unwrap();
+        s.clone()
+    };
+    let before = address_of(&a, &path).await;
+    assert_eq!(stats(&a).not_admitted, 1, "the first miss is not stored");
+    assert_eq!(address_of(&a, &path).await, before); // stored now
+    assert_eq!(address_of(&a, &path).await, before);
+    assert!(stats(&a).hits >= 1, "{:?}", stats(&a));
+
+    let (status, body) = send(&b.router, support::put_object(&path, "s3://moved/again")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let acked = Instant::now();
+    while address_of(&a, &path).await != "s3://moved/again" {
+        assert!(
+            acked.elapsed() < Duration::from_secs(10),
+            "a never saw b's write"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    delivered(&a);
+}

@@ -4,7 +4,6 @@
 //! load of one key) both go through here, so a load ends the same way
 //! whichever ran it.
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -90,7 +89,7 @@ pub(crate) async fn run<K, V>(load: Load<K, V>, load_timeout: Option<Duration>) 
     match result {
         Ok(Ok(values)) => Outcome::Loaded(values),
         Ok(Err(e)) => Outcome::Failed(e),
-        Err(panic) => Outcome::Panicked(panic_message(panic).into()),
+        Err(panic) => Outcome::Panicked(crate::error::panic_message(&*panic).into()),
     }
 }
 
@@ -134,16 +133,6 @@ pub(crate) fn record_found(stats: &Stats, found: usize, keys: usize) {
 /// The span every load runs in, whoever runs it.
 pub(crate) fn batch_span(name: &str, size: usize, direct: bool) -> tracing::Span {
     tracing::debug_span!("batch", batcher = %name, size, direct)
-}
-
-fn panic_message(payload: Box<dyn Any + Send>) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_owned()
-    }
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use moka::notification::RemovalCause;
 
+use super::admission::{Admission, Doorkeeper};
 use super::coalescing::{Cache, Cached, Counters, LoadFn};
 use super::expiry::JitteredExpiry;
 use crate::{Batcher, BuildError, Error};
@@ -41,6 +42,7 @@ pub struct CacheBuilder<K, V> {
     time_to_live: Duration,
     jitter: Duration,
     negative_ttl: Option<Duration>,
+    admission: Admission,
     _types: PhantomData<fn(K) -> V>,
 }
 
@@ -53,6 +55,7 @@ impl<K, V> fmt::Debug for CacheBuilder<K, V> {
             .field("time_to_live", &self.time_to_live)
             .field("jitter", &self.jitter)
             .field("negative_ttl", &self.negative_ttl)
+            .field("admission", &self.admission)
             .finish()
     }
 }
@@ -66,6 +69,7 @@ impl<K, V> Default for CacheBuilder<K, V> {
             time_to_live: Duration::from_secs(20),
             jitter: Duration::from_secs(3),
             negative_ttl: None,
+            admission: Admission::Always,
             _types: PhantomData,
         }
     }
@@ -117,6 +121,14 @@ where
         self
     }
 
+    /// Which loaded values are stored. Default [`Admission::Always`];
+    /// [`Admission::SecondMiss`] for lookups spread over many more keys
+    /// than the cache holds.
+    pub fn admission(mut self, admission: Admission) -> Self {
+        self.admission = admission;
+        self
+    }
+
     fn validate(&self) -> Result<(), BuildError> {
         if self.max_capacity == 0 {
             return Err(BuildError::TooSmall {
@@ -138,8 +150,9 @@ where
         Ok(())
     }
 
-    /// A cache whose misses call `load(key)`. The load runs in a spawned
-    /// task on the Tokio runtime current at the time of the miss.
+    /// A cache whose misses call `load(key)`. The load runs in the task of
+    /// the first caller to miss; if that caller is dropped first, the rest
+    /// runs in a task spawned on the Tokio runtime current at that time.
     ///
     /// # Errors
     ///
@@ -178,10 +191,15 @@ where
                 Cached::NotFound => 1,
             });
         }
+        let doorkeeper = match self.admission {
+            Admission::Always => None,
+            Admission::SecondMiss => Some(Doorkeeper::new(self.max_capacity)),
+        };
         Ok(Cache::new(
             store.build(),
             load,
             self.negative_ttl.is_some(),
+            doorkeeper,
             counters,
         ))
     }

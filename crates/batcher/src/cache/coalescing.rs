@@ -5,13 +5,16 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
+use futures_util::FutureExt as _;
 use moka::ops::compute::Op;
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
+use super::admission::Doorkeeper;
 use super::CacheBuilder;
 use crate::Error;
 
@@ -27,11 +30,15 @@ pub(super) enum Cached<V> {
 }
 
 /// The answer a flight delivers to its waiters.
-type Answer<V> = Option<Result<Option<V>, Error>>;
+type Answer<V> = Result<Option<V>, Error>;
 
 /// A load in progress for one key.
 struct Flight<V> {
-    rx: watch::Receiver<Answer<V>>,
+    /// Set once, before `notify` wakes the waiters. (A watch channel
+    /// notifies eight shards on every send, waiters or not: a measurable
+    /// share of a miss.)
+    answer: OnceLock<Answer<V>>,
+    notify: Notify,
     /// Set by invalidation: the load must not store its result.
     stale: AtomicBool,
     /// [`Inner::epoch`] when the load started.
@@ -44,6 +51,8 @@ struct Inner<K, V> {
     flights: Mutex<HashMap<K, Arc<Flight<V>>>>,
     load: LoadFn<K, V>,
     cache_not_found: bool,
+    /// With [`Admission::SecondMiss`](super::Admission::SecondMiss).
+    doorkeeper: Option<Doorkeeper>,
     counters: Arc<Counters>,
     /// Bumped by `invalidate_all` before it clears the store. moka's
     /// `invalidate_all` is not serialized with a key's compute, so a load
@@ -58,6 +67,7 @@ pub(super) struct Counters {
     misses: AtomicU64,
     coalesced: AtomicU64,
     load_errors: AtomicU64,
+    not_admitted: AtomicU64,
     pub(super) evictions: AtomicU64,
     pub(super) expirations: AtomicU64,
     invalidations: AtomicU64,
@@ -75,6 +85,9 @@ pub struct CacheStats {
     pub coalesced: u64,
     /// Loads that failed (their errors are not cached).
     pub load_errors: u64,
+    /// Loaded values not stored because it was their key's first miss in
+    /// the window ([`Admission::SecondMiss`](super::Admission::SecondMiss)).
+    pub not_admitted: u64,
     /// Entries evicted to stay within capacity.
     pub evictions: u64,
     /// Entries that expired.
@@ -122,6 +135,7 @@ where
         store: moka::future::Cache<K, Cached<V>>,
         load: LoadFn<K, V>,
         cache_not_found: bool,
+        doorkeeper: Option<Doorkeeper>,
         counters: Arc<Counters>,
     ) -> Self {
         Self {
@@ -130,6 +144,7 @@ where
                 flights: Mutex::new(HashMap::new()),
                 load,
                 cache_not_found,
+                doorkeeper,
                 counters,
                 epoch: AtomicU64::new(0),
             }),
@@ -147,8 +162,11 @@ where
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future is safe and affects no other caller: the load
-    /// runs in its own task and still fills the cache.
+    /// Dropping the future is safe and affects no other caller. The first
+    /// caller to miss drives the load in its own task (a task per miss
+    /// would cost more than the batched load it wraps); dropped before the
+    /// load finishes, it hands the rest to a spawned task, which still
+    /// answers the other callers and fills the cache.
     pub async fn get(&self, key: K) -> Result<Option<V>, Error> {
         let inner = &self.inner;
         if let Some(cached) = inner.store.get(&key).await {
@@ -158,15 +176,20 @@ where
                 Cached::NotFound => None,
             });
         }
-        let mut rx = self.join_or_start(key);
-        let answer = rx.wait_for(Option::is_some).await;
-        match answer {
-            Ok(answer) => answer.clone().unwrap_or(Err(Error::Closed)),
-            // The load task ended without answering: it panicked.
-            Err(_) => Err(Error::LoaderPanicked(
-                "cache load task ended without an answer".into(),
-            )),
-        }
+        let run = match self.join_or_start(key) {
+            Role::Follower(flight) => return flight.wait().await,
+            Role::Leader(run) => run,
+        };
+        // The first caller drives the load itself: a task per miss cost
+        // more than the batched load it wraps. If this caller is dropped
+        // first, `Lead` hands the rest of the load to a task.
+        let mut lead = Lead(Some(run));
+        let answer = match lead.0.as_mut() {
+            Some(run) => run.await,
+            None => Err(Error::Closed),
+        };
+        lead.0 = None;
+        answer
     }
 
     /// Removes `key`. A load for it already running still answers its
@@ -205,6 +228,7 @@ where
             misses: c.misses.load(Relaxed),
             coalesced: c.coalesced.load(Relaxed),
             load_errors: c.load_errors.load(Relaxed),
+            not_admitted: c.not_admitted.load(Relaxed),
             evictions: c.evictions.load(Relaxed),
             expirations: c.expirations.load(Relaxed),
             invalidations: c.invalidations.load(Relaxed),
@@ -227,29 +251,79 @@ where
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Joins the running load for `key`, or starts one.
-    fn join_or_start(&self, key: K) -> watch::Receiver<Answer<V>> {
+    /// Joins the running load for `key`, or makes the caller the leader
+    /// of a new one: it gets the load to drive.
+    fn join_or_start(&self, key: K) -> Role<V> {
         let mut flights = self.lock_flights();
         if let Some(flight) = flights.get(&key) {
             self.inner.counters.coalesced.fetch_add(1, Relaxed);
-            return flight.rx.clone();
+            return Role::Follower(Arc::clone(flight));
         }
         self.inner.counters.misses.fetch_add(1, Relaxed);
-        let (tx, rx) = watch::channel(None);
         let flight = Arc::new(Flight {
-            rx: rx.clone(),
+            answer: OnceLock::new(),
+            notify: Notify::new(),
             stale: AtomicBool::new(false),
             epoch: self.inner.epoch.load(SeqCst),
         });
         flights.insert(key.clone(), Arc::clone(&flight));
         drop(flights);
-        tokio::spawn(run_flight(Arc::clone(&self.inner), key, flight, tx));
-        rx
+        Role::Leader(Box::pin(run_flight(Arc::clone(&self.inner), key, flight)))
     }
 }
 
-/// Removes a flight from the map when its task ends, however it ends
-/// (panics included), unless invalidation already replaced it.
+/// What a miss does: wait for another caller's load, or drive its own.
+enum Role<V> {
+    Follower(Arc<Flight<V>>),
+    Leader(BoxFuture<Result<Option<V>, Error>>),
+}
+
+impl<V: Clone> Flight<V> {
+    /// The flight's answer, once its leader (or the task it handed the
+    /// load to) has set it.
+    async fn wait(&self) -> Answer<V> {
+        loop {
+            let notified = self.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the check, so a wake-up between the check
+            // and the await is not lost.
+            notified.as_mut().enable();
+            if let Some(answer) = self.answer.get() {
+                return answer.clone();
+            }
+            notified.await;
+        }
+    }
+}
+
+impl<V> Flight<V> {
+    /// Sets the answer (unless set already) and wakes the waiters.
+    fn answer(&self, answer: Answer<V>) {
+        let _ = self.answer.set(answer);
+        self.notify.notify_waiters();
+    }
+}
+
+/// A leader's load, handed to a task if the leader is dropped before it
+/// finishes, so the callers waiting on it still get their answer and the
+/// cache is still filled (a cancelled caller hurts nobody).
+struct Lead<V: Send + 'static>(Option<BoxFuture<Result<Option<V>, Error>>>);
+
+impl<V: Send + 'static> Drop for Lead<V> {
+    fn drop(&mut self) {
+        let Some(run) = self.0.take() else { return };
+        // Outside a runtime (the runtime itself shutting down) the load is
+        // dropped; its waiters then get an error instead of hanging.
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _ = run.await;
+            });
+        }
+    }
+}
+
+/// Removes a flight from the map when its load ends, however it ends
+/// (panics and drops included), unless invalidation already replaced it.
 struct FlightGuard<K: Eq + Hash, V> {
     inner: Arc<Inner<K, V>>,
     key: K,
@@ -269,15 +343,25 @@ impl<K: Eq + Hash, V> Drop for FlightGuard<K, V> {
         {
             flights.remove(&self.key);
         }
+        drop(flights);
+        // A load dropped before answering (its leader dropped where no
+        // runtime could take it over): its waiters must not hang.
+        if self.flight.answer.get().is_none() {
+            self.flight.answer(Err(Error::LoaderPanicked(
+                "cache load ended without an answer".into(),
+            )));
+        }
     }
 }
 
+/// Loads `key`, stores the result unless invalidated meanwhile, and
+/// answers the flight's waiters; returns the result to its leader.
 async fn run_flight<K, V>(
     inner: Arc<Inner<K, V>>,
     key: K,
     flight: Arc<Flight<V>>,
-    tx: watch::Sender<Answer<V>>,
-) where
+) -> Result<Option<V>, Error>
+where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
 {
@@ -286,7 +370,16 @@ async fn run_flight<K, V>(
         key: key.clone(),
         flight: Arc::clone(&flight),
     };
-    let result = (inner.load)(key.clone()).await;
+    // The load runs in its leader's task now, so its panic must not
+    // become the caller's: it fails this load's waiters instead.
+    let result = AssertUnwindSafe((inner.load)(key.clone()))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| {
+            Err(Error::LoaderPanicked(
+                crate::error::panic_message(&*panic).into(),
+            ))
+        });
     let to_store = match &result {
         Ok(Some(v)) => Some(Cached::Found(v.clone())),
         Ok(None) if inner.cache_not_found => Some(Cached::NotFound),
@@ -296,35 +389,55 @@ async fn run_flight<K, V>(
             None
         }
     };
-    if let Some(value) = to_store {
-        let current = |flight: &Flight<V>| {
-            !flight.stale.load(Relaxed) && inner.epoch.load(SeqCst) == flight.epoch
-        };
-        let stored = inner
-            .store
-            .entry(key.clone())
-            .and_compute_with(|_| {
-                let op = if current(&flight) {
-                    Op::Put(value)
-                } else {
-                    Op::Nop
-                };
-                async move { op }
-            })
-            .await;
-        // An `invalidate_all` between the check and the put: the store may
-        // have been cleared before the put landed (see `Inner::epoch`).
-        if matches!(
-            stored,
-            moka::ops::compute::CompResult::Inserted(_)
-                | moka::ops::compute::CompResult::ReplacedWith(_)
-        ) && !current(&flight)
-        {
-            inner.store.invalidate(&key).await;
+    let to_store = to_store.filter(|_| {
+        let admitted = inner.doorkeeper.as_ref().is_none_or(|d| d.admit(&key));
+        if !admitted {
+            inner.counters.not_admitted.fetch_add(1, Relaxed);
         }
+        admitted
+    });
+    if let Some(value) = to_store {
+        // Boxed: moka's compute future is large, and inline it would make
+        // every miss's future a large allocation, filled or not.
+        Box::pin(store(&inner, &key, &flight, value)).await;
     }
     // Stored before answering, so a caller that got this answer and asks
     // again finds it in the cache.
-    tx.send_replace(Some(result));
+    flight.answer(result.clone());
     drop(guard);
+    result
+}
+
+/// Puts a loaded `value` for `key` unless invalidation marked its flight
+/// stale (or `invalidate_all` ran) since the load started.
+async fn store<K, V>(inner: &Inner<K, V>, key: &K, flight: &Flight<V>, value: Cached<V>)
+where
+    K: Clone + Eq + Hash + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    let current = |flight: &Flight<V>| {
+        !flight.stale.load(Relaxed) && inner.epoch.load(SeqCst) == flight.epoch
+    };
+    let stored = inner
+        .store
+        .entry(key.clone())
+        .and_compute_with(|_| {
+            let op = if current(flight) {
+                Op::Put(value)
+            } else {
+                Op::Nop
+            };
+            async move { op }
+        })
+        .await;
+    // An `invalidate_all` between the check and the put: the store may
+    // have been cleared before the put landed (see `Inner::epoch`).
+    if matches!(
+        stored,
+        moka::ops::compute::CompResult::Inserted(_)
+            | moka::ops::compute::CompResult::ReplacedWith(_)
+    ) && !current(flight)
+    {
+        inner.store.invalidate(key).await;
+    }
 }

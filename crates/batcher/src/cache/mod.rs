@@ -2,9 +2,9 @@
 //! [`Batcher`](crate::Batcher).
 //!
 //! - **One load per key at a time.** Concurrent misses for a key share one
-//!   load, and every caller gets its result. The load runs in its own task,
-//!   so a caller that gives up (an HTTP client disconnecting) cannot make the
-//!   others fail, retry or hang. moka's own `get_with` runs the load inside
+//!   load, and every caller gets its result. The first caller drives the
+//!   load; if it gives up (an HTTP client disconnecting), the load moves to
+//!   a task of its own, so it cannot make the others fail, retry or hang. moka's own `get_with` runs the load inside
 //!   the first caller's future, which is exactly that hazard (moka issues
 //!   #59 and #240), so the coalescing is done here and moka only stores.
 //! - **Jittered expiry.** Each entry lives its TTL plus a random part of
@@ -17,10 +17,14 @@
 //!   before it can put its (possibly stale) value into the cache.
 //! - **Bounded.** Capacity by entry count or by weight, with moka's
 //!   TinyLFU eviction.
+//! - **Admission.** With [`Admission::SecondMiss`], a key's value is
+//!   stored from its second miss on, so keys read once never reach moka.
 
+mod admission;
 mod builder;
 mod coalescing;
 mod expiry;
 
+pub use admission::Admission;
 pub use builder::CacheBuilder;
 pub use coalescing::{Cache, CacheStats};
