@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use embedded_pg::ClusterOptions;
+use pgbatch::cache::Admission;
 use pgbatch::pg::copy;
 use pgbatch::pg::{BatchQuery, Pool};
 use server::db::Database;
@@ -412,8 +413,8 @@ pub struct CachedRun {
     pub hit_rate: f64,
 }
 
-/// Cached: `n` initiators through a 1M-entry cache in front of a batcher
-/// set up as `batch`.
+/// Cached: `n` initiators through a 1M-entry cache with `admission` in
+/// front of a batcher set up as `batch`.
 ///
 /// # Errors
 ///
@@ -425,11 +426,13 @@ pub struct CachedRun {
 pub async fn cached_run(
     pool: &Pool,
     batch: BatchSettings,
+    admission: Admission,
     n: usize,
     run: Duration,
     rows: u64,
 ) -> anyhow::Result<CachedRun> {
-    let settings = read_settings(ReadPath::Cached, batch);
+    let mut settings = read_settings(ReadPath::Cached, batch);
+    settings.cache.admission = admission;
     let lookup = Lookup::new("kv", KvQuery, pool.clone(), &settings)?;
     let report = lookup_run(&lookup, n, run, rows).await;
     let s = lookup
