@@ -421,3 +421,48 @@ async fn with_second_miss_admission_errors_are_still_not_cached() {
         "errors are neither stored nor count as misses seen"
     );
 }
+
+#[tokio::test]
+async fn a_first_caller_that_stops_polling_holds_nobody_up() {
+    let loads = Loads::gated();
+    let cache = counting_cache(&loads);
+    // The first caller starts the load, then is neither polled nor
+    // dropped (a future parked in a `select!` loop, say).
+    let mut first = Box::pin(cache.get(4));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(20), &mut first)
+            .await
+            .is_err(),
+        "the load is held at the gate"
+    );
+    assert_eq!(loads.calls(), 1);
+    let second = tokio::spawn({
+        let cache = cache.clone();
+        async move { cache.get(4).await }
+    });
+    eventually("second caller waiting", || cache.stats().coalesced == 1).await;
+    loads.gate.as_ref().unwrap().add_permits(1);
+    let answer = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second caller drives the load itself");
+    assert_eq!(answer.unwrap().unwrap(), Some(value_of(4)));
+    assert_eq!(loads.calls(), 1);
+    assert_eq!(first.await.unwrap(), Some(value_of(4)));
+}
+
+#[tokio::test]
+async fn a_loader_panicking_before_its_future_fails_its_waiters_not_the_caller() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let cache: Cache<u64, String> = Cache::builder()
+        .build({
+            let calls = Arc::clone(&calls);
+            move |k: u64| {
+                let n = calls.fetch_add(1, SeqCst);
+                assert!(n > 0, "the first call panics before making its future");
+                async move { Ok(Some(value_of(k))) }
+            }
+        })
+        .unwrap();
+    assert!(matches!(cache.get(3).await, Err(Error::LoaderPanicked(_))));
+    assert_eq!(cache.get(3).await.unwrap(), Some(value_of(3)));
+}

@@ -29,8 +29,9 @@ pub enum Admission {
     /// not stored, so a key is loaded twice before it is cached. For
     /// lookups spread over many more keys than the cache holds, where most
     /// keys are read once: their values no longer evict the hot keys', and
-    /// a miss costs little more than the load. Hot keys are unaffected
-    /// beyond their one extra load.
+    /// a miss costs little more than the load. A hot key costs one extra
+    /// load whenever it has to be admitted again: first, and after an
+    /// expiry that falls in a later window than its last miss.
     SecondMiss,
 }
 

@@ -150,9 +150,10 @@ where
         Ok(())
     }
 
-    /// A cache whose misses call `load(key)`. The load runs in the task of
-    /// the first caller to miss; if that caller is dropped first, the rest
-    /// runs in a task spawned on the Tokio runtime current at that time.
+    /// A cache whose misses call `load(key)`. The load is polled by the
+    /// callers waiting for it; if one is dropped before it finishes, the
+    /// rest runs in a task spawned on the Tokio runtime current at that
+    /// time.
     ///
     /// # Errors
     ///

@@ -8,11 +8,11 @@ use std::hash::Hash;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
+use futures_util::future::Shared;
 use futures_util::FutureExt as _;
 use moka::ops::compute::Op;
-use tokio::sync::Notify;
 
 use super::admission::Doorkeeper;
 use super::CacheBuilder;
@@ -32,13 +32,18 @@ pub(super) enum Cached<V> {
 /// The answer a flight delivers to its waiters.
 type Answer<V> = Result<Option<V>, Error>;
 
-/// A load in progress for one key.
+/// A load in progress for one key, as the flights map holds it.
 struct Flight<V> {
-    /// Set once, before `notify` wakes the waiters. (A watch channel
-    /// notifies eight shards on every send, waiters or not: a measurable
-    /// share of a miss.)
-    answer: OnceLock<Answer<V>>,
-    notify: Notify,
+    state: Arc<FlightState>,
+    /// Polled by every caller waiting for it, so whichever of them runs
+    /// drives it: no task per miss (that cost more than the batched load
+    /// it wraps), and a caller that stops polling without being dropped
+    /// holds nobody up. Its output never panics (see `run_flight`).
+    load: Shared<BoxFuture<Answer<V>>>,
+}
+
+/// What invalidation tells a running load.
+struct FlightState {
     /// Set by invalidation: the load must not store its result.
     stale: AtomicBool,
     /// [`Inner::epoch`] when the load started.
@@ -48,7 +53,7 @@ struct Flight<V> {
 struct Inner<K, V> {
     store: moka::future::Cache<K, Cached<V>>,
     /// std Mutex: held only for map operations, never across an await.
-    flights: Mutex<HashMap<K, Arc<Flight<V>>>>,
+    flights: Mutex<HashMap<K, Flight<V>>>,
     load: LoadFn<K, V>,
     cache_not_found: bool,
     /// With [`Admission::SecondMiss`](super::Admission::SecondMiss).
@@ -162,11 +167,12 @@ where
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future is safe and affects no other caller. The first
-    /// caller to miss drives the load in its own task (a task per miss
-    /// would cost more than the batched load it wraps); dropped before the
-    /// load finishes, it hands the rest to a spawned task, which still
-    /// answers the other callers and fills the cache.
+    /// Dropping the future is safe and affects no other caller. The load is
+    /// a shared future that every waiting caller polls, so no task is
+    /// spawned per miss (that would cost more than the batched load it
+    /// wraps) and a caller that stops polling holds nobody up. A caller
+    /// dropped before the load finishes hands it to a spawned task, which
+    /// still answers the other callers and fills the cache.
     pub async fn get(&self, key: K) -> Result<Option<V>, Error> {
         let inner = &self.inner;
         if let Some(cached) = inner.store.get(&key).await {
@@ -176,19 +182,13 @@ where
                 Cached::NotFound => None,
             });
         }
-        let run = match self.join_or_start(key) {
-            Role::Follower(flight) => return flight.wait().await,
-            Role::Leader(run) => run,
-        };
-        // The first caller drives the load itself: a task per miss cost
-        // more than the batched load it wraps. If this caller is dropped
-        // first, `Lead` hands the rest of the load to a task.
-        let mut lead = Lead(Some(run));
-        let answer = match lead.0.as_mut() {
-            Some(run) => run.await,
+        let load = self.join_or_start(key);
+        let mut waiting = Waiting(Some(load));
+        let answer = match waiting.0.as_mut() {
+            Some(load) => load.await,
             None => Err(Error::Closed),
         };
-        lead.0 = None;
+        waiting.0 = None;
         answer
     }
 
@@ -197,7 +197,7 @@ where
     pub async fn invalidate(&self, key: &K) {
         let flight = self.lock_flights().remove(key);
         if let Some(flight) = flight {
-            flight.stale.store(true, Relaxed);
+            flight.state.stale.store(true, Relaxed);
         }
         self.inner.counters.invalidations.fetch_add(1, Relaxed);
         // Through the same per-key serialization as the loads' puts, so
@@ -214,7 +214,7 @@ where
         // Before the store is cleared: see `Inner::epoch`.
         self.inner.epoch.fetch_add(1, SeqCst);
         for (_, flight) in self.lock_flights().drain() {
-            flight.stale.store(true, Relaxed);
+            flight.state.stale.store(true, Relaxed);
         }
         self.inner.counters.invalidations.fetch_add(1, Relaxed);
         self.inner.store.invalidate_all();
@@ -242,7 +242,7 @@ where
         self.inner.store.run_pending_tasks().await;
     }
 
-    fn lock_flights(&self) -> std::sync::MutexGuard<'_, HashMap<K, Arc<Flight<V>>>> {
+    fn lock_flights(&self) -> std::sync::MutexGuard<'_, HashMap<K, Flight<V>>> {
         // A panic while holding this lock cannot leave the map half-updated
         // (single inserts and removes), so a poisoned lock is still usable.
         self.inner
@@ -251,72 +251,59 @@ where
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Joins the running load for `key`, or makes the caller the leader
-    /// of a new one: it gets the load to drive.
-    fn join_or_start(&self, key: K) -> Role<V> {
+    /// Joins the running load for `key`, or starts one.
+    fn join_or_start(&self, key: K) -> Shared<BoxFuture<Answer<V>>> {
         let mut flights = self.lock_flights();
         if let Some(flight) = flights.get(&key) {
             self.inner.counters.coalesced.fetch_add(1, Relaxed);
-            return Role::Follower(Arc::clone(flight));
+            return flight.load.clone();
         }
         self.inner.counters.misses.fetch_add(1, Relaxed);
-        let flight = Arc::new(Flight {
-            answer: OnceLock::new(),
-            notify: Notify::new(),
+        let state = Arc::new(FlightState {
             stale: AtomicBool::new(false),
             epoch: self.inner.epoch.load(SeqCst),
         });
-        flights.insert(key.clone(), Arc::clone(&flight));
-        drop(flights);
-        Role::Leader(Box::pin(run_flight(Arc::clone(&self.inner), key, flight)))
+        // Made here, not on the first poll, so a load dropped unpolled
+        // still leaves the map.
+        let guard = FlightGuard {
+            inner: Arc::clone(&self.inner),
+            key: key.clone(),
+            state: Arc::clone(&state),
+        };
+        let run: BoxFuture<Answer<V>> = Box::pin(run_flight(
+            Arc::clone(&self.inner),
+            key.clone(),
+            Arc::clone(&state),
+            guard,
+        ));
+        let load = run.shared();
+        flights.insert(
+            key,
+            Flight {
+                state,
+                load: load.clone(),
+            },
+        );
+        load
     }
 }
 
-/// What a miss does: wait for another caller's load, or drive its own.
-enum Role<V> {
-    Follower(Arc<Flight<V>>),
-    Leader(BoxFuture<Result<Option<V>, Error>>),
-}
+/// A caller's wait for a load. Dropped before the load finishes, it hands
+/// the load to a task, so the other callers still get their answer and
+/// the cache is still filled (a cancelled caller hurts nobody).
+struct Waiting<V: Clone + Send + Sync + 'static>(Option<Shared<BoxFuture<Answer<V>>>>);
 
-impl<V: Clone> Flight<V> {
-    /// The flight's answer, once its leader (or the task it handed the
-    /// load to) has set it.
-    async fn wait(&self) -> Answer<V> {
-        loop {
-            let notified = self.notify.notified();
-            let mut notified = std::pin::pin!(notified);
-            // Registered before the check, so a wake-up between the check
-            // and the await is not lost.
-            notified.as_mut().enable();
-            if let Some(answer) = self.answer.get() {
-                return answer.clone();
-            }
-            notified.await;
-        }
-    }
-}
-
-impl<V> Flight<V> {
-    /// Sets the answer (unless set already) and wakes the waiters.
-    fn answer(&self, answer: Answer<V>) {
-        let _ = self.answer.set(answer);
-        self.notify.notify_waiters();
-    }
-}
-
-/// A leader's load, handed to a task if the leader is dropped before it
-/// finishes, so the callers waiting on it still get their answer and the
-/// cache is still filled (a cancelled caller hurts nobody).
-struct Lead<V: Send + 'static>(Option<BoxFuture<Result<Option<V>, Error>>>);
-
-impl<V: Send + 'static> Drop for Lead<V> {
+impl<V: Clone + Send + Sync + 'static> Drop for Waiting<V> {
     fn drop(&mut self) {
-        let Some(run) = self.0.take() else { return };
-        // Outside a runtime (the runtime itself shutting down) the load is
-        // dropped; its waiters then get an error instead of hanging.
+        let Some(load) = self.0.take() else { return };
+        if load.peek().is_some() {
+            return;
+        }
+        // Without a runtime here the load is left to its other callers,
+        // and to later ones for the same key, which join it.
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
-                let _ = run.await;
+                let _ = load.await;
             });
         }
     }
@@ -327,7 +314,7 @@ impl<V: Send + 'static> Drop for Lead<V> {
 struct FlightGuard<K: Eq + Hash, V> {
     inner: Arc<Inner<K, V>>,
     key: K,
-    flight: Arc<Flight<V>>,
+    state: Arc<FlightState>,
 }
 
 impl<K: Eq + Hash, V> Drop for FlightGuard<K, V> {
@@ -339,40 +326,30 @@ impl<K: Eq + Hash, V> Drop for FlightGuard<K, V> {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if flights
             .get(&self.key)
-            .is_some_and(|f| Arc::ptr_eq(f, &self.flight))
+            .is_some_and(|f| Arc::ptr_eq(&f.state, &self.state))
         {
             flights.remove(&self.key);
-        }
-        drop(flights);
-        // A load dropped before answering (its leader dropped where no
-        // runtime could take it over): its waiters must not hang.
-        if self.flight.answer.get().is_none() {
-            self.flight.answer(Err(Error::LoaderPanicked(
-                "cache load ended without an answer".into(),
-            )));
         }
     }
 }
 
-/// Loads `key`, stores the result unless invalidated meanwhile, and
-/// answers the flight's waiters; returns the result to its leader.
+/// Loads `key` and stores the result unless invalidated meanwhile: the
+/// answer of every caller waiting for it. Never panics: the load is
+/// polled by whichever caller waits, and a shared future's panic would
+/// reach all of them.
 async fn run_flight<K, V>(
     inner: Arc<Inner<K, V>>,
     key: K,
-    flight: Arc<Flight<V>>,
-) -> Result<Option<V>, Error>
+    state: Arc<FlightState>,
+    guard: FlightGuard<K, V>,
+) -> Answer<V>
 where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
 {
-    let guard = FlightGuard {
-        inner: Arc::clone(&inner),
-        key: key.clone(),
-        flight: Arc::clone(&flight),
-    };
-    // The load runs in its leader's task now, so its panic must not
-    // become the caller's: it fails this load's waiters instead.
-    let result = AssertUnwindSafe((inner.load)(key.clone()))
+    // The whole body: the loader's synchronous part and the store's
+    // weigher included.
+    let answer = AssertUnwindSafe(load_and_store(&inner, &key, &state))
         .catch_unwind()
         .await
         .unwrap_or_else(|panic| {
@@ -380,6 +357,18 @@ where
                 crate::error::panic_message(&*panic).into(),
             ))
         });
+    // Stored before answering, so a caller that got this answer and asks
+    // again finds it in the cache.
+    drop(guard);
+    answer
+}
+
+async fn load_and_store<K, V>(inner: &Inner<K, V>, key: &K, state: &FlightState) -> Answer<V>
+where
+    K: Clone + Eq + Hash + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    let result = (inner.load)(key.clone()).await;
     let to_store = match &result {
         Ok(Some(v)) => Some(Cached::Found(v.clone())),
         Ok(None) if inner.cache_not_found => Some(Cached::NotFound),
@@ -390,7 +379,7 @@ where
         }
     };
     let to_store = to_store.filter(|_| {
-        let admitted = inner.doorkeeper.as_ref().is_none_or(|d| d.admit(&key));
+        let admitted = inner.doorkeeper.as_ref().is_none_or(|d| d.admit(key));
         if !admitted {
             inner.counters.not_admitted.fetch_add(1, Relaxed);
         }
@@ -399,23 +388,19 @@ where
     if let Some(value) = to_store {
         // Boxed: moka's compute future is large, and inline it would make
         // every miss's future a large allocation, filled or not.
-        Box::pin(store(&inner, &key, &flight, value)).await;
+        Box::pin(store(inner, key, state, value)).await;
     }
-    // Stored before answering, so a caller that got this answer and asks
-    // again finds it in the cache.
-    flight.answer(result.clone());
-    drop(guard);
     result
 }
 
 /// Puts a loaded `value` for `key` unless invalidation marked its flight
 /// stale (or `invalidate_all` ran) since the load started.
-async fn store<K, V>(inner: &Inner<K, V>, key: &K, flight: &Flight<V>, value: Cached<V>)
+async fn store<K, V>(inner: &Inner<K, V>, key: &K, flight: &FlightState, value: Cached<V>)
 where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
 {
-    let current = |flight: &Flight<V>| {
+    let current = |flight: &FlightState| {
         !flight.stale.load(Relaxed) && inner.epoch.load(SeqCst) == flight.epoch
     };
     let stored = inner

@@ -2,11 +2,13 @@
 //! [`Batcher`](crate::Batcher).
 //!
 //! - **One load per key at a time.** Concurrent misses for a key share one
-//!   load, and every caller gets its result. The first caller drives the
-//!   load; if it gives up (an HTTP client disconnecting), the load moves to
-//!   a task of its own, so it cannot make the others fail, retry or hang. moka's own `get_with` runs the load inside
-//!   the first caller's future, which is exactly that hazard (moka issues
-//!   #59 and #240), so the coalescing is done here and moka only stores.
+//!   load, and every caller gets its result. Every waiting caller polls
+//!   the shared load, so whichever runs drives it; a caller that gives up
+//!   (an HTTP client disconnecting) hands it to a task of its own, so it
+//!   cannot make the others fail, retry or hang. moka's own `get_with`
+//!   runs the load inside the first caller's future alone, which is that
+//!   hazard (moka issues #59 and #240), so the coalescing is done here and
+//!   moka only stores.
 //! - **Jittered expiry.** Each entry lives its TTL plus a random part of
 //!   the jitter, so entries loaded together, or by several instances after a
 //!   deploy, do not all expire at the same moment.
@@ -18,7 +20,8 @@
 //! - **Bounded.** Capacity by entry count or by weight, with moka's
 //!   TinyLFU eviction.
 //! - **Admission.** With [`Admission::SecondMiss`], a key's value is
-//!   stored from its second miss on, so keys read once never reach moka.
+//!   stored from its second miss on, so keys read once (but for the
+//!   doorkeeper's few false positives) never reach moka.
 
 mod admission;
 mod builder;
