@@ -11,7 +11,8 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
-use benches::closed_loop;
+use benches::{closed_loop, RunReport};
+use clap::Parser;
 use pgbatch::cache::{Admission, Cache};
 use pgbatch::{Batcher, Loader};
 
@@ -33,25 +34,38 @@ impl Loader<u64, u64> for Computed {
     }
 }
 
+#[derive(Parser)]
+// `cargo bench -p benches -- <args>` gives every bench of the package the
+// same arguments (criterion's filters and options too): ignore what is not
+// ours.
+#[command(ignore_errors = true)]
+struct Args {
+    /// A smoke run (what `cargo bench -- --test` passes): one short round.
+    #[arg(long)]
+    test: bool,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+    /// Each run's length (default 3,000, or 200 with `--test`).
+    #[arg(long)]
+    millis: Option<u64>,
+    /// Rounds of every path (default 3, or 1 with `--test`).
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// The cache's entries.
+    #[arg(long, default_value_t = 100_000)]
+    capacity: u64,
+    /// Runs only the paths whose name contains this (`batcher`, `cached`,
+    /// `second`), for profiling.
+    #[arg(long)]
+    only: Option<String>,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let smoke = args.iter().any(|a| a == "--test");
-    let value = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
-    let millis: u64 = value("--millis").map_or(if smoke { 200 } else { 3_000 }, |v| {
-        v.parse().expect("--millis takes a number")
-    });
-    let rounds: usize = value("--rounds").map_or(if smoke { 1 } else { 3 }, |v| {
-        v.parse().expect("--rounds takes a number")
-    });
-    let capacity: u64 =
-        value("--capacity").map_or(100_000, |v| v.parse().expect("--capacity takes a number"));
-    let only = value("--only");
-    let wanted = |name: &str| only.as_deref().is_none_or(|o| name.contains(o));
+    let args = Args::parse();
+    let millis = args.millis.unwrap_or(if args.test { 200 } else { 3_000 });
+    let rounds = args.rounds.unwrap_or(if args.test { 1 } else { 3 });
+    let wanted = |name: &str| args.only.as_deref().is_none_or(|o| name.contains(o));
     let duration = Duration::from_millis(millis);
     let rt = benches::runtime();
 
@@ -77,12 +91,7 @@ fn main() {
                 }
             }));
             rt.block_on(b.shutdown());
-            println!(
-                "| {round} | batcher | {:.0} | 1.00 | {:.1} | {:.1} | - |",
-                r.per_sec(),
-                r.quantile(0.5).as_secs_f64() * 1e6,
-                r.quantile(0.99).as_secs_f64() * 1e6
-            );
+            row(round, "batcher", &r, Some(&r), None);
             r
         });
         for (name, admission) in [
@@ -94,7 +103,7 @@ fn main() {
             }
             let b = batcher();
             let cache: Cache<u64, u64> = Cache::builder()
-                .max_capacity(capacity)
+                .max_capacity(args.capacity)
                 .admission(admission)
                 .build_with_batcher(b.clone())
                 .expect("valid cache");
@@ -109,15 +118,21 @@ fn main() {
             }));
             let s = cache.stats();
             rt.block_on(b.shutdown());
-            println!(
-                "| {round} | {name} | {:.0} | {} | {:.1} | {:.1} | {:.1}% |",
-                r.per_sec(),
-                base.as_ref()
-                    .map_or("-".into(), |b| format!("{:.2}", r.per_sec() / b.per_sec())),
-                r.quantile(0.5).as_secs_f64() * 1e6,
-                r.quantile(0.99).as_secs_f64() * 1e6,
-                100.0 * s.hits as f64 / (s.hits + s.misses + s.coalesced).max(1) as f64
-            );
+            let hits = s.hits as f64 / (s.hits + s.misses + s.coalesced).max(1) as f64;
+            row(round, name, &r, base.as_ref(), Some(hits));
         }
     }
+}
+
+/// One line of the table: `r` against `base` (`-` without one).
+fn row(round: usize, name: &str, r: &RunReport, base: Option<&RunReport>, hits: Option<f64>) {
+    let us = |q: f64| r.quantile(q).as_secs_f64() * 1e6;
+    println!(
+        "| {round} | {name} | {:.0} | {} | {:.1} | {:.1} | {} |",
+        r.per_sec(),
+        base.map_or("-".into(), |b| format!("{:.2}", r.per_sec() / b.per_sec())),
+        us(0.5),
+        us(0.99),
+        hits.map_or("-".into(), |h| format!("{:.1}%", h * 100.0)),
+    );
 }

@@ -156,16 +156,20 @@ async fn the_first_callers_cancellation_does_not_affect_the_others() {
     );
 }
 
-#[tokio::test]
-async fn errors_are_not_cached() {
+/// A cache built by `builder` whose first `failures` loads fail with
+/// "database down" and later ones find their key; counts its loads.
+fn failing_first(
+    failures: usize,
+    builder: CacheBuilder<u64, String>,
+) -> (Cache<u64, String>, Arc<AtomicUsize>) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let cache: Cache<u64, String> = Cache::builder()
+    let cache = builder
         .build({
             let calls = Arc::clone(&calls);
             move |k: u64| {
                 let n = calls.fetch_add(1, SeqCst);
                 async move {
-                    if n == 0 {
+                    if n < failures {
                         Err(Error::load(std::io::Error::other("database down")))
                     } else {
                         Ok(Some(value_of(k)))
@@ -174,6 +178,12 @@ async fn errors_are_not_cached() {
             }
         })
         .unwrap();
+    (cache, calls)
+}
+
+#[tokio::test]
+async fn errors_are_not_cached() {
+    let (cache, calls) = failing_first(1, Cache::builder());
     let err = cache.get(1).await.unwrap_err();
     assert_eq!(
         err.load_error::<std::io::Error>().unwrap().to_string(),
@@ -394,23 +404,7 @@ async fn with_second_miss_admission_a_key_is_stored_from_its_second_miss() {
 
 #[tokio::test]
 async fn with_second_miss_admission_errors_are_still_not_cached() {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let cache: Cache<u64, String> = Cache::builder()
-        .admission(Admission::SecondMiss)
-        .build({
-            let calls = Arc::clone(&calls);
-            move |k: u64| {
-                let n = calls.fetch_add(1, SeqCst);
-                async move {
-                    if n < 2 {
-                        Err(Error::load(std::io::Error::other("database down")))
-                    } else {
-                        Ok(Some(value_of(k)))
-                    }
-                }
-            }
-        })
-        .unwrap();
+    let (cache, calls) = failing_first(2, Cache::builder().admission(Admission::SecondMiss));
     assert!(cache.get(1).await.is_err());
     assert!(cache.get(1).await.is_err());
     assert_eq!(cache.get(1).await.unwrap(), Some(value_of(1)));

@@ -188,6 +188,8 @@ where
             Some(load) => load.await,
             None => Err(Error::Closed),
         };
+        // Taken out before `Waiting` drops: a `Shared` that has returned
+        // its output can be neither peeked nor polled again.
         waiting.0 = None;
         answer
     }
