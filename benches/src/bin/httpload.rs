@@ -98,6 +98,11 @@ struct Outcome {
     range: (f64, f64),
 }
 
+/// The allocator the server binary uses, so the server in this process
+/// measures what `pgbatch-server` ships.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
@@ -227,7 +232,7 @@ async fn serve_and_drive(
         },
         ..Settings::default()
     };
-    let (router, _state) = benches::server_app(&db.config, args.pool_size, &settings);
+    let (router, state) = benches::server_app(&db.config, args.pool_size, &settings);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -240,7 +245,19 @@ async fn serve_and_drive(
     });
     let warm_up = if args.table.smoke { 1 } else { 3 };
     wrk(args, script, &url, route, keys, warm_up, seed).await?;
+    let before = state.reads.kv.batcher_stats();
     let result = wrk(args, script, &url, route, keys, args.seconds, seed).await?;
+    // How well the run batched: the database's cost per key depends on it.
+    if let (Some(a), Some(b)) = (before, state.reads.kv.batcher_stats()) {
+        let loaded = |s: &pgbatch::StatsSnapshot| s.found + s.not_found + s.failed_keys;
+        let (batches, loaded) = (b.batches - a.batches, loaded(&b) - loaded(&a));
+        if batches > 0 {
+            eprintln!(
+                "  {route}: {batches} batches, {:.1} keys per batch",
+                loaded as f64 / batches as f64
+            );
+        }
+    }
     let _ = stop.send(());
     serve.await?.context("server")?;
     Ok(result)
@@ -357,7 +374,13 @@ fn print_table(results: &[Outcome], args: &Args) {
     };
     let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
     println!();
-    for (path, goal) in [("cached, hot keys", 0.8), ("cached", 0.8), ("batched", 0.5)] {
+    // Issue 14's goals for hot keys and batched reads (issue 2 asked for
+    // 0.8 and 0.5); uniform keys through the cache keep issue 2's.
+    for (path, goal) in [
+        ("cached, hot keys", 0.9),
+        ("cached", 0.8),
+        ("batched", 0.75),
+    ] {
         let Some(got) = share_of(path).filter(|g| !g.is_nan()) else {
             continue;
         };

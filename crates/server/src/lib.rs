@@ -83,7 +83,9 @@ use axum::routing::{delete, get, post, put};
 use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::classify::{ServerErrorsAsFailures, SharedClassifier};
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::request_id::{
+    MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
+};
 use tower_http::trace::{DefaultOnRequest, MakeSpan, OnResponse, TraceLayer};
 
 pub use crate::state::AppState;
@@ -139,8 +141,28 @@ pub fn app(state: AppState) -> Router {
         .layer(CatchPanicLayer::custom(error::panic_response))
         // Outermost, so every response carries the id, a panic's included.
         .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(SetRequestIdLayer::x_request_id(RandomRequestId))
         .with_state(state)
+}
+
+/// Request ids as tower-http's `MakeRequestUuid` makes them (random UUIDs,
+/// version 4), from the thread's random generator: `MakeRequestUuid` asks
+/// the kernel for 16 bytes per request, a system call that took about 2%
+/// of the server's CPU on the no-database route (BENCHMARKS.md §7).
+#[derive(Debug, Clone, Copy)]
+struct RandomRequestId;
+
+impl MakeRequestId for RandomRequestId {
+    fn make_request_id<B>(&mut self, _: &Request<B>) -> Option<RequestId> {
+        // One `u128` draws 16 bytes of the generator's stream; an array of
+        // 16 `u8`s would draw 4 bytes for each.
+        let id = uuid::Builder::from_random_bytes(rand::random::<u128>().to_le_bytes()).into_uuid();
+        let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
+        let text = id.hyphenated().encode_lower(&mut text);
+        axum::http::HeaderValue::from_str(text)
+            .ok()
+            .map(RequestId::new)
+    }
 }
 
 /// One log line per request, at `info`: method, matched route (never the
@@ -174,4 +196,31 @@ fn request_log() -> TraceLayer<
                 );
             },
         )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_distinct_random_uuids() {
+        let req = Request::new(());
+        let mut make = RandomRequestId;
+        let ids: std::collections::HashSet<String> = (0..1000)
+            .map(|_| {
+                let id = make.make_request_id(&req).expect("an id");
+                let text = id.header_value().to_str().unwrap().to_owned();
+                let parsed = uuid::Uuid::parse_str(&text).expect("a UUID");
+                assert_eq!(parsed.get_version(), Some(uuid::Version::Random), "{text}");
+                assert_eq!(parsed.get_variant(), uuid::Variant::RFC4122, "{text}");
+                assert_eq!(
+                    text,
+                    parsed.hyphenated().to_string(),
+                    "lowercase, hyphenated"
+                );
+                text
+            })
+            .collect();
+        assert_eq!(ids.len(), 1000, "no repeats");
+    }
 }

@@ -14,6 +14,13 @@ use server::seed::{self, SeedReport};
 use server::{app, AppState};
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc instead of glibc's malloc: per request, the server allocates
+/// and frees many small buffers across threads (hyper, tokio-postgres,
+/// JSON), and glibc spent 10-17% of the server's CPU on it
+/// (BENCHMARKS.md §7).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
