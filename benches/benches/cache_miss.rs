@@ -40,12 +40,8 @@ impl Loader<u64, u64> for Computed {
 // ours.
 #[command(ignore_errors = true)]
 struct Args {
-    /// A smoke run (what `cargo bench -- --test` passes): one short round.
-    #[arg(long)]
-    test: bool,
-    /// Passed by `cargo bench`; ignored.
-    #[arg(long, hide = true)]
-    bench: bool,
+    #[command(flatten)]
+    cargo: benches::CargoBenchFlags,
     /// Each run's length (default 3,000, or 200 with `--test`).
     #[arg(long)]
     millis: Option<u64>,
@@ -63,8 +59,10 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    let millis = args.millis.unwrap_or(if args.test { 200 } else { 3_000 });
-    let rounds = args.rounds.unwrap_or(if args.test { 1 } else { 3 });
+    let millis = args
+        .millis
+        .unwrap_or(if args.cargo.test { 200 } else { 3_000 });
+    let rounds = args.rounds.unwrap_or(if args.cargo.test { 1 } else { 3 });
     let wanted = |name: &str| args.only.as_deref().is_none_or(|o| name.contains(o));
     let duration = Duration::from_millis(millis);
     let rt = benches::runtime();

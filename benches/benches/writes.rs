@@ -131,12 +131,8 @@ enum Part {
 // ours.
 #[command(ignore_errors = true)]
 struct Args {
-    /// A seconds-long smoke run (what `cargo bench -- --test` passes).
-    #[arg(long)]
-    test: bool,
-    /// Passed by `cargo bench`; ignored.
-    #[arg(long, hide = true)]
-    bench: bool,
+    #[command(flatten)]
+    cargo: benches::CargoBenchFlags,
     /// Which part to run.
     #[arg(long, value_enum, default_value_t = Part::All)]
     part: Part,
@@ -257,7 +253,7 @@ fn print_upserts(
 
 fn main() {
     let args = Args::parse();
-    let smoke = args.test;
+    let smoke = args.cargo.test;
     let n: u64 = if smoke { 2_000 } else { 1_000_000 };
     let run_for = if smoke {
         Duration::from_millis(300)

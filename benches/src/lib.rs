@@ -75,6 +75,19 @@ impl Loader<u64, u64> for MemLoader {
     }
 }
 
+/// The flags `cargo bench` passes to every bench target, for a bench's
+/// clap `Args` to flatten. Cargo passes criterion's options to every
+/// bench too, so such an `Args` also needs `#[command(ignore_errors = true)]`.
+#[derive(Debug, clap::Args)]
+pub struct CargoBenchFlags {
+    /// A short smoke run (what `cargo bench -- --test` passes).
+    #[arg(long)]
+    pub test: bool,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    pub bench: bool,
+}
+
 /// The runtime every benchmark runs on: multi-thread with 2 workers, the
 /// machine's core count, as a service would run.
 ///

@@ -194,21 +194,37 @@ async fn errors_are_not_cached() {
     assert_eq!(cache.stats().load_errors, 1);
 }
 
-#[tokio::test]
-async fn a_panicking_load_fails_its_waiters_and_is_not_sticky() {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let cache: Cache<u64, String> = Cache::builder()
-        .build({
-            let calls = Arc::clone(&calls);
-            move |k: u64| {
-                let n = calls.fetch_add(1, SeqCst);
-                async move {
-                    assert!(n > 0, "first load panics on purpose");
-                    Ok(Some(value_of(k)))
-                }
+/// Where [`first_call_panics`]'s loader panics.
+#[derive(Clone, Copy, PartialEq)]
+enum Panic {
+    /// In the future the loader returns.
+    InFuture,
+    /// In the loader's synchronous part, before it makes its future.
+    BeforeFuture,
+}
+
+/// A cache whose loader panics on its first call, at `at`, and loads
+/// normally after.
+fn first_call_panics(at: Panic) -> Cache<u64, String> {
+    let calls = AtomicUsize::new(0);
+    Cache::builder()
+        .build(move |k: u64| {
+            let first = calls.fetch_add(1, SeqCst) == 0;
+            assert!(
+                !(first && at == Panic::BeforeFuture),
+                "the first call panics before making its future"
+            );
+            async move {
+                assert!(!first, "first load panics on purpose");
+                Ok(Some(value_of(k)))
             }
         })
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_panicking_load_fails_its_waiters_and_is_not_sticky() {
+    let cache = first_call_panics(Panic::InFuture);
     assert!(matches!(cache.get(3).await, Err(Error::LoaderPanicked(_))));
     assert_eq!(cache.get(3).await.unwrap(), Some(value_of(3)));
 }
@@ -446,17 +462,7 @@ async fn a_first_caller_that_stops_polling_holds_nobody_up() {
 
 #[tokio::test]
 async fn a_loader_panicking_before_its_future_fails_its_waiters_not_the_caller() {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let cache: Cache<u64, String> = Cache::builder()
-        .build({
-            let calls = Arc::clone(&calls);
-            move |k: u64| {
-                let n = calls.fetch_add(1, SeqCst);
-                assert!(n > 0, "the first call panics before making its future");
-                async move { Ok(Some(value_of(k))) }
-            }
-        })
-        .unwrap();
+    let cache = first_call_panics(Panic::BeforeFuture);
     assert!(matches!(cache.get(3).await, Err(Error::LoaderPanicked(_))));
     assert_eq!(cache.get(3).await.unwrap(), Some(value_of(3)));
 }
