@@ -62,8 +62,8 @@ pub mod pg;
 pub mod stats;
 
 pub use crate::batcher::{
-    defaults, loader_fn, Batcher, BatcherBuilder, FlushPolicy, Loader, LoaderFn, Overflow, Pair,
-    Worker,
+    defaults, loader_fn, Batcher, BatcherBuilder, Concurrency, FlushPolicy, Loader, LoaderFn,
+    Overflow, Pair, Worker,
 };
 pub use crate::error::{BuildError, Error, SharedError};
 pub use crate::stats::StatsSnapshot;

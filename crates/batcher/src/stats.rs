@@ -170,8 +170,9 @@ impl Stats {
         h.record(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
     }
 
-    pub(crate) fn snapshot(&self, queued: usize) -> StatsSnapshot {
+    pub(crate) fn snapshot(&self, queued: usize, concurrency_limit: usize) -> StatsSnapshot {
         StatsSnapshot {
+            concurrency_limit: concurrency_limit as u64,
             requests: self.requests.load(Relaxed),
             deduplicated: self.deduplicated.load(Relaxed),
             joined_in_flight: self.joined_in_flight.load(Relaxed),
@@ -198,8 +199,8 @@ impl Stats {
 /// A point-in-time copy of a batcher's counters, from
 /// [`Batcher::stats`](crate::Batcher::stats).
 ///
-/// Counters only grow; `queued`, `pending_keys` and `in_flight_batches` are
-/// gauges. Failed, panicked and timed-out batches are counted separately;
+/// Counters only grow; `queued`, `pending_keys`, `in_flight_batches` and
+/// `concurrency_limit` are gauges. Failed, panicked and timed-out batches are counted separately;
 /// `failed_keys` counts the distinct keys of all three kinds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -238,6 +239,10 @@ pub struct StatsSnapshot {
     pub pending_keys: u64,
     /// Loads running now.
     pub in_flight_batches: u64,
+    /// How many loads may run at once now: the fixed
+    /// [`Concurrency`](crate::Concurrency), or where the automatic one
+    /// stands.
+    pub concurrency_limit: u64,
     /// Distinct keys per dispatched batch.
     pub batch_size: HistogramSnapshot,
     /// Time from a request's enqueue to its batch's dispatch, in nanoseconds.
@@ -268,7 +273,7 @@ mod tests {
 
     #[test]
     fn empty_histogram_has_no_mean_or_quantile() {
-        let s = Stats::new().snapshot(0);
+        let s = Stats::new().snapshot(0, 1);
         assert_eq!(s.batch_size.mean(), None);
         assert_eq!(s.queue_wait.quantile_upper_bound(0.99), None);
     }

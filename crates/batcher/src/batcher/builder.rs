@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
-use super::config::{Config, FlushPolicy, Overflow};
+use super::config::{Concurrency, Config, FlushPolicy, Overflow};
 use super::handle::Batcher;
 use super::loader::Loader;
 use super::worker::Worker;
@@ -21,7 +21,7 @@ pub type Pair<K, V> = (Batcher<K, V>, Worker<K, V>);
 ///
 /// ```
 /// use std::time::Duration;
-/// use pgbatch::{Batcher, FlushPolicy};
+/// use pgbatch::{Batcher, Concurrency, FlushPolicy};
 /// # use std::collections::HashMap;
 /// # use std::convert::Infallible;
 /// # #[tokio::main(flavor = "current_thread")]
@@ -32,7 +32,7 @@ pub type Pair<K, V> = (Batcher<K, V>, Worker<K, V>);
 /// let batcher: Batcher<u32, u32> = Batcher::builder()
 ///     .name("objects")
 ///     .max_batch_size(32)
-///     .max_concurrent_batches(8)
+///     .concurrency(Concurrency::Auto { max: 16 }) // the default: found by measurement
 ///     .policy(FlushPolicy::Eager)
 ///     .timeout(Duration::from_millis(500))
 ///     .build(loader)?;
@@ -89,16 +89,37 @@ where
         self
     }
 
-    /// The most loader calls running at once; usually about the size of the
-    /// connection pool the loader draws from. Must be at least 1. Default
-    /// [`defaults::MAX_CONCURRENT_BATCHES`](crate::defaults::MAX_CONCURRENT_BATCHES).
-    pub fn max_concurrent_batches(mut self, n: usize) -> Self {
-        self.config.max_concurrent_batches = n;
+    /// How many loader calls run at once, and so how big batches grow.
+    /// Default [`defaults::CONCURRENCY`](crate::defaults::CONCURRENCY):
+    /// [`Concurrency::Auto`], found by measurement, at most 16.
+    ///
+    /// Give the automatic limit a `max` no larger than the connections the
+    /// loader may use (the pool's size): more loads than connections only
+    /// wait for the pool. It starts at 4 (or `max`), and moves a step at a
+    /// time towards whatever serves callers fastest, measured over windows
+    /// of a few dozen loads: tens of milliseconds next to a database,
+    /// longer across a slow network. It never goes below 2 while callers
+    /// may load directly ([`direct_when_idle`](Self::direct_when_idle)),
+    /// nor above `max`. [`Batcher::stats`]'s `concurrency_limit` shows
+    /// where it stands.
+    ///
+    /// [`Concurrency::Fixed`] keeps the limit where you put it: for a loader
+    /// whose best concurrency you have measured, or that must never run
+    /// more than so many calls. `max`, or the fixed value, must be at
+    /// least 1.
+    pub fn concurrency(mut self, concurrency: Concurrency) -> Self {
+        self.config.concurrency = concurrency;
         self
     }
 
+    /// A fixed limit of `n` loader calls at once: the same as
+    /// [`concurrency`](Self::concurrency)`(`[`Concurrency::Fixed`]`(n))`.
+    pub fn max_concurrent_batches(self, n: usize) -> Self {
+        self.concurrency(Concurrency::Fixed(n))
+    }
+
     /// How many requests may wait in the queue for the worker. Together with
-    /// `max_batch_size × (max_concurrent_batches + 1)` keys held by the
+    /// `max_batch_size × (the most loads at once + 1)` keys held by the
     /// worker, this bounds the batcher's memory: past that many waiters,
     /// requests fail with [`Error::Overloaded`](crate::Error::Overloaded)
     /// (with [`Overflow::Reject`]) or wait for room (with
@@ -173,9 +194,9 @@ where
     /// task instead of handing it to the worker. The worker would have sent
     /// it alone anyway; skipping it saves two task hand-offs, each a thread
     /// wake-up when the runtime's threads are parked, which is most of what a
-    /// lone caller pays for batching. The load counts against
-    /// [`max_concurrent_batches`](Self::max_concurrent_batches) and in the
-    /// statistics like any batch of one. Default `true`.
+    /// lone caller pays for batching. The load counts against the
+    /// [`concurrency`](Self::concurrency) limit and in the statistics like
+    /// any batch of one. Default `true`.
     pub fn direct_when_idle(mut self, yes: bool) -> Self {
         self.config.direct_when_idle = yes;
         self
@@ -185,7 +206,7 @@ where
         let c = &self.config;
         for (setting, value) in [
             ("max_batch_size", c.max_batch_size),
-            ("max_concurrent_batches", c.max_concurrent_batches),
+            ("concurrency", c.concurrency.max()),
             ("channel_capacity", c.channel_capacity),
         ] {
             if value == 0 {
@@ -257,9 +278,10 @@ mod tests {
     fn zero_sizes_are_rejected_by_name() {
         let cases = [
             (B::default().max_batch_size(0), "max_batch_size"),
+            (B::default().max_concurrent_batches(0), "concurrency"),
             (
-                B::default().max_concurrent_batches(0),
-                "max_concurrent_batches",
+                B::default().concurrency(Concurrency::Auto { max: 0 }),
+                "concurrency",
             ),
             (B::default().channel_capacity(0), "channel_capacity"),
         ];

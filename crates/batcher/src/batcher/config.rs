@@ -12,8 +12,7 @@ use tokio::time::Instant;
 #[non_exhaustive]
 pub enum FlushPolicy {
     /// Dispatch at once whenever a load slot is free; keys accumulate only
-    /// while all [`max_concurrent_batches`](crate::BatcherBuilder::max_concurrent_batches)
-    /// slots are busy. An idle batcher adds no delay, and under load batches
+    /// while every slot the [`Concurrency`] allows is busy. An idle batcher adds no delay, and under load batches
     /// fill by themselves. `max_delay` is not used. The default.
     #[default]
     Eager,
@@ -24,7 +23,7 @@ pub enum FlushPolicy {
     FixedDelay,
     /// Eager while the backend is lightly loaded, fixed-delay once it is
     /// busy: a batch goes out at once while fewer than half of the
-    /// `max_concurrent_batches` loads are running; with at least half
+    /// loads the [`Concurrency`] allows are running; with at least half
     /// running, it waits until it is full or `max_delay` after its first
     /// key. Low load pays no delay (as with `Eager`), and under saturation
     /// batches fill (as with `FixedDelay`) instead of going out as soon as
@@ -32,6 +31,52 @@ pub enum FlushPolicy {
     /// bigger batches and more reads per second than `Eager`; see
     /// BENCHMARKS.md.
     Adaptive,
+}
+
+/// How many loads a batcher runs at once, and so how big its batches grow:
+/// with `n` callers and `c` loads in flight, batches hold about `n / c` keys.
+///
+/// Fewer loads mean bigger batches and less fixed cost per statement, until
+/// the database idles between loads; more loads keep a distant database
+/// busy. The right number moves with the machine, the data and the round
+/// trip, which is why the default finds it by measurement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Concurrency {
+    /// Found by measurement and kept adapting: between 1 and `max` loads at
+    /// once (set `max` to the connections the loader may use, such as the
+    /// pool size). The worker compares, window by window, how many callers
+    /// it served per second and how long they waited, tries a limit a
+    /// little above and below the current one, and keeps the better; it
+    /// probes again from time to time, and at once when the measurements
+    /// shift (the database slowed down, the round trip changed). See
+    /// [`BatcherBuilder::concurrency`](crate::BatcherBuilder::concurrency).
+    Auto {
+        /// The most loads at once, never exceeded.
+        max: usize,
+    },
+    /// Exactly up to this many loads at once.
+    Fixed(usize),
+}
+
+impl Concurrency {
+    /// The most loads that may ever run at once.
+    pub fn max(self) -> usize {
+        match self {
+            Concurrency::Auto { max } | Concurrency::Fixed(max) => max,
+        }
+    }
+
+    /// Whether the limit is found by measurement.
+    pub fn is_auto(self) -> bool {
+        matches!(self, Concurrency::Auto { .. })
+    }
+}
+
+impl Default for Concurrency {
+    fn default() -> Self {
+        defaults::CONCURRENCY
+    }
 }
 
 /// What [`Batcher::load`](crate::Batcher::load) does when the request queue is full.
@@ -58,10 +103,16 @@ pub mod defaults {
     /// Default [`max_delay`](crate::BatcherBuilder::max_delay): 0.5 ms, as in
     /// lakeFS.
     pub const MAX_DELAY: Duration = Duration::from_micros(500);
-    /// Default
-    /// [`max_concurrent_batches`](crate::BatcherBuilder::max_concurrent_batches):
-    /// 8.
-    pub const MAX_CONCURRENT_BATCHES: usize = 8;
+    /// The bound of the default [`CONCURRENCY`]: 16 loads at once, the
+    /// size of [`PoolOptions`]' default pool (feature `postgres`).
+    ///
+    /// [`PoolOptions`]: https://docs.rs/pgbatch/latest/pgbatch/pg/struct.PoolOptions.html
+    pub const MAX_CONCURRENT_BATCHES: usize = 16;
+    /// Default [`concurrency`](crate::BatcherBuilder::concurrency): found by
+    /// measurement, at most [`MAX_CONCURRENT_BATCHES`] loads at once.
+    pub const CONCURRENCY: super::Concurrency = super::Concurrency::Auto {
+        max: MAX_CONCURRENT_BATCHES,
+    };
     /// Default [`channel_capacity`](crate::BatcherBuilder::channel_capacity):
     /// 8192 requests.
     pub const CHANNEL_CAPACITY: usize = 8192;
@@ -76,7 +127,7 @@ pub(crate) struct Config {
     pub(crate) name: Cow<'static, str>,
     pub(crate) max_batch_size: usize,
     pub(crate) max_delay: Duration,
-    pub(crate) max_concurrent_batches: usize,
+    pub(crate) concurrency: Concurrency,
     pub(crate) channel_capacity: usize,
     pub(crate) policy: FlushPolicy,
     pub(crate) overflow: Overflow,
@@ -87,6 +138,11 @@ pub(crate) struct Config {
 }
 
 impl Config {
+    /// The most loads that may ever run at once.
+    pub(crate) fn max_loads(&self) -> usize {
+        self.concurrency.max()
+    }
+
     /// When a request made at `from` times out. A timeout too large to add
     /// is no deadline at all.
     pub(crate) fn deadline(&self, from: Instant) -> Option<Instant> {
@@ -100,7 +156,7 @@ impl Default for Config {
             name: Cow::Borrowed("batcher"),
             max_batch_size: defaults::MAX_BATCH_SIZE,
             max_delay: defaults::MAX_DELAY,
-            max_concurrent_batches: defaults::MAX_CONCURRENT_BATCHES,
+            concurrency: defaults::CONCURRENCY,
             channel_capacity: defaults::CHANNEL_CAPACITY,
             policy: FlushPolicy::Eager,
             overflow: Overflow::Reject,

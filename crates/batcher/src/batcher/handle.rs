@@ -219,7 +219,8 @@ where
     /// A snapshot of this batcher's counters and histograms.
     pub fn stats(&self) -> StatsSnapshot {
         let queued = self.inner.tx.max_capacity() - self.inner.tx.capacity();
-        self.inner.shared.stats.snapshot(queued)
+        let shared = &self.inner.shared;
+        shared.stats.snapshot(queued, shared.limit())
     }
 
     /// A load slot for a caller that found the batcher idle, if the

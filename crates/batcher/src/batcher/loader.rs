@@ -11,9 +11,8 @@ use std::hash::Hash;
 /// The batcher calls [`load`](Loader::load) with distinct keys (never the
 /// same key twice in one call), at most
 /// [`max_batch_size`](crate::BatcherBuilder::max_batch_size) of them, and
-/// with at most
-/// [`max_concurrent_batches`](crate::BatcherBuilder::max_concurrent_batches)
-/// calls running at once. Each call runs in its own Tokio task, so it does
+/// with at most as many calls running at once as its
+/// [`concurrency`](crate::BatcherBuilder::concurrency) allows. Each call runs in its own Tokio task, so it does
 /// not depend on any one caller staying alive.
 ///
 /// Return the values that were found. A key missing from the map is reported

@@ -9,11 +9,13 @@
 //!
 //! # Choosing the settings
 //!
-//! - [`max_concurrent_batches`](BatcherBuilder::max_concurrent_batches) caps
-//!   how many loads run at once; set it near the number of database
-//!   connections the loader may use. With the default [`FlushPolicy::Eager`]
-//!   this is also what makes batches grow: keys wait only while every slot
-//!   is busy, so an idle service pays no batching delay at all.
+//! - [`concurrency`](BatcherBuilder::concurrency) sets how many loads run at
+//!   once. With the default [`FlushPolicy::Eager`] this is also what makes
+//!   batches grow: keys wait only while every slot is busy, so an idle
+//!   service pays no batching delay at all. By default
+//!   ([`Concurrency::Auto`]) the worker finds the number by measurement, up
+//!   to a bound you set near the number of database connections the
+//!   loader may use.
 //! - [`max_batch_size`](BatcherBuilder::max_batch_size) caps the keys per
 //!   load.
 //! - [`channel_capacity`](BatcherBuilder::channel_capacity) bounds the queue;
@@ -35,6 +37,7 @@
 //! worker    Worker: receives, forms batches, dispatches, answers waiters
 //! run       one load: timeout, panic capture, Outcome, its statistics
 //! policy    the flush policy's decisions, as pure functions
+//! limit     the automatic concurrency limit: the search, as arithmetic
 //! shared    state of the handles and the worker; the LoadSlot guard
 //! message   what travels from a handle to the worker
 //! config    the validated settings and their defaults
@@ -44,6 +47,7 @@
 mod builder;
 mod config;
 mod handle;
+mod limit;
 mod loader;
 mod message;
 mod policy;
@@ -52,7 +56,7 @@ mod shared;
 mod worker;
 
 pub use builder::{BatcherBuilder, Pair};
-pub use config::{defaults, FlushPolicy, Overflow};
+pub use config::{defaults, Concurrency, FlushPolicy, Overflow};
 pub use handle::Batcher;
 pub use loader::{loader_fn, Loader, LoaderFn};
 pub use worker::Worker;

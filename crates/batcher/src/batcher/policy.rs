@@ -16,9 +16,10 @@ pub(crate) struct Pending {
 }
 
 /// Whether the pending batch should go to the loader now, given `running`
-/// loads (the worker's and direct ones). Taking a free slot is still the
-/// caller's job: a due batch waits while every slot is busy.
-pub(crate) fn is_due(config: &Config, pending: Pending, running: usize) -> bool {
+/// loads (the worker's and direct ones) of the `limit` that may run now.
+/// Taking a free slot is still the caller's job: a due batch waits while
+/// every slot is busy.
+pub(crate) fn is_due(config: &Config, pending: Pending, running: usize, limit: usize) -> bool {
     if pending.keys == 0 {
         return false;
     }
@@ -26,9 +27,23 @@ pub(crate) fn is_due(config: &Config, pending: Pending, running: usize) -> bool 
         FlushPolicy::Eager => true,
         FlushPolicy::FixedDelay => false,
         // Lightly loaded: no delay. Busy: let the batch fill.
-        FlushPolicy::Adaptive => running < config.max_concurrent_batches.div_ceil(2),
+        FlushPolicy::Adaptive => running < limit.div_ceil(2),
     };
     at_once || pending.keys >= config.max_batch_size || pending.deadline_passed || pending.draining
+}
+
+/// Whether keys are waiting because of the `limit` in force: every slot
+/// is taken, or (adaptive) enough loads run that the policy lets the batch
+/// fill instead of sending it. The automatic limit learns only from
+/// windows where this happened; elsewhere the limit decided nothing.
+pub(crate) fn held_by_limit(config: &Config, pending: Pending, running: usize, limit: usize) -> bool {
+    if pending.keys == 0 {
+        return false;
+    }
+    match config.policy {
+        FlushPolicy::Adaptive => running >= limit.div_ceil(2),
+        FlushPolicy::Eager | FlushPolicy::FixedDelay => running >= limit,
+    }
 }
 
 /// Whether a batch's first key starts the `max_delay` timer. The eager
@@ -47,8 +62,9 @@ pub(crate) fn allows_direct_loads(config: &Config) -> bool {
         // Only the worker's loads can be joined.
         && !config.join_in_flight
         // With one slot, a direct load could leave the worker holding keys
-        // with no load of its own to wake it.
-        && config.max_concurrent_batches > 1
+        // with no load of its own to wake it (the automatic limit keeps at
+        // least two for this reason; see `min_auto_limit`).
+        && config.max_loads() > 1
 }
 
 /// Whether the worker answers [`Error::Timeout`](crate::Error::Timeout) for
@@ -65,6 +81,20 @@ pub(crate) fn worker_enforces_deadlines(config: &Config) -> bool {
     config.timeout.is_some() && config.overflow == Overflow::Reject
 }
 
+/// The lowest limit the automatic concurrency may choose. Two where callers
+/// may load directly: a direct load takes a slot without telling the
+/// worker, and only with a second slot can the worker always run a load of
+/// its own, whose completion wakes it (at most one direct load runs at a
+/// time, since only a caller that finds no other request in progress
+/// takes that path).
+pub(crate) fn min_auto_limit(config: &Config) -> usize {
+    if allows_direct_loads(config) {
+        2
+    } else {
+        1
+    }
+}
+
 /// The most waiters the worker holds in its pending batch and running
 /// loads. Duplicates and joins add waiters without adding keys, so this
 /// bounds memory where the key count alone would not: a full batch for
@@ -72,7 +102,7 @@ pub(crate) fn worker_enforces_deadlines(config: &Config) -> bool {
 pub(crate) fn held_limit(config: &Config) -> usize {
     config
         .max_batch_size
-        .saturating_mul(config.max_concurrent_batches.saturating_add(1))
+        .saturating_mul(config.max_loads().saturating_add(1))
         .saturating_add(config.channel_capacity)
 }
 
@@ -89,12 +119,13 @@ pub(crate) fn may_accept(config: &Config, pending_keys: usize, held: usize) -> b
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Concurrency;
 
     fn config(policy: FlushPolicy) -> Config {
         Config {
             policy,
             max_batch_size: 4,
-            max_concurrent_batches: 4,
+            concurrency: Concurrency::Fixed(4),
             ..Config::default()
         }
     }
@@ -118,15 +149,15 @@ mod tests {
                 deadline_passed: true,
                 draining: true,
             };
-            assert!(!is_due(&config(policy), all, 0), "{policy:?}");
+            assert!(!is_due(&config(policy), all, 0, 4), "{policy:?}");
         }
     }
 
     #[test]
     fn eager_is_due_with_any_key() {
         let c = config(FlushPolicy::Eager);
-        assert!(is_due(&c, pending(1), 0));
-        assert!(is_due(&c, pending(1), 3), "busy slots do not delay eager");
+        assert!(is_due(&c, pending(1), 0, 4));
+        assert!(is_due(&c, pending(1), 3, 4), "busy slots do not delay eager");
         assert!(!arms_timer(&c));
     }
 
@@ -134,35 +165,71 @@ mod tests {
     fn fixed_delay_waits_for_a_full_batch_the_deadline_or_shutdown() {
         let c = config(FlushPolicy::FixedDelay);
         assert!(arms_timer(&c));
-        assert!(!is_due(&c, pending(3), 0), "idle does not matter");
-        assert!(is_due(&c, pending(4), 0), "full");
+        assert!(!is_due(&c, pending(3), 0, 4), "idle does not matter");
+        assert!(is_due(&c, pending(4), 0, 4), "full");
         let late = Pending {
             deadline_passed: true,
             ..pending(1)
         };
-        assert!(is_due(&c, late, 0));
+        assert!(is_due(&c, late, 0, 4));
         let draining = Pending {
             draining: true,
             ..pending(1)
         };
-        assert!(is_due(&c, draining, 3));
+        assert!(is_due(&c, draining, 3, 4));
     }
 
     #[test]
     fn adaptive_is_eager_below_half_the_slots_and_waits_above() {
         let c = config(FlushPolicy::Adaptive);
         assert!(arms_timer(&c));
-        assert!(is_due(&c, pending(1), 0));
-        assert!(is_due(&c, pending(1), 1), "1 of 4 running is light");
-        assert!(!is_due(&c, pending(1), 2), "half running is busy");
-        assert!(is_due(&c, pending(4), 3), "a full batch always goes");
-        // Odd slot counts round the threshold up: 3 slots, eager below 2.
+        assert!(is_due(&c, pending(1), 0, 4));
+        assert!(is_due(&c, pending(1), 1, 4), "1 of 4 running is light");
+        assert!(!is_due(&c, pending(1), 2, 4), "half running is busy");
+        assert!(is_due(&c, pending(4), 3, 4), "a full batch always goes");
+        // Odd limits round the threshold up: 3 slots, eager below 2.
         let odd = Config {
-            max_concurrent_batches: 3,
+            concurrency: Concurrency::Fixed(3),
             ..c
         };
-        assert!(is_due(&odd, pending(1), 1));
-        assert!(!is_due(&odd, pending(1), 2));
+        assert!(is_due(&odd, pending(1), 1, 3));
+        assert!(!is_due(&odd, pending(1), 2, 3));
+    }
+
+    #[test]
+    fn adaptive_follows_the_limit_in_force() {
+        let c = Config {
+            concurrency: Concurrency::Auto { max: 16 },
+            ..config(FlushPolicy::Adaptive)
+        };
+        assert!(is_due(&c, pending(1), 1, 4), "1 of 4");
+        assert!(!is_due(&c, pending(1), 2, 4), "2 of 4");
+        assert!(is_due(&c, pending(1), 5, 16), "5 of 16 is light");
+    }
+
+    #[test]
+    fn keys_are_held_by_the_limit_when_slots_or_the_adaptive_threshold_are_reached() {
+        let eager = config(FlushPolicy::Eager);
+        assert!(!held_by_limit(&eager, pending(0), 4, 4), "nothing waits");
+        assert!(!held_by_limit(&eager, pending(3), 3, 4));
+        assert!(held_by_limit(&eager, pending(3), 4, 4));
+        let adaptive = config(FlushPolicy::Adaptive);
+        assert!(!held_by_limit(&adaptive, pending(3), 1, 4));
+        assert!(held_by_limit(&adaptive, pending(3), 2, 4), "busy: lets the batch fill");
+    }
+
+    #[test]
+    fn the_automatic_limit_keeps_two_slots_where_callers_load_directly() {
+        let auto = Config {
+            concurrency: Concurrency::Auto { max: 8 },
+            ..config(FlushPolicy::Eager)
+        };
+        assert_eq!(min_auto_limit(&auto), 2);
+        let no_direct = Config {
+            direct_when_idle: false,
+            ..auto
+        };
+        assert_eq!(min_auto_limit(&no_direct), 1);
     }
 
     #[test]
@@ -180,7 +247,7 @@ mod tests {
             ..eager.clone()
         };
         let one_slot = Config {
-            max_concurrent_batches: 1,
+            concurrency: Concurrency::Fixed(1),
             ..eager
         };
         for c in [off, joining, one_slot] {
@@ -200,7 +267,7 @@ mod tests {
         assert!(!may_accept(&c, 0, 30), "held limit reached");
         let huge = Config {
             max_batch_size: usize::MAX,
-            max_concurrent_batches: usize::MAX,
+            concurrency: Concurrency::Fixed(usize::MAX),
             ..c
         };
         assert_eq!(held_limit(&huge), usize::MAX, "saturates, never wraps");

@@ -159,7 +159,7 @@ mod tests {
             matches!(&err, Error::LoaderPanicked(m) if &**m == "boom 7"),
             "{err:?}"
         );
-        let snap = s.snapshot(0);
+        let snap = s.snapshot(0, 1);
         assert_eq!((snap.panicked_batches, snap.failed_keys), (1, 2));
     }
 
@@ -176,7 +176,7 @@ mod tests {
             .settle(&s, 1)
             .unwrap_err();
         assert!(matches!(err, Error::LoadTimeout(d) if d == t), "{err:?}");
-        assert_eq!(s.snapshot(0).timed_out_batches, 1);
+        assert_eq!(s.snapshot(0, 1).timed_out_batches, 1);
     }
 
     #[tokio::test]
@@ -198,7 +198,7 @@ mod tests {
             .settle(&s, 1)
             .unwrap_err();
         assert!(err.load_error::<std::io::Error>().is_some(), "{err:?}");
-        let snap = s.snapshot(0);
+        let snap = s.snapshot(0, 1);
         assert_eq!((snap.failed_batches, snap.failed_keys), (1, 1));
     }
 }

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::config::Config;
+use super::config::{Concurrency, Config};
+use super::limit::start;
+use super::policy;
 use crate::stats::Stats;
 
 /// State shared by every handle and the worker.
@@ -23,9 +25,13 @@ pub(crate) struct Shared {
     /// Requests in progress in `load` and `load_many` calls: zero means
     /// idle.
     outstanding: AtomicUsize,
-    /// Loads running, the worker's and direct ones: the slots of
-    /// `max_concurrent_batches`. Only [`LoadSlot`] changes it.
+    /// Loads running, the worker's and direct ones. Only [`LoadSlot`]
+    /// changes it.
     running: AtomicUsize,
+    /// How many loads may run at once now: the fixed
+    /// [`Concurrency`](super::config::Concurrency), or the automatic
+    /// limit's current value, which only the worker sets.
+    limit: AtomicUsize,
     /// Set once the worker runs: an unrun worker answers nothing, and direct
     /// loads must not pretend otherwise.
     worker_running: AtomicBool,
@@ -33,7 +39,12 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn new(config: Config) -> Self {
+        let limit = match config.concurrency {
+            Concurrency::Fixed(n) => n,
+            Concurrency::Auto { max } => start(policy::min_auto_limit(&config), max),
+        };
         Self {
+            limit: AtomicUsize::new(limit),
             config,
             stats: Stats::new(),
             shutdown: CancellationToken::new(),
@@ -54,9 +65,20 @@ impl Shared {
         }
     }
 
-    /// How many of the `max_concurrent_batches` load slots are taken.
+    /// How many load slots are taken.
     pub(crate) fn running_loads(&self) -> usize {
         self.running.load(SeqCst)
+    }
+
+    /// How many loads may run at once now.
+    pub(crate) fn limit(&self) -> usize {
+        self.limit.load(SeqCst)
+    }
+
+    /// Sets the automatic limit (the worker's job). Loads running beyond a
+    /// lowered limit finish; no new one starts until they have.
+    pub(crate) fn set_limit(&self, limit: usize) {
+        self.limit.store(limit, SeqCst);
     }
 
     pub(crate) fn mark_worker_running(&self) {
@@ -83,7 +105,7 @@ impl Drop for Outstanding<'_> {
     }
 }
 
-/// One of the `max_concurrent_batches` load slots, shared by the worker and
+/// One of the load slots the limit allows, shared by the worker and
 /// callers that load directly; freed when dropped, so a load that fails,
 /// panics, times out or is cancelled cannot leak its slot.
 #[derive(Debug)]
@@ -94,7 +116,7 @@ pub(crate) struct LoadSlot {
 impl LoadSlot {
     /// Takes a slot if one is free.
     pub(crate) fn try_take(shared: &Arc<Shared>) -> Option<Self> {
-        let max = shared.config.max_concurrent_batches;
+        let max = shared.limit();
         shared
             .running
             .fetch_update(SeqCst, SeqCst, |n| (n < max).then_some(n + 1))
@@ -117,7 +139,7 @@ mod tests {
 
     fn shared(slots: usize) -> Arc<Shared> {
         Arc::new(Shared::new(Config {
-            max_concurrent_batches: slots,
+            concurrency: Concurrency::Fixed(slots),
             ..Config::default()
         }))
     }
@@ -144,5 +166,18 @@ mod tests {
         assert!(first.alone && !second.alone);
         drop((first, second));
         assert!(s.start_request().alone, "dropped guards uncount");
+    }
+
+    #[test]
+    fn a_lowered_limit_stops_new_slots_until_running_ones_end() {
+        let s = shared(4);
+        let held: Vec<_> = (0..3).map(|_| LoadSlot::try_take(&s).unwrap()).collect();
+        s.set_limit(2);
+        assert!(LoadSlot::try_take(&s).is_none(), "3 running, limit 2");
+        drop(held);
+        let a = LoadSlot::try_take(&s).expect("room again");
+        let b = LoadSlot::try_take(&s).expect("room again");
+        assert!(LoadSlot::try_take(&s).is_none());
+        drop((a, b));
     }
 }

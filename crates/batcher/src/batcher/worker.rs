@@ -13,6 +13,7 @@ use std::mem;
 use std::pin::{pin, Pin};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::task::{self, JoinError, JoinSet};
@@ -21,6 +22,7 @@ use tokio_util::sync::DropGuard;
 use tracing::Instrument;
 
 use super::config::Config;
+use super::limit::AutoLimit;
 use super::message::{Message, Reply, Waiter, Waiters};
 use super::policy::{self, Pending};
 use super::run::{self, LoadFn, Outcome};
@@ -181,6 +183,10 @@ struct State<K, V> {
     /// Waiters held in `pending` and `running`, bounded by
     /// [`policy::held_limit`].
     held: usize,
+    /// With [`Concurrency::Auto`](crate::Concurrency::Auto): the search for
+    /// the limit, fed with every load's outcome; it publishes the limit in
+    /// [`Shared`].
+    auto_limit: Option<AutoLimit>,
     _done: DropGuard,
 }
 
@@ -191,7 +197,15 @@ where
 {
     fn new(worker: Worker<K, V>) -> Self {
         let c = &worker.shared.config;
+        let auto_limit = c.concurrency.is_auto().then(|| {
+            AutoLimit::new(
+                policy::min_auto_limit(c),
+                c.max_loads(),
+                Instant::now(),
+            )
+        });
         Self {
+            auto_limit,
             inbox: Vec::with_capacity(c.max_batch_size),
             pending: HashMap::with_capacity(c.max_batch_size),
             pending_expiry: None,
@@ -307,7 +321,13 @@ where
                 draining: self.draining,
             };
             // Slots are shared with callers that load directly when idle.
-            if !policy::is_due(self.config(), pending, self.shared.running_loads()) {
+            let (running, limit) = (self.shared.running_loads(), self.shared.limit());
+            if let Some(auto) = &mut self.auto_limit {
+                if policy::held_by_limit(&self.shared.config, pending, running, limit) {
+                    auto.held_back();
+                }
+            }
+            if !policy::is_due(self.config(), pending, running, limit) {
                 return;
             }
             let Some(slot) = LoadSlot::try_take(&self.shared) else {
@@ -408,7 +428,9 @@ where
             }
         }
         let stats = &self.shared.stats;
-        Stats::record_duration(&stats.load_duration, run.started.elapsed());
+        let now = Instant::now();
+        let load_time = now - run.started;
+        Stats::record_duration(&stats.load_duration, load_time);
         let _enter = run.span.enter();
         let keys = run.waiters.len();
         let settled = match outcome {
@@ -422,6 +444,17 @@ where
         };
         match settled {
             Ok(mut values) => {
+                if let Some(auto) = &mut self.auto_limit {
+                    let (mut served, mut response) = (0, Duration::ZERO);
+                    for w in run.waiters.values().flatten() {
+                        served += 1;
+                        response += now.saturating_duration_since(w.enqueued_at);
+                    }
+                    if let Some(limit) = auto.completed(served, response, load_time, now) {
+                        self.shared.set_limit(limit);
+                        tracing::debug!(batcher = %self.shared.config.name, limit, "concurrency limit");
+                    }
+                }
                 let mut found = 0;
                 for (key, waiters) in run.waiters {
                     let value = values.remove(&key);

@@ -1,0 +1,582 @@
+//! The automatic concurrency limit ([`Concurrency::Auto`]): how many loads
+//! run at once, found by measurement and kept adapting.
+//!
+//! # Why measure
+//!
+//! With `n` callers and `c` loads in flight, batches hold about `n / c` keys,
+//! so the limit trades batch size (fewer statements, less fixed cost per
+//! key) against parallelism (a database kept busy across round trips).
+//! Neither side follows from the settings: next to its database on a small
+//! machine the best limit is a handful, across a 5 ms round trip it is many
+//! more, and it moves when the data, the load or the network do.
+//!
+//! # What is measured
+//!
+//! Time is cut into windows of at least 50 ms and 64 loads. In each, the
+//! worker adds up the response times of the callers it answered (from the
+//! call to the answer), and scores the window by their inverse mean,
+//! callers answered per second of waiting. With a fixed number of callers
+//! that each wait for an answer before asking again (a closed loop),
+//! throughput is callers over mean response time, so the score peaks
+//! exactly where throughput does; with requests arriving at a rate the
+//! service keeps up with, it peaks where answers come fastest; past what
+//! the service can do, queues fill and it peaks where they drain fastest.
+//! (Throughput over response time, Kleinrock's power, peaks at the same
+//! place in a closed loop, but squares the noise of a short window.)
+//! Loads started under the previous limit finish before a window starts
+//! counting, so each window measures one limit.
+//!
+//! # How the limit moves
+//!
+//! A hill climb with memory:
+//! - every limit tried keeps a smoothed score;
+//! - from the current limit ("home") a probe tries a neighbour, half as
+//!   many again or a third fewer (at least one away), for one window. If it
+//!   scores better by more than the noise home's own windows show (and at
+//!   least a few percent), it becomes home and the climb goes on in that
+//!   direction; otherwise the limit returns home, and the next probe that
+//!   way is one step (then coarse again);
+//! - home's neighbours are probed again every few windows, one side at a
+//!   time;
+//! - when home's score moves far beyond its noise in two windows running
+//!   (the database slowed down, the round trip changed, a competing load
+//!   started or stopped), every other score is forgotten and both
+//!   neighbours are probed at once, so the climb starts again from where it
+//!   is rather than trusting measurements of another world.
+//!
+//! The failure modes of adaptive limiters this avoids:
+//! - *a stale baseline* (Vegas's and Envoy's minimum round trip): there is
+//!   none; a probe is compared with a fresh measurement of home;
+//! - *oscillation and drift on noise*: a move needs a margin above the
+//!   measured noise, a probe lasts one window, and one odd window is not a
+//!   changed world;
+//! - *collapse under a noisy neighbour*: a slower world lowers every score
+//!   alike, and the limit moves only when a neighbour does better in that
+//!   same world; it never leaves `min..=max`;
+//! - *learning from idle time*: a window in which the limit never held a
+//!   batch back says nothing about the limit and is not scored.
+//!
+//! This module is plain arithmetic on what the worker reports, with time
+//! passed in, so its unit tests need no runtime.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// A window lasts at least this long...
+const MIN_WINDOW: Duration = Duration::from_millis(50);
+/// ...and this many completed loads, unless it reaches [`MAX_WINDOW`]
+/// first, when it is scored with what it has.
+const MIN_BATCHES: u32 = 64;
+/// See [`MIN_BATCHES`].
+const MAX_WINDOW: Duration = Duration::from_secs(1);
+/// After the limit changes, counting starts this many load durations
+/// later (and at least [`MIN_SETTLE`]), once the loads started under the
+/// old limit are done and callers have regrouped.
+const SETTLE_LOADS: u32 = 4;
+/// See [`SETTLE_LOADS`].
+const MIN_SETTLE: Duration = Duration::from_millis(2);
+/// A probe must beat home's score by at least this fraction, and by more
+/// than home's measured noise, to become home.
+const MARGIN: f64 = 0.03;
+/// Home's score moving by more than this fraction (and by three times its
+/// noise) in two windows running means the world changed.
+const SHIFT: f64 = 0.3;
+/// Windows at home between periodic probes.
+const PROBE_EVERY: u32 = 12;
+/// Weight of a new window in a limit's smoothed score.
+const SMOOTHING: f64 = 0.3;
+/// Weight of a new window in home's noise estimate.
+const NOISE_SMOOTHING: f64 = 0.2;
+/// Weight of a new load in the smoothed load duration.
+const LOAD_SMOOTHING: f64 = 0.1;
+/// The first limit: enough to overlap a database's work with the round
+/// trip on a small machine; the search moves it from there.
+const START: usize = 4;
+
+/// The first limit of a search between `min` and `max`.
+pub(crate) fn start(min: usize, max: usize) -> usize {
+    START.clamp(min.min(max), max)
+}
+
+/// Which way a probe goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Down = 0,
+    Up = 1,
+}
+
+impl Direction {
+    fn opposite(self) -> Self {
+        match self {
+            Direction::Down => Direction::Up,
+            Direction::Up => Direction::Down,
+        }
+    }
+}
+
+/// What one window has seen so far.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    /// Counting starts here (the limit's start plus the settling time).
+    from: Instant,
+    served: u64,
+    /// Response times of the served callers, added up.
+    response: Duration,
+    batches: u32,
+    /// A due batch found every slot the limit allows taken.
+    held_back: bool,
+}
+
+impl Window {
+    fn starting(from: Instant) -> Self {
+        Self {
+            from,
+            served: 0,
+            response: Duration::ZERO,
+            batches: 0,
+            held_back: false,
+        }
+    }
+
+    /// Callers answered per second of response time: the inverse of their
+    /// mean response time.
+    fn score(&self) -> f64 {
+        let response = self.response.as_secs_f64();
+        if self.served == 0 || response <= 0.0 {
+            return 0.0;
+        }
+        self.served as f64 / response
+    }
+}
+
+/// The state of the search (see the module docs).
+#[derive(Debug)]
+pub(crate) struct AutoLimit {
+    min: usize,
+    max: usize,
+    /// The limit in force: home, or a neighbour under probe.
+    limit: usize,
+    home: usize,
+    /// The direction of the probe in force, if `limit` is one.
+    probing: Option<Direction>,
+    /// Directions to probe from home before staying there.
+    owed: [bool; 2],
+    /// Directions in which a coarse probe failed: the next probe goes one
+    /// step, so the climb can stop between the coarse steps.
+    fine: [bool; 2],
+    /// Which side the next periodic probe goes to.
+    next_periodic: Direction,
+    windows_at_home: u32,
+    /// Smoothed score per limit (index `limit - 1`); `None`: not measured
+    /// since the world last changed. Grown as limits are tried, so a huge
+    /// `max` costs nothing.
+    scores: Vec<Option<f64>>,
+    /// How far, in natural log, home's windows stray from its smoothed
+    /// score: the noise a probe must beat.
+    noise: f64,
+    /// The last home window strayed beyond a shift, this way (+1 or -1).
+    strayed: Option<f64>,
+    /// Smoothed duration of a load, which sets the settling time.
+    load_time: Option<Duration>,
+    window: Window,
+    /// Windows scored, for tests to step window by window.
+    #[cfg(test)]
+    judged: u64,
+}
+
+impl AutoLimit {
+    /// A search between `min` and `max` loads (`max` at least 1, `min`
+    /// at most `max`), starting at [`start`].
+    pub(crate) fn new(min: usize, max: usize, now: Instant) -> Self {
+        let max = max.max(1);
+        let min = min.clamp(1, max);
+        let start = start(min, max);
+        Self {
+            min,
+            max,
+            limit: start,
+            home: start,
+            probing: None,
+            // Nothing is known: try both sides once there is something to
+            // compare with.
+            owed: [true, true],
+            fine: [false, false],
+            next_periodic: Direction::Up,
+            windows_at_home: 0,
+            scores: Vec::new(),
+            noise: 0.0,
+            strayed: None,
+            load_time: None,
+            window: Window::starting(now),
+            #[cfg(test)]
+            judged: 0,
+        }
+    }
+
+    /// The limit in force.
+    #[cfg(test)]
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Keys waited because of the limit (see `policy::held_by_limit`): the
+    /// limit is what decides this window's batches.
+    pub(crate) fn held_back(&mut self) {
+        self.window.held_back = true;
+    }
+
+    /// A load finished: it answered `served` callers, whose response times
+    /// add up to `response`, and it ran for `load`. Returns the new limit
+    /// when it changes.
+    pub(crate) fn completed(
+        &mut self,
+        served: usize,
+        response: Duration,
+        load: Duration,
+        now: Instant,
+    ) -> Option<usize> {
+        self.load_time = Some(match self.load_time {
+            Some(t) => t.mul_f64(1.0 - LOAD_SMOOTHING) + load.mul_f64(LOAD_SMOOTHING),
+            None => load,
+        });
+        if now < self.window.from {
+            return None; // a load of the previous limit, or settling
+        }
+        let w = &mut self.window;
+        w.served += served as u64;
+        w.response += response;
+        w.batches += 1;
+        let elapsed = now - w.from;
+        let done = (elapsed >= MIN_WINDOW && w.batches >= MIN_BATCHES) || elapsed >= MAX_WINDOW;
+        if !done {
+            return None;
+        }
+        let window = *w;
+        let before = self.limit;
+        self.judge(window, now);
+        (self.limit != before).then_some(self.limit)
+    }
+
+    fn score(&self, limit: usize) -> Option<f64> {
+        self.scores.get(limit - 1).copied().flatten()
+    }
+
+    /// The limit a probe from `home` in `dir` tries, if there is one: half
+    /// as many again, or a third fewer (at least one step either way), so
+    /// that on a gentle slope a probe differs from home by more than the
+    /// margin; one step after such a probe failed.
+    fn neighbour(&self, home: usize, dir: Direction) -> Option<usize> {
+        let fine = self.fine[dir as usize];
+        match dir {
+            Direction::Down => {
+                let step = if fine { 1 } else { (home / 3).max(1) };
+                Some(home.saturating_sub(step).max(self.min)).filter(|&n| n < home)
+            }
+            Direction::Up => {
+                let step = if fine { 1 } else { (home / 2).max(1) };
+                Some(home.saturating_add(step).min(self.max)).filter(|&n| n > home)
+            }
+        }
+    }
+
+    /// Scores a finished window and picks the next limit.
+    fn judge(&mut self, window: Window, now: Instant) {
+        #[cfg(test)]
+        {
+            self.judged += 1;
+        }
+        let at_home = self.probing.is_none();
+        if at_home && !window.held_back {
+            // The limit held nothing back: this window says nothing about
+            // it. Keep it, and measure again.
+            self.window = Window::starting(now);
+            return;
+        }
+        let score = window.score();
+        tracing::trace!(
+            limit = self.limit,
+            home = self.home,
+            probe = self.probing.is_some(),
+            score,
+            noise = self.noise,
+            served = window.served,
+            batches = window.batches,
+            "concurrency window"
+        );
+        if at_home {
+            self.record_home(score);
+        } else {
+            self.record(self.limit, score);
+        }
+        let next = match self.probing.take() {
+            Some(dir) => self.after_probe(dir),
+            None => self.at_home(),
+        };
+        self.set(next, now);
+    }
+
+    /// Adds a window's `score` to `limit`'s.
+    fn record(&mut self, limit: usize, score: f64) {
+        if self.scores.len() < limit {
+            self.scores.resize(limit, None);
+        }
+        let slot = &mut self.scores[limit - 1];
+        *slot = Some(match *slot {
+            Some(old) => old * (1.0 - SMOOTHING) + score * SMOOTHING,
+            None => score,
+        });
+    }
+
+    /// Adds a home window's `score`, learning home's noise from it. Two
+    /// windows running far beyond the noise, the same way, mean the world
+    /// changed: every other score is forgotten and both sides are probed
+    /// again.
+    fn record_home(&mut self, score: f64) {
+        let home = self.home;
+        let Some(old) = self.score(home).filter(|&old| old > 0.0 && score > 0.0) else {
+            self.record(home, score);
+            return;
+        };
+        let stray = (score / old).ln();
+        let far = (1.0 / (1.0 - SHIFT)).ln().max(3.0 * self.noise);
+        if stray.abs() <= far {
+            self.strayed = None;
+            self.noise = self.noise * (1.0 - NOISE_SMOOTHING) + stray.abs() * NOISE_SMOOTHING;
+            self.record(home, score);
+            return;
+        }
+        let way = stray.signum();
+        if self.strayed != Some(way) {
+            // One odd window is not a changed world; it is not scored.
+            self.strayed = Some(way);
+            return;
+        }
+        self.strayed = None;
+        for s in &mut self.scores {
+            *s = None;
+        }
+        self.record(home, score);
+        self.owed = [true, true];
+        self.fine = [false, false];
+    }
+
+    /// The next limit after a probe in `dir` from home.
+    fn after_probe(&mut self, dir: Direction) -> usize {
+        let probe = self.limit;
+        let margin = MARGIN.max(self.noise.exp_m1());
+        let better = match (self.score(probe), self.score(self.home)) {
+            (Some(p), Some(h)) => p > h * (1.0 + margin),
+            (Some(_), None) => true,
+            _ => false,
+        };
+        if !better {
+            // The next probe this way alternates: one step after a coarse
+            // one (something between may do better), coarse after a step.
+            self.fine[dir as usize] = probe.abs_diff(self.home) > 1;
+            return self.home;
+        }
+        // The probe becomes home; the side it came from was just measured.
+        self.fine = [false, false];
+        self.home = probe;
+        self.windows_at_home = 0;
+        self.owed[dir.opposite() as usize] = false;
+        // Keep climbing while it pays.
+        match self.neighbour(probe, dir) {
+            Some(next) => {
+                self.owed[dir as usize] = false;
+                self.probing = Some(dir);
+                next
+            }
+            None => probe,
+        }
+    }
+
+    /// The next limit after a window at home.
+    fn at_home(&mut self) -> usize {
+        self.windows_at_home += 1;
+        if self.windows_at_home >= PROBE_EVERY {
+            self.windows_at_home = 0;
+            self.owed[self.next_periodic as usize] = true;
+            self.next_periodic = self.next_periodic.opposite();
+        }
+        if self.strayed.is_some() {
+            return self.home; // see whether the world changed first
+        }
+        for dir in [Direction::Up, Direction::Down] {
+            if !std::mem::take(&mut self.owed[dir as usize]) {
+                continue;
+            }
+            if let Some(next) = self.neighbour(self.home, dir) {
+                self.probing = Some(dir);
+                return next;
+            }
+        }
+        self.home
+    }
+
+    /// Puts `limit` in force and starts a new window, which counts once the
+    /// loads of the old limit are likely done.
+    fn set(&mut self, limit: usize, now: Instant) {
+        self.limit = limit;
+        let settle = (self.load_time.unwrap_or_default() * SETTLE_LOADS).max(MIN_SETTLE);
+        self.window = Window::starting(now + settle);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Drives `limit` through `windows` windows of a modelled system in
+    /// which a window at limit `c` scores `score(c)`: a batch every `dt`,
+    /// each serving 100 callers whose response times add up to give that
+    /// score. Returns the limit in force after each window, and the time
+    /// reached.
+    fn run(
+        limit: &mut AutoLimit,
+        start: Instant,
+        windows: usize,
+        mut score: impl FnMut(usize) -> f64,
+    ) -> (Vec<usize>, Instant) {
+        let load = Duration::from_millis(1);
+        let dt = load / 8;
+        let served = 100usize;
+        let mut now = start;
+        let mut seen = Vec::new();
+        for _ in 0..windows {
+            let at = limit.limit();
+            let r = Duration::from_secs_f64(served as f64 / score(at));
+            let judged = limit.judged;
+            while limit.judged == judged {
+                now += dt;
+                limit.held_back();
+                limit.completed(served, r, load, now);
+            }
+            seen.push(limit.limit());
+        }
+        (seen, now)
+    }
+
+    /// A deterministic factor in `1 ± spread`.
+    fn noise(state: &mut u64, spread: f64) -> f64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        let unit = (*state >> 11) as f64 / (1u64 << 53) as f64;
+        1.0 + spread * (2.0 * unit - 1.0)
+    }
+
+    fn peaked_at(best: usize) -> impl Fn(usize) -> f64 {
+        move |c| 1000.0 / (1.0 + (c as f64 - best as f64).abs() * 0.2)
+    }
+
+    #[test]
+    fn climbs_to_the_peak_and_stays_near_it() {
+        let now = Instant::now();
+        let mut limit = AutoLimit::new(1, 16, now);
+        let (seen, _) = run(&mut limit, now, 100, peaked_at(11));
+        let tail = &seen[50..];
+        let home_share = tail.iter().filter(|&&c| c == 11).count() as f64 / tail.len() as f64;
+        // Home, but for one-window probes to either side.
+        assert!(home_share > 0.8, "limits {seen:?}");
+        assert_eq!(limit.home, 11);
+    }
+
+    #[test]
+    fn descends_when_fewer_loads_do_better() {
+        let now = Instant::now();
+        let mut limit = AutoLimit::new(1, 16, now);
+        let (seen, _) = run(&mut limit, now, 40, peaked_at(1));
+        assert_eq!(limit.home, 1, "limits {seen:?}");
+        assert!(seen[20..].iter().all(|&c| c <= 2), "{seen:?}");
+    }
+
+    #[test]
+    fn never_leaves_one_to_max() {
+        let now = Instant::now();
+        let mut limit = AutoLimit::new(1, 6, now);
+        let (seen, _) = run(&mut limit, now, 60, |c| c as f64 * 100.0);
+        assert!(seen.iter().all(|&c| (1..=6).contains(&c)), "{seen:?}");
+        assert_eq!(limit.home, 6, "more is always better here: {seen:?}");
+        let mut one = AutoLimit::new(1, 1, now);
+        let (seen, _) = run(&mut one, now, 10, |c| c as f64);
+        assert!(seen.iter().all(|&c| c == 1), "{seen:?}");
+    }
+
+    #[test]
+    fn a_changed_world_restarts_the_climb() {
+        let now = Instant::now();
+        let mut limit = AutoLimit::new(1, 16, now);
+        let (_, now) = run(&mut limit, now, 60, peaked_at(3));
+        assert_eq!(limit.home, 3);
+        // The round trip grew: far more loads pay now, and every score fell.
+        let (seen, _) = run(&mut limit, now, 40, |c| peaked_at(14)(c) / 10.0);
+        assert!(
+            (12..=16).contains(&limit.home),
+            "home {} after {seen:?}",
+            limit.home
+        );
+    }
+
+    #[test]
+    fn noise_neither_moves_it_far_nor_passes_for_a_changed_world() {
+        let now = Instant::now();
+        let mut limit = AutoLimit::new(1, 16, now);
+        let mut state = 0x9e37_79b9_7f4a_7c15;
+        // A flat top (4 to 6 within 2%) under ±15% noise per window.
+        let shape = |c: usize| 1000.0 * (1.0 - 0.01 * (c as f64 - 5.0).abs().max(1.0) - 0.04 * (c as f64 - 5.0).abs().max(0.0).powi(2) / 4.0);
+        let (seen, _) = run(&mut limit, now, 300, |c| shape(c) * noise(&mut state, 0.15));
+        let tail = &seen[50..];
+        let near = tail.iter().filter(|&&c| (3..=7).contains(&c)).count() as f64 / tail.len() as f64;
+        assert!(near > 0.9, "{near}: {seen:?}");
+        assert!(tail.iter().all(|&c| c <= 10), "{seen:?}");
+    }
+
+    #[test]
+    fn idle_windows_are_not_scored() {
+        let now = Instant::now();
+        let mut limit = AutoLimit::new(1, 16, now);
+        let mut t = now;
+        for _ in 0..1_000 {
+            t += Duration::from_millis(1);
+            // Never held back.
+            assert_eq!(
+                limit.completed(1, Duration::from_millis(1), Duration::from_millis(1), t),
+                None
+            );
+        }
+        assert_eq!(limit.limit(), START);
+        assert!(limit.scores.iter().all(Option::is_none));
+    }
+
+    #[test]
+    fn never_goes_below_its_floor() {
+        let now = Instant::now();
+        let mut limit = AutoLimit::new(2, 16, now);
+        let (seen, _) = run(&mut limit, now, 40, peaked_at(1));
+        assert!(seen.iter().all(|&c| c >= 2), "{seen:?}");
+        assert_eq!(limit.home, 2);
+        assert_eq!(start(2, 16), 4);
+        assert_eq!(start(2, 3), 3);
+        assert_eq!(start(1, 1), 1);
+    }
+
+    #[test]
+    fn neighbours_are_half_again_or_a_third_fewer_and_at_least_one_step() {
+        let mut limit = AutoLimit::new(1, 16, Instant::now());
+        assert_eq!(limit.neighbour(1, Direction::Down), None);
+        assert_eq!(limit.neighbour(1, Direction::Up), Some(2));
+        assert_eq!(limit.neighbour(2, Direction::Down), Some(1));
+        assert_eq!(limit.neighbour(4, Direction::Down), Some(3));
+        assert_eq!(limit.neighbour(4, Direction::Up), Some(6));
+        assert_eq!(limit.neighbour(9, Direction::Down), Some(6));
+        assert_eq!(limit.neighbour(9, Direction::Up), Some(13));
+        assert_eq!(limit.neighbour(13, Direction::Up), Some(16));
+        assert_eq!(limit.neighbour(16, Direction::Up), None);
+        // After a coarse probe failed, one step.
+        limit.fine[Direction::Down as usize] = true;
+        assert_eq!(limit.neighbour(12, Direction::Down), Some(11));
+        assert_eq!(limit.neighbour(12, Direction::Up), Some(18.min(16)));
+    }
+}
