@@ -7,8 +7,10 @@
 //! so the same binary is configured the same way in a shell, a container or
 //! a service manager. Defaults are the settings' own constants.
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -347,6 +349,35 @@ impl PolicyArg {
     }
 }
 
+/// `--batch-concurrency`: `auto`, or a fixed number of statements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConcurrencyArg(pub pgbatch::Concurrency);
+
+impl FromStr for ConcurrencyArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(Self(defaults::READ_CONCURRENCY));
+        }
+        match s.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(Self(pgbatch::Concurrency::Fixed(n))),
+            _ => Err(format!(
+                "`{s}` is neither `auto` nor a number of statements (1 or more)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for ConcurrencyArg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            pgbatch::Concurrency::Fixed(n) => write!(f, "{n}"),
+            _ => f.write_str("auto"),
+        }
+    }
+}
+
 /// Serving options.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
@@ -373,9 +404,11 @@ pub struct ServeArgs {
     /// first key.
     #[arg(long, env = "PGBATCH_BATCH_DELAY_US", default_value_t = lib::MAX_DELAY.as_micros() as u64, help_heading = "Reads")]
     pub batch_delay_us: u64,
-    /// Batched statements running at once, per batcher.
-    #[arg(long, env = "PGBATCH_BATCH_CONCURRENCY", default_value_t = lib::MAX_CONCURRENT_BATCHES, help_heading = "Reads")]
-    pub batch_concurrency: usize,
+    /// Batched statements running at once, per lookup kind: `auto` (found
+    /// by measurement and kept adapting, never more than `--pool-size`), or
+    /// a fixed number.
+    #[arg(long, env = "PGBATCH_BATCH_CONCURRENCY", default_value_t = ConcurrencyArg(defaults::READ_CONCURRENCY), help_heading = "Reads")]
+    pub batch_concurrency: ConcurrencyArg,
     /// Requests that may wait for the batcher before new ones get 503.
     #[arg(long, env = "PGBATCH_QUEUE_CAPACITY", default_value_t = lib::CHANNEL_CAPACITY, help_heading = "Reads")]
     pub queue_capacity: usize,
@@ -546,7 +579,7 @@ impl ServeArgs {
             max_batch_size: self.batch_size,
             policy: self.batch_policy.into(),
             max_delay: Duration::from_micros(self.batch_delay_us),
-            concurrency: self.batch_concurrency,
+            concurrency: self.batch_concurrency.0,
             queue_capacity: self.queue_capacity,
         };
         Settings {
@@ -567,7 +600,7 @@ impl ServeArgs {
             write: WriteSettings {
                 batch: BatchSettings {
                     max_batch_size: self.write_batch_size,
-                    concurrency: self.write_concurrency,
+                    concurrency: pgbatch::Concurrency::Fixed(self.write_concurrency),
                     ..batch
                 },
                 timeout: Duration::from_millis(self.write_timeout_ms),
@@ -776,7 +809,7 @@ mod tests {
             max_batch_size: 7,
             policy: pgbatch::FlushPolicy::FixedDelay,
             max_delay: Duration::from_micros(250),
-            concurrency: 3,
+            concurrency: pgbatch::Concurrency::Fixed(3),
             queue_capacity: 9,
         };
         assert_eq!(s.read.path, ReadPath::Cached);
@@ -791,7 +824,7 @@ mod tests {
             s.write.batch,
             BatchSettings {
                 max_batch_size: 11,
-                concurrency: 2,
+                concurrency: pgbatch::Concurrency::Fixed(2),
                 ..batch
             }
         );
@@ -821,6 +854,25 @@ mod tests {
         assert_eq!(s.auth.cache.map(|c| c.admission), Some(Admission::Always));
         assert_eq!(s.auth.cache.map(|c| c.jitter), Some(Duration::ZERO));
         assert_eq!(s.read.path, ReadPath::Naive);
+    }
+
+    #[test]
+    fn batch_concurrency_is_auto_or_a_number() {
+        assert_eq!(
+            parse(&[]).serve.settings().read.batch.concurrency,
+            defaults::READ_CONCURRENCY
+        );
+        for auto in ["auto", "AUTO"] {
+            let s = parse(&["--batch-concurrency", auto]).serve.settings();
+            assert!(s.read.batch.concurrency.is_auto());
+        }
+        for bad in ["0", "-1", "many", ""] {
+            let err = Cli::try_parse_from(["pgbatch-server", "--batch-concurrency", bad])
+                .expect_err(bad)
+                .to_string();
+            assert!(err.contains("neither `auto` nor a number"), "{bad}: {err}");
+        }
+        assert_eq!(ConcurrencyArg(defaults::READ_CONCURRENCY).to_string(), "auto");
     }
 
     #[test]

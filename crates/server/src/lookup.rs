@@ -132,9 +132,11 @@ impl<Q: BatchQuery> Lookup<Q> {
         settings: &ReadSettings,
     ) -> Result<Self, BuildError> {
         let loader = RoutedLoader::new(source.into(), query, Needs::Any);
+        // Every database the router reads from has a pool this size.
+        let connections = loader.router().primary().status().max_size;
+        let batch = settings.batch.bounded_by(connections);
         let batcher = |needs| {
-            settings
-                .batch
+            batch
                 .builder(name, settings.timeout)
                 .build(loader.needing(needs))
         };

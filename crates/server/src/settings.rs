@@ -11,22 +11,30 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use pgbatch::FlushPolicy;
+use pgbatch::{Concurrency, FlushPolicy};
 
 /// The service's own defaults (the batcher's are in [`pgbatch::defaults`]).
 pub mod defaults {
     use std::time::Duration;
 
-    use pgbatch::FlushPolicy;
+    use pgbatch::{Concurrency, FlushPolicy};
 
     /// Database connections in the pool.
     pub const POOL_SIZE: usize = 16;
     /// Directory of the embedded cluster.
     pub const DATA_DIR: &str = ".data/pg";
-    /// The batchers' flush policy. Not the library's `Eager`: adaptive is as
-    /// fast for a lone request, and it formed larger batches and read the
-    /// most under a saturating load (BENCHMARKS.md §5).
-    pub const BATCH_POLICY: FlushPolicy = FlushPolicy::Adaptive;
+    /// The batchers' flush policy: the library's `Eager`. With the
+    /// automatic concurrency limit, the limit alone decides how big batches
+    /// grow; adaptive's own rule (wait for a full batch once half the
+    /// slots are busy) made the gain of each added slot flat and left the
+    /// limit's search stranded below what a distant database needs
+    /// (BENCHMARKS.md §5).
+    pub const BATCH_POLICY: FlushPolicy = FlushPolicy::Eager;
+    /// Batched read statements at once, per lookup kind: found by
+    /// measurement, never more than the read pool's connections (each
+    /// lookup bounds it by its pool). The best number moves with the
+    /// machine, the data and the round trip (BENCHMARKS.md §5).
+    pub const READ_CONCURRENCY: Concurrency = Concurrency::Auto { max: usize::MAX };
     /// Deadline of one lookup, also the pool's `statement_timeout`.
     pub const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
     /// Longest wait for room among a lookup's keys in flight before a
@@ -230,8 +238,10 @@ pub struct BatchSettings {
     /// With [`FlushPolicy::FixedDelay`] (and a busy adaptive batcher): how
     /// long after its first key a batch goes out.
     pub max_delay: Duration,
-    /// Statements running at once.
-    pub concurrency: usize,
+    /// Statements running at once: found by measurement
+    /// ([`Concurrency::Auto`], the reads' default; a lookup bounds it by its
+    /// pool's size), or fixed.
+    pub concurrency: Concurrency,
     /// Requests that may wait before new ones are rejected as overload.
     pub queue_capacity: usize,
 }
@@ -242,13 +252,30 @@ impl Default for BatchSettings {
             max_batch_size: pgbatch::defaults::MAX_BATCH_SIZE,
             policy: defaults::BATCH_POLICY,
             max_delay: pgbatch::defaults::MAX_DELAY,
-            concurrency: pgbatch::defaults::MAX_CONCURRENT_BATCHES,
+            concurrency: defaults::READ_CONCURRENCY,
             queue_capacity: pgbatch::defaults::CHANNEL_CAPACITY,
         }
     }
 }
 
 impl BatchSettings {
+    /// These settings with the automatic concurrency kept within `loads`
+    /// (the connections of the pool the batcher loads from): more loads
+    /// than connections would only queue for the pool.
+    #[must_use]
+    pub fn bounded_by(self, loads: usize) -> Self {
+        let concurrency = match self.concurrency {
+            Concurrency::Auto { max } => Concurrency::Auto {
+                max: max.min(loads).max(1),
+            },
+            fixed => fixed,
+        };
+        Self {
+            concurrency,
+            ..self
+        }
+    }
+
     /// A batcher builder named `name` with these settings, giving each
     /// request `timeout`.
     pub fn builder<K, V>(
@@ -263,7 +290,7 @@ impl BatchSettings {
         pgbatch::Batcher::builder()
             .name(name)
             .max_batch_size(self.max_batch_size)
-            .max_concurrent_batches(self.concurrency)
+            .concurrency(self.concurrency)
             .channel_capacity(self.queue_capacity)
             .policy(self.policy)
             .max_delay(self.max_delay)
@@ -334,7 +361,7 @@ impl Default for WriteSettings {
         Self {
             batch: BatchSettings {
                 max_batch_size: defaults::WRITE_BATCH_SIZE,
-                concurrency: defaults::WRITE_CONCURRENCY,
+                concurrency: Concurrency::Fixed(defaults::WRITE_CONCURRENCY),
                 ..BatchSettings::default()
             },
             timeout: defaults::WRITE_TIMEOUT,

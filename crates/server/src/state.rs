@@ -54,7 +54,7 @@ impl Pools {
         settings: &Settings,
     ) -> anyhow::Result<Self> {
         let target = target.into();
-        let write_size = settings.write.batch.concurrency + WRITE_POOL_EXTRA;
+        let write_size = settings.write.batch.concurrency.max() + WRITE_POOL_EXTRA;
         Ok(Self {
             read: db::pool(&target, read_size, settings.read.timeout)?,
             write: db::pool(&target, write_size, settings.write.timeout)?,

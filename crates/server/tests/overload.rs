@@ -100,7 +100,7 @@ async fn a_full_queue_sheds_load_at_once_with_503_and_retry_after() {
                 path: ReadPath::Batched,
                 batch: BatchSettings {
                     max_batch_size: 1,
-                    concurrency: 1,
+                    concurrency: pgbatch::Concurrency::Fixed(1),
                     queue_capacity: 2,
                     ..BatchSettings::default()
                 },
