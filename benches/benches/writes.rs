@@ -307,14 +307,14 @@ fn main() {
             // statements at once unless --write-concurrency says otherwise).
             let settings = WriteSettings::default();
             let concurrency = if args.write_concurrency.is_empty() {
-                vec![settings.batch.concurrency]
+                vec![settings.batch.concurrency.max()]
             } else {
                 args.write_concurrency.clone()
             };
             let writers: Vec<(usize, Writer<ObjectUpsert>)> = concurrency
                 .iter()
                 .map(|&c| {
-                    let batch = BatchSettings { concurrency: c, ..settings.batch };
+                    let batch = BatchSettings { concurrency: pgbatch::Concurrency::Fixed(c), ..settings.batch };
                     let writer = Writer::new(pool.clone(), ObjectUpsert, batch.builder("object_write", settings.timeout))
                         .expect("writer");
                     (c, writer)

@@ -15,7 +15,7 @@
 
 use std::io::{Read as _, Write as _};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread;
@@ -27,6 +27,8 @@ use std::time::{Duration, Instant};
 pub struct DelayProxy {
     addr: SocketAddr,
     stopped: Arc<AtomicBool>,
+    /// Half the added round trip, in nanoseconds, read for every chunk.
+    one_way: Arc<AtomicU64>,
 }
 
 impl DelayProxy {
@@ -37,11 +39,36 @@ impl DelayProxy {
     ///
     /// When no loopback port can be bound.
     pub fn start(upstream: SocketAddr, rtt: Duration) -> std::io::Result<Self> {
+        Self::start_with(upstream, rtt, false)
+    }
+
+    /// As [`start`](Self::start), with a round trip that
+    /// [`set_rtt`](Self::set_rtt) changes while connections are open. Every
+    /// chunk goes through the delaying threads, even at zero delay.
+    ///
+    /// # Errors
+    ///
+    /// When no loopback port can be bound.
+    pub fn start_adjustable(upstream: SocketAddr, rtt: Duration) -> std::io::Result<Self> {
+        Self::start_with(upstream, rtt, true)
+    }
+
+    /// Sets the added round trip of every connection, open or not, from
+    /// the next chunk on.
+    pub fn set_rtt(&self, rtt: Duration) {
+        self.one_way
+            .store(u64::try_from((rtt / 2).as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    fn start_with(upstream: SocketAddr, rtt: Duration, adjustable: bool) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let addr = listener.local_addr()?;
         let stopped = Arc::new(AtomicBool::new(false));
         let stop = Arc::clone(&stopped);
-        let one_way = rtt / 2;
+        let one_way = Arc::new(AtomicU64::new(
+            u64::try_from((rtt / 2).as_nanos()).unwrap_or(u64::MAX),
+        ));
+        let delay = Arc::clone(&one_way);
         thread::Builder::new()
             .name("delay-proxy".into())
             .spawn(move || {
@@ -50,12 +77,20 @@ impl DelayProxy {
                         break;
                     }
                     let Ok(client) = client else { continue };
-                    if let Err(e) = connect(client, upstream, one_way) {
+                    let delay = Delay {
+                        one_way: Arc::clone(&delay),
+                        adjustable,
+                    };
+                    if let Err(e) = connect(client, upstream, delay) {
                         eprintln!("delay proxy: cannot reach {upstream}: {e}");
                     }
                 }
             })?;
-        Ok(Self { addr, stopped })
+        Ok(Self {
+            addr,
+            stopped,
+            one_way,
+        })
     }
 
     /// The address to connect to instead of the upstream.
@@ -72,18 +107,32 @@ impl Drop for DelayProxy {
     }
 }
 
-fn connect(client: TcpStream, upstream: SocketAddr, one_way: Duration) -> std::io::Result<()> {
+/// How long chunks wait, shared by every connection of a proxy.
+#[derive(Debug, Clone)]
+struct Delay {
+    one_way: Arc<AtomicU64>,
+    /// The delay may change: chunks always go through the delaying threads.
+    adjustable: bool,
+}
+
+impl Delay {
+    fn now(&self) -> Duration {
+        Duration::from_nanos(self.one_way.load(Ordering::Relaxed))
+    }
+}
+
+fn connect(client: TcpStream, upstream: SocketAddr, one_way: Delay) -> std::io::Result<()> {
     let server = TcpStream::connect(upstream)?;
     for s in [&client, &server] {
         s.set_nodelay(true)?;
     }
-    pump(client.try_clone()?, server.try_clone()?, one_way)?;
+    pump(client.try_clone()?, server.try_clone()?, one_way.clone())?;
     pump(server, client, one_way)
 }
 
 /// Copies `from` to `to`, each chunk `delay` after it was read.
-fn pump(mut from: TcpStream, mut to: TcpStream, delay: Duration) -> std::io::Result<()> {
-    if delay.is_zero() {
+fn pump(mut from: TcpStream, mut to: TcpStream, delay: Delay) -> std::io::Result<()> {
+    if delay.now().is_zero() && !delay.adjustable {
         // No hand-off between threads: the proxy's own cost, and no more.
         thread::Builder::new()
             .name("delay-copy".into())
@@ -108,7 +157,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream, delay: Duration) -> std::io::Res
                     Ok(0) | Err(_) => break,
                     Ok(n) => {
                         if tx
-                            .send((Instant::now() + delay, buf[..n].to_vec()))
+                            .send((Instant::now() + delay.now(), buf[..n].to_vec()))
                             .is_err()
                         {
                             break;
@@ -182,5 +231,22 @@ mod tests {
         s.read_exact(&mut got).unwrap();
         assert_eq!(got[..10], [7; 10]);
         assert_eq!(got[10..], [8; 10]);
+    }
+
+    #[test]
+    fn an_adjustable_delay_applies_to_open_connections() {
+        let proxy = DelayProxy::start_adjustable(echo(), Duration::ZERO).unwrap();
+        let mut s = TcpStream::connect(proxy.addr()).unwrap();
+        s.set_nodelay(true).unwrap();
+        let mut round_trip = |s: &mut TcpStream| {
+            let start = Instant::now();
+            s.write_all(&[1; 10]).unwrap();
+            let mut got = [0u8; 10];
+            s.read_exact(&mut got).unwrap();
+            start.elapsed()
+        };
+        assert!(round_trip(&mut s) < Duration::from_millis(20));
+        proxy.set_rtt(Duration::from_millis(30));
+        assert!(round_trip(&mut s) >= Duration::from_millis(30));
     }
 }

@@ -224,7 +224,24 @@ where
     F: Fn(u64) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = ()> + Send,
 {
-    let start = Instant::now();
+    closed_loop_warm(callers, Duration::ZERO, duration, key_range, request).await
+}
+
+/// As [`closed_loop`], after `warmup` of the same load that is not
+/// recorded: what a long-running service sees, once whatever adapts to
+/// the load (an automatic concurrency limit) has.
+pub async fn closed_loop_warm<F, Fut>(
+    callers: usize,
+    warmup: Duration,
+    duration: Duration,
+    key_range: u64,
+    request: F,
+) -> RunReport
+where
+    F: Fn(u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let start = Instant::now() + warmup;
     let stop = start + duration;
     let tasks: Vec<_> = (0..callers)
         .map(|i| {
@@ -239,9 +256,11 @@ where
                         break;
                     }
                     request(keys.next_below(key_range)).await;
-                    let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                    hist.saturating_record(ns);
-                    n += 1;
+                    if t0 >= start {
+                        let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                        hist.saturating_record(ns);
+                        n += 1;
+                    }
                 }
                 (n, hist)
             })
@@ -258,6 +277,79 @@ where
         requests,
         elapsed: start.elapsed(),
         latency,
+    }
+}
+
+/// What a [`closed_loop_timeline`] run measured, interval by interval.
+#[derive(Debug)]
+pub struct Timeline {
+    /// The length of one interval.
+    pub interval: Duration,
+    /// Per interval: the requests that finished in it, and their latency
+    /// in nanoseconds.
+    pub intervals: Vec<RunReport>,
+}
+
+/// As [`closed_loop`], recording each request in the `interval` (from the
+/// start) in which it finished, for a time series of throughput and
+/// latency.
+pub async fn closed_loop_timeline<F, Fut>(
+    callers: usize,
+    duration: Duration,
+    interval: Duration,
+    key_range: u64,
+    request: F,
+) -> Timeline
+where
+    F: Fn(u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let start = Instant::now();
+    let stop = start + duration;
+    let buckets = (duration.as_nanos() / interval.as_nanos().max(1)) as usize + 1;
+    let tasks: Vec<_> = (0..callers)
+        .map(|i| {
+            let request = request.clone();
+            tokio::spawn(async move {
+                let mut keys = KeyStream::new(i as u64);
+                // (interval, latency in µs): a histogram per interval per
+                // caller would take far more memory.
+                let mut samples: Vec<(u32, u32)> = Vec::new();
+                loop {
+                    let t0 = Instant::now();
+                    if t0 >= stop {
+                        break;
+                    }
+                    request(keys.next_below(key_range)).await;
+                    let done = Instant::now();
+                    let at = ((done - start).as_nanos() / interval.as_nanos().max(1)) as u32;
+                    let us = u32::try_from((done - t0).as_micros()).unwrap_or(u32::MAX);
+                    samples.push((at, us));
+                }
+                samples
+            })
+        })
+        .collect();
+    let mut intervals: Vec<RunReport> = (0..buckets)
+        .map(|_| RunReport {
+            requests: 0,
+            elapsed: interval,
+            latency: new_histogram(),
+        })
+        .collect();
+    for t in tasks {
+        for (at, us) in t.await.expect("benchmark caller panicked") {
+            if let Some(r) = intervals.get_mut(at as usize) {
+                r.requests += 1;
+                r.latency.saturating_record(u64::from(us) * 1_000);
+            }
+        }
+    }
+    // The last interval is cut short by the stop.
+    intervals.truncate(buckets - 1);
+    Timeline {
+        interval,
+        intervals,
     }
 }
 

@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
+use std::net::SocketAddr;
+
+use anyhow::{bail, Context as _};
 use embedded_pg::ClusterOptions;
 use pgbatch::cache::Admission;
 use pgbatch::pg::copy;
@@ -19,7 +21,7 @@ use server::queries::kv::{kv_pk, KvQuery, KvRows, KV_COLUMNS, KV_TABLE};
 use server::settings::{BatchSettings, CacheSettings, DbSettings, ReadPath, ReadSettings};
 use tokio_postgres::NoTls;
 
-use crate::{closed_loop, KeyStream, RunReport};
+use crate::{closed_loop, closed_loop_warm, KeyStream, RunReport};
 
 /// The flags every load generator shares: which table, on which database.
 /// Each tool flattens these into its own flags.
@@ -402,6 +404,57 @@ pub async fn batched_run(
     Ok((report, mean))
 }
 
+/// What [`batched_run_warm`] measured.
+#[derive(Debug)]
+pub struct BatchedRun {
+    /// Latencies and throughput after the warm-up.
+    pub report: RunReport,
+    /// The mean batch size over the whole run.
+    pub mean_batch: f64,
+    /// The batcher's concurrency limit at the end.
+    pub limit: u64,
+}
+
+/// As [`batched_run`], measured after `warmup` of the same load (not
+/// recorded), so an automatic concurrency limit has found its level: what
+/// a long-running service sees.
+///
+/// # Errors
+///
+/// When the settings are invalid.
+///
+/// # Panics
+///
+/// When a read fails.
+pub async fn batched_run_warm(
+    pool: &Pool,
+    batch: BatchSettings,
+    n: usize,
+    warmup: Duration,
+    run: Duration,
+    rows: u64,
+) -> anyhow::Result<BatchedRun> {
+    let settings = read_settings(ReadPath::Batched, batch);
+    let lookup = Arc::new(Lookup::new("kv", KvQuery, pool.clone(), &settings)?);
+    let reader = Arc::clone(&lookup);
+    let report = closed_loop_warm(n, warmup, run, rows, move |k| {
+        let lookup = Arc::clone(&reader);
+        async move {
+            if let Err(e) = lookup.get(key(k)).await {
+                panic!("{lookup:?} read failed: {e:#}");
+            }
+        }
+    })
+    .await;
+    let stats = lookup.batcher_stats().context("a batched lookup has a batcher")?;
+    lookup.shutdown().await;
+    Ok(BatchedRun {
+        report,
+        mean_batch: stats.batch_size.mean().unwrap_or(0.0),
+        limit: stats.concurrency_limit,
+    })
+}
+
 /// What a cached run measured.
 #[derive(Debug)]
 pub struct CachedRun {
@@ -533,3 +586,49 @@ pub async fn hit_vs_uncached(
     })
     .await?
 }
+
+/// The TCP address and settings of the database, for a
+/// [`DelayProxy`](crate::delay_proxy::DelayProxy) to forward to.
+///
+/// # Errors
+///
+/// When the database is not reachable over TCP.
+pub async fn tcp_target(db: &Database) -> anyhow::Result<(SocketAddr, tokio_postgres::Config)> {
+    if let Some(cluster) = &db.cluster {
+        let addr = cluster
+            .tcp_addr()
+            .context("the cluster has no TCP listener")?;
+        let config = cluster
+            .tcp_config(db.config.get_dbname().unwrap_or("postgres"))
+            .context("the cluster has no TCP listener")?;
+        return Ok((addr, config));
+    }
+    let (Some(tokio_postgres::config::Host::Tcp(host)), Some(port)) =
+        (db.config.get_hosts().first(), db.config.get_ports().first())
+    else {
+        bail!("latency runs need a Postgres reachable over TCP (a host name and port in DATABASE_URL)");
+    };
+    let addr = tokio::net::lookup_host((host.as_str(), *port))
+        .await?
+        .next()
+        .with_context(|| format!("{host} does not resolve"))?;
+    Ok((addr, via(&db.config, addr)))
+}
+
+/// `config` with its host and port replaced by `addr` (`Config::host`
+/// appends to the host list, so the settings are copied over instead).
+pub fn via(config: &tokio_postgres::Config, addr: SocketAddr) -> tokio_postgres::Config {
+    let mut out = tokio_postgres::Config::new();
+    out.host(addr.ip().to_string()).port(addr.port());
+    if let Some(user) = config.get_user() {
+        out.user(user);
+    }
+    if let Some(password) = config.get_password() {
+        out.password(password);
+    }
+    if let Some(dbname) = config.get_dbname() {
+        out.dbname(dbname);
+    }
+    out
+}
+

@@ -13,19 +13,18 @@
 //! ```
 
 use std::io::Write as _;
-use std::net::SocketAddr;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Context as _};
+use anyhow::bail;
 use benches::delay_proxy::DelayProxy;
 use benches::reads::{self, TableArgs};
 use benches::RunReport;
 use clap::Parser;
 use pgbatch::pg::PoolOptions;
 use pgbatch::FlushPolicy;
-use server::config::PolicyArg;
+use server::config::{ConcurrencyArg, PolicyArg};
 use server::db::Database;
 use server::settings::BatchSettings;
 
@@ -51,6 +50,10 @@ struct Args {
     /// Shared connections of the pipelined path.
     #[arg(long, default_value_t = 4)]
     pipeline_connections: usize,
+    /// Batched statements at once: `auto` (the default, found by
+    /// measurement up to `--connections`), or a fixed number.
+    #[arg(long, default_value = "auto")]
+    batch_concurrency: ConcurrencyArg,
     /// The batcher's max batch size.
     #[arg(long, default_value_t = 64)]
     max_batch: usize,
@@ -125,56 +128,15 @@ async fn main() -> anyhow::Result<()> {
         .await
 }
 
-/// The TCP address and settings of the database, for the proxy to forward
-/// to.
-async fn tcp_target(db: &Database) -> anyhow::Result<(SocketAddr, tokio_postgres::Config)> {
-    if let Some(cluster) = &db.cluster {
-        let addr = cluster
-            .tcp_addr()
-            .context("the cluster has no TCP listener")?;
-        let config = cluster
-            .tcp_config(db.config.get_dbname().unwrap_or("postgres"))
-            .context("the cluster has no TCP listener")?;
-        return Ok((addr, config));
-    }
-    let (Some(tokio_postgres::config::Host::Tcp(host)), Some(port)) =
-        (db.config.get_hosts().first(), db.config.get_ports().first())
-    else {
-        bail!("latency runs need a Postgres reachable over TCP (a host name and port in DATABASE_URL)");
-    };
-    let addr = tokio::net::lookup_host((host.as_str(), *port))
-        .await?
-        .next()
-        .with_context(|| format!("{host} does not resolve"))?;
-    Ok((addr, via(&db.config, addr)))
-}
-
-/// `config` with its host and port replaced by `addr` (`Config::host`
-/// appends to the host list, so the settings are copied over instead).
-fn via(config: &tokio_postgres::Config, addr: SocketAddr) -> tokio_postgres::Config {
-    let mut out = tokio_postgres::Config::new();
-    out.host(addr.ip().to_string()).port(addr.port());
-    if let Some(user) = config.get_user() {
-        out.user(user);
-    }
-    if let Some(password) = config.get_password() {
-        out.password(password);
-    }
-    if let Some(dbname) = config.get_dbname() {
-        out.dbname(dbname);
-    }
-    out
-}
-
 async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
-    let (upstream, direct) = tcp_target(db).await?;
+    let (upstream, direct) = reads::tcp_target(db).await?;
     let run = Duration::from_secs_f64(args.seconds);
     let rows = args.table.rows;
     let n = args.initiators;
     let settings = BatchSettings {
         max_batch_size: args.max_batch,
         policy: FlushPolicy::from(args.policy),
-        concurrency: args.connections,
+        concurrency: args.batch_concurrency.0,
         ..BatchSettings::default()
     };
 
@@ -185,7 +147,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
             bail!("--rtt-ms {ms}: an added round trip is 0 to 10,000 ms");
         }
         let proxy = DelayProxy::start(upstream, Duration::from_secs_f64(ms / 1e3))?;
-        targets.push((Some(ms), via(&direct, proxy.addr())));
+        targets.push((Some(ms), reads::via(&direct, proxy.addr())));
         proxies.push(proxy);
     }
 

@@ -28,6 +28,7 @@ use clap::Parser;
 use pgbatch::cache::Admission;
 use pgbatch::pg::PoolOptions;
 use pgbatch::FlushPolicy;
+use server::config::ConcurrencyArg;
 use server::db::Database;
 use server::settings::BatchSettings;
 
@@ -49,9 +50,14 @@ struct Args {
     /// Connections for the naive path and the batchers' pool.
     #[arg(long, default_value_t = 16)]
     pool_size: usize,
-    /// Batched statements at once (the seed's reader goroutines: 10).
+    /// Batched statements at once: `auto` (the default, found by
+    /// measurement up to `--pool-size`), or a fixed number (the seed's
+    /// reader goroutines: 10).
+    #[arg(long, default_value = "auto")]
+    batch_concurrency: ConcurrencyArg,
+    /// Connections of the bulk ceiling and of the statements comparison.
     #[arg(long, default_value_t = 10)]
-    batch_concurrency: usize,
+    ceiling_connections: usize,
     /// Shared connections of the pipelined path.
     #[arg(long, default_value_t = 4)]
     pipeline_connections: usize,
@@ -60,7 +66,7 @@ struct Args {
     ceiling_keys: usize,
     /// Rounds of the statements comparison; each round runs every form for
     /// `--seconds` with the largest of `--batch-sizes` keys per statement
-    /// on `--batch-concurrency` connections.
+    /// on `--ceiling-connections` connections.
     #[arg(long, default_value_t = 3)]
     statement_rounds: usize,
     /// CSV file results are appended to.
@@ -122,7 +128,7 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
     let settings = |max_batch_size, policy| BatchSettings {
         max_batch_size,
         policy,
-        concurrency: args.batch_concurrency,
+        concurrency: args.batch_concurrency.0,
         ..BatchSettings::default()
     };
     let mut results: Vec<Outcome> = Vec::new();
@@ -160,11 +166,11 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
     let ceiling = if want("ceiling") {
         eprintln!(
             "ceiling: {} keys per query on {} connections",
-            args.ceiling_keys, args.batch_concurrency
+            args.ceiling_keys, args.ceiling_connections
         );
         reads::ceiling(
             &db.config,
-            args.batch_concurrency,
+            args.ceiling_connections,
             args.ceiling_keys,
             rows,
             run,
@@ -268,7 +274,7 @@ async fn compare_statements(
     run: Duration,
 ) -> anyhow::Result<()> {
     let keys = args.batch_sizes.iter().copied().max().unwrap_or(64);
-    let connections = args.batch_concurrency;
+    let connections = args.ceiling_connections;
     let mut rates = vec![Vec::new(); reads::STATEMENTS.len()];
     for round in 0..args.statement_rounds.max(1) {
         for (i, (name, setup, sql)) in reads::STATEMENTS.iter().enumerate() {
@@ -320,7 +326,7 @@ fn print_table(results: &[Outcome], ceiling: f64, args: &Args) {
         args.initiators,
         args.seconds,
         args.ceiling_keys,
-        args.batch_concurrency,
+        args.ceiling_connections,
         ceiling.map_or("-".to_owned(), |c| format!("{c:.0}"))
     );
     println!("| initiators | path | policy | max batch | reads/s | × naive | of ceiling | avg ms | p50 ms | p99 ms | max ms | mean batch |");
