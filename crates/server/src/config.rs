@@ -18,8 +18,8 @@ use pgbatch::defaults as lib;
 
 use crate::settings::{
     defaults, AuthSettings, BatchSettings, CacheSettings, DbSettings, ImportSettings,
-    InvalidationSettings, Limits, ReadPath, ReadSettings, ReplicaSettings, Settings, TlsOverrides,
-    WriteSettings,
+    InvalidationSettings, Limits, Pooler, ReadPath, ReadSettings, ReplicaSettings, Settings,
+    TlsOverrides, WriteSettings,
 };
 use crate::tls::SslMode;
 
@@ -227,6 +227,26 @@ pub struct DbArgs {
         hide_env_values = true
     )]
     pub replica_urls: Vec<String>,
+    /// What stands between the service and `--database-url`'s database:
+    /// `none` (a direct connection), `session` or `transaction` (a pooler in
+    /// that mode: PgBouncer, Supavisor, Neon's or RDS Proxy's endpoint), or
+    /// `auto`: found out at start. Behind a transaction-mode pooler
+    /// statements are unnamed, statement timeouts are set per transaction,
+    /// and the cross-instance listener needs `--direct-url`.
+    #[arg(long, env = "PGBATCH_POOLER", value_enum, default_value_t = PoolerArg::Auto, global = true)]
+    pub pooler: PoolerArg,
+    /// A direct connection string to the same database, for what needs a
+    /// session: migrations, the admin commands and the listener that keeps
+    /// caches coherent across instances. Use it when `--database-url` goes
+    /// through a pooler (Prisma calls it `directUrl`; Supabase and Neon hand
+    /// out both). The TLS flags apply to it too.
+    #[arg(
+        long,
+        env = "PGBATCH_DIRECT_URL",
+        global = true,
+        hide_env_values = true
+    )]
+    pub direct_url: Option<String>,
     /// Directory of the embedded cluster (created on first start, kept
     /// across restarts; used without `--database-url`).
     #[arg(
@@ -247,6 +267,30 @@ pub struct DbArgs {
         global = true
     )]
     pub admin_token_file: PathBuf,
+}
+
+/// `--pooler`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PoolerArg {
+    /// Found out at start.
+    Auto,
+    /// A direct connection.
+    None,
+    /// A session-mode pooler.
+    Session,
+    /// A transaction-mode pooler.
+    Transaction,
+}
+
+impl From<PoolerArg> for Pooler {
+    fn from(arg: PoolerArg) -> Self {
+        match arg {
+            PoolerArg::Auto => Self::Auto,
+            PoolerArg::None => Self::None,
+            PoolerArg::Session => Self::Session,
+            PoolerArg::Transaction => Self::Transaction,
+        }
+    }
 }
 
 /// How lookups reach Postgres, as a flag.
@@ -454,6 +498,15 @@ pub struct ServeArgs {
     /// Largest accepted request body, in bytes.
     #[arg(long, env = "PGBATCH_MAX_BODY_BYTES", default_value_t = defaults::MAX_BODY_BYTES, help_heading = "Request limits")]
     pub max_body_bytes: usize,
+    /// Longest pause, in milliseconds, between two chunks of a request
+    /// body (imports: `--import-idle-timeout-ms`); past it, 408. A
+    /// request's deadline starts once its body has arrived.
+    #[arg(long, env = "PGBATCH_BODY_IDLE_TIMEOUT_MS", default_value_t = ms(defaults::BODY_IDLE_TIMEOUT), help_heading = "Request limits")]
+    pub body_idle_timeout_ms: u64,
+    /// Longest time, in milliseconds, for a whole request body to arrive
+    /// (imports: `--import-timeout-ms`); past it, 408.
+    #[arg(long, env = "PGBATCH_BODY_TIMEOUT_MS", default_value_t = ms(defaults::BODY_TIMEOUT), help_heading = "Request limits")]
+    pub body_timeout_ms: u64,
     /// With `--read-path cached`: most entries per cache.
     #[arg(long, env = "PGBATCH_CACHE_CAPACITY", default_value_t = defaults::CACHE_CAPACITY, help_heading = "Caches")]
     pub cache_capacity: u64,
@@ -624,6 +677,8 @@ impl ServeArgs {
             limits: Limits {
                 max_stat_paths: self.max_stat_paths,
                 max_body_bytes: self.max_body_bytes,
+                body_idle_timeout: Duration::from_millis(self.body_idle_timeout_ms),
+                body_timeout: Duration::from_millis(self.body_timeout_ms),
             },
             invalidation: InvalidationSettings::default(),
             replicas: ReplicaSettings {
@@ -646,6 +701,8 @@ impl DbArgs {
                 root_cert: self.sslrootcert.clone(),
             },
             replica_urls: self.replica_urls.clone(),
+            pooler: self.pooler.into(),
+            direct_url: self.direct_url.clone(),
         }
     }
 }
@@ -658,6 +715,7 @@ impl ServeArgs {
             max_header_bytes: self.max_header_bytes,
             max_connections: self.max_connections,
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
+            ..crate::serve::EdgeSettings::default()
         }
     }
 }
@@ -834,7 +892,8 @@ mod tests {
             s.limits,
             Limits {
                 max_stat_paths: 5,
-                max_body_bytes: 4096
+                max_body_bytes: 4096,
+                ..Limits::default()
             }
         );
         assert_eq!(cli.db.settings().pool_size, 6);
@@ -866,13 +925,16 @@ mod tests {
             let s = parse(&["--batch-concurrency", auto]).serve.settings();
             assert!(s.read.batch.concurrency.is_auto());
         }
-        for bad in ["0", "-1", "many", ""] {
+        for bad in ["0", "1.5", "many", ""] {
             let err = Cli::try_parse_from(["pgbatch-server", "--batch-concurrency", bad])
                 .expect_err(bad)
                 .to_string();
             assert!(err.contains("neither `auto` nor a number"), "{bad}: {err}");
         }
-        assert_eq!(ConcurrencyArg(defaults::READ_CONCURRENCY).to_string(), "auto");
+        assert_eq!(
+            ConcurrencyArg(defaults::READ_CONCURRENCY).to_string(),
+            "auto"
+        );
     }
 
     #[test]

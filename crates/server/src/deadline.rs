@@ -2,6 +2,16 @@
 //! (its token lookup included) runs past the deadline of its kind, and
 //! drops the handler so nothing keeps waiting for it.
 //!
+//! The deadline starts once the request's body has arrived. A body is read
+//! whole first, under its own bounds ([`Upload`]): a pause between two
+//! chunks longer than the idle timeout, or an upload longer than the total
+//! one, is 408 `body_timeout`, a body over the size limit 413. So a client
+//! on a slow link that takes two seconds to send a batch stat gets its
+//! answer, and a client that stops sending is answered without waiting
+//! for the deadline of work that has not started. Imports stream their
+//! body into the database instead, so their deadline (upload included) and
+//! idle timeout are their own (`crate::import`).
+//!
 //! A client-side timer is needed even though the pools' connections carry
 //! a `statement_timeout`: a frozen or partitioned database answers nothing,
 //! not even its own timeout. The statement timeout makes Postgres give up
@@ -9,10 +19,12 @@
 
 use std::time::Duration;
 
+use axum::body::{Body, Bytes, HttpBody as _};
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt as _;
 
 use crate::error::AppError;
 use crate::failure::{Failure, Work};
@@ -21,7 +33,8 @@ use crate::settings::Settings;
 /// The import route, whose requests have their own (long) deadline.
 pub const IMPORT_ROUTE: &str = "/api/v1/repositories/{repo}/objects/import";
 
-/// The deadline of each kind of request.
+/// The deadline of each kind of request, and the bounds of the body that
+/// comes before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Deadlines {
     /// Lookups and other reads (including `POST .../objects/stat`).
@@ -30,6 +43,66 @@ pub struct Deadlines {
     pub write: Duration,
     /// Imports, upload included.
     pub import: Duration,
+    /// How a (non-import) request body must arrive.
+    pub upload: Upload,
+}
+
+/// The bounds on receiving a request body before its deadline starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Upload {
+    /// Longest pause between two chunks.
+    pub idle: Duration,
+    /// Longest time for the whole body.
+    pub total: Duration,
+    /// Largest body, in bytes.
+    pub max_bytes: usize,
+}
+
+impl Upload {
+    /// `req` with its body read whole within these bounds.
+    ///
+    /// # Errors
+    ///
+    /// [`Failure::BodyStalled`] or [`Failure::BodyTooSlow`] (408),
+    /// [`Failure::TooLarge`] (413), or [`Failure::Invalid`] when the body
+    /// breaks off.
+    pub async fn receive(&self, req: Request) -> Result<Request, Failure> {
+        if req.body().size_hint().exact() == Some(0) {
+            return Ok(req);
+        }
+        let (parts, body) = req.into_parts();
+        let most = u64::try_from(self.max_bytes).unwrap_or(u64::MAX);
+        if body.size_hint().lower() > most {
+            return Err(Failure::TooLarge(self.max_bytes));
+        }
+        let collect = async {
+            let mut body = body;
+            let mut bytes = Vec::new();
+            loop {
+                let frame = match tokio::time::timeout(self.idle, body.frame()).await {
+                    Err(_) => return Err(Failure::BodyStalled(self.idle)),
+                    Ok(None) => return Ok(Bytes::from(bytes)),
+                    Ok(Some(Err(e))) => {
+                        return Err(Failure::invalid(
+                            "invalid_body",
+                            format!("the request body could not be read: {e}"),
+                        ))
+                    }
+                    Ok(Some(Ok(frame))) => frame,
+                };
+                if let Ok(data) = frame.into_data() {
+                    if bytes.len() + data.len() > self.max_bytes {
+                        return Err(Failure::TooLarge(self.max_bytes));
+                    }
+                    bytes.extend_from_slice(&data);
+                }
+            }
+        };
+        let bytes = tokio::time::timeout(self.total, collect)
+            .await
+            .map_err(|_| Failure::BodyTooSlow(self.total))??;
+        Ok(Request::from_parts(parts, Body::from(bytes)))
+    }
 }
 
 impl Deadlines {
@@ -39,6 +112,11 @@ impl Deadlines {
             read: settings.read.timeout,
             write: settings.write.timeout,
             import: settings.import.timeout,
+            upload: Upload {
+                idle: settings.limits.body_idle_timeout,
+                total: settings.limits.body_timeout,
+                max_bytes: settings.limits.max_body_bytes,
+            },
         }
     }
 
@@ -55,15 +133,24 @@ impl Deadlines {
     }
 }
 
-/// Runs the request under its route's deadline; past it, 504 `timeout`.
-/// Leaves the request's kind of [`Work`] in its extensions, for the layers
-/// inside that treat writes apart (see [`crate::position`]).
-pub async fn enforce(State(deadlines): State<Deadlines>, mut req: Request, next: Next) -> Response {
+/// Receives the request's body (but an import's), then runs the request
+/// under its route's deadline; past it, 504 `timeout`. Leaves the
+/// request's kind of [`Work`] in its extensions, for the layers inside
+/// that treat writes apart (see [`crate::position`]).
+pub async fn enforce(State(deadlines): State<Deadlines>, req: Request, next: Next) -> Response {
     let route = req
         .extensions()
         .get::<MatchedPath>()
         .map_or("", MatchedPath::as_str);
     let (limit, work) = deadlines.for_route(req.method(), route);
+    let mut req = if route == IMPORT_ROUTE {
+        req
+    } else {
+        match deadlines.upload.receive(req).await {
+            Ok(req) => req,
+            Err(failure) => return AppError::from(failure).into_response(),
+        }
+    };
     req.extensions_mut().insert(work);
     match tokio::time::timeout(limit, next.run(req)).await {
         Ok(response) => response,
@@ -81,6 +168,11 @@ mod tests {
             read: Duration::from_millis(1),
             write: Duration::from_millis(2),
             import: Duration::from_millis(3),
+            upload: Upload {
+                idle: Duration::from_secs(1),
+                total: Duration::from_secs(2),
+                max_bytes: 10,
+            },
         };
         let stat = "/api/v1/repositories/{repo}/objects/stat";
         assert_eq!(d.for_route(&Method::GET, stat), (d.read, Work::Read));

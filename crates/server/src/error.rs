@@ -102,15 +102,25 @@ impl From<Failure> for AppError {
             Failure::Rejected(_) => (StatusCode::UNPROCESSABLE_ENTITY, "rejected"),
             Failure::BadImportLine { .. } => (StatusCode::BAD_REQUEST, "invalid_import_line"),
             Failure::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
-            Failure::BodyStalled(_) => (StatusCode::REQUEST_TIMEOUT, "body_timeout"),
+            Failure::BodyStalled(_) | Failure::BodyTooSlow(_) => {
+                (StatusCode::REQUEST_TIMEOUT, "body_timeout")
+            }
             Failure::Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
             Failure::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "timeout"),
             Failure::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "database_unavailable"),
+            Failure::SessionStateLost(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "pooler_session_state")
+            }
         };
         let message = failure.to_string();
         Self {
             cause: match failure {
                 Failure::Unavailable(cause) => Some(cause),
+                Failure::SessionStateLost(cause) => Some(cause.context(
+                    "DATABASE_URL goes through a transaction-mode connection pooler: start the \
+                     service with --pooler transaction (PGBATCH_POOLER=transaction), or \
+                     --pooler auto to find out",
+                )),
                 _ => None,
             },
             ..Self::new(status, code, message)

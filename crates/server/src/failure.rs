@@ -75,6 +75,9 @@ pub enum Failure {
     /// The client paused longer than allowed between two chunks of a body.
     #[error("the request body stalled: nothing arrived for {0:?}")]
     BodyStalled(std::time::Duration),
+    /// The whole body took longer to arrive than allowed.
+    #[error("the request body did not arrive within {0:?}")]
+    BodyTooSlow(std::time::Duration),
     /// Too much work queued already, or no connection free in time: shed
     /// load.
     #[error("the server is overloaded; retry later")]
@@ -89,6 +92,16 @@ pub enum Failure {
     /// for the client.
     #[error("the database is unavailable; retry later")]
     Unavailable(#[source] anyhow::Error),
+    /// A statement needed session state its database connection did not
+    /// have (a prepared statement, a startup parameter): a transaction-mode
+    /// pooler stands between the service and the database, and the service
+    /// was told there is none. A setting to fix, not an outage; the cause
+    /// is for the log.
+    #[error(
+        "the database connection lost its session state: the service is not set up for \
+         the connection pooler in front of the database"
+    )]
+    SessionStateLost(#[source] anyhow::Error),
 }
 
 impl Failure {
@@ -141,6 +154,11 @@ impl Failure {
         match e.kind() {
             // The server's statement_timeout fired before our own deadline.
             DbErrorKind::StatementTimeout => Some(Self::Timeout(work)),
+            DbErrorKind::SessionStateLost => Some(Self::SessionStateLost(anyhow::anyhow!(
+                "{}",
+                e.as_db_error()
+                    .map_or_else(|| e.to_string(), |db| db.message().to_owned())
+            ))),
             _ => None,
         }
     }

@@ -33,6 +33,26 @@
 //!   pauses briefly instead of spinning, as `axum::serve` does.
 //! - **Graceful shutdown** within [`EdgeSettings::shutdown_grace`]: see
 //!   [`serve`].
+//! - **Every answer reaches its client.** A handler may answer before it
+//!   has read the request body (401, 413, 503 on overload, 504). Hyper then
+//!   reads only what it already buffered and closes the connection after
+//!   the response (`poll_drain_or_close_read` in `src/proto/h1/conn.rs`);
+//!   closing a socket with unread data in it makes the kernel send RST
+//!   instead of FIN, and a client's kernel that receives RST throws away
+//!   the response it had received but its application had not read yet.
+//!   nginx and Apache avoid this with a lingering close; hyper leaves it to
+//!   the application, so this module does two things:
+//!   - after the handler answers, what is left of its request body is read
+//!     and thrown away, up to [`EdgeSettings::drain_bytes`] within
+//!     [`EdgeSettings::drain_time`], before the response goes out, so the
+//!     connection stays open for the client's next request. Past either
+//!     bound the response says `Connection: close`;
+//!   - a connection that hyper ends is not just dropped: its write side is
+//!     shut down (the client sees the whole response, then end of file),
+//!     and whatever the client still sends is read and thrown away until it
+//!     closes its side, goes quiet for half a second, or
+//!     [`EdgeSettings::linger_time`] passes. Only then is the socket
+//!     closed.
 //!
 //! Hyper answers a malformed or oversized head itself (400, 414 or 431)
 //! with an empty body, and closes a connection past the header-read
@@ -48,18 +68,20 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::Request;
+use axum::http::header::CONNECTION;
+use axum::http::HeaderValue;
 use axum::Router;
 use http_body_util::BodyExt as _;
-use hyper::body::Incoming;
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinError, JoinSet};
@@ -80,6 +102,31 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
 /// Default of [`EdgeSettings::shutdown_grace`].
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Default of [`EdgeSettings::drain_bytes`]: a little over the largest
+/// body the app accepts by default (1 MiB), so any body the app could
+/// have read is drained rather than costing the client its connection.
+pub const DEFAULT_DRAIN_BYTES: usize = (1 << 20) + (64 << 10);
+
+/// Default of [`EdgeSettings::drain_time`].
+pub const DEFAULT_DRAIN_TIME: Duration = Duration::from_secs(1);
+
+/// Default of [`EdgeSettings::linger_time`]: enough for a client on a slow
+/// link to read its response and close; nginx waits up to 5 s between
+/// reads (`lingering_timeout`).
+pub const DEFAULT_LINGER_TIME: Duration = Duration::from_secs(2);
+
+/// How long a lingering close waits for the client to send more, or to
+/// close, before closing anyway: a client still sending a body keeps it
+/// open (up to [`EdgeSettings::linger_time`]), one that has read its
+/// answer and sends nothing does not hold the socket (or a shutdown) for
+/// long.
+const LINGER_IDLE: Duration = Duration::from_millis(500);
+
+/// Refused connections (over the cap) lingering at once; beyond these a
+/// refused connection is closed at once, so refusals cannot hold an
+/// unbounded number of sockets.
+const MAX_LINGERING_REFUSALS: usize = 64;
 
 /// How long accepting pauses after an accept error other than a reset
 /// connection (typically `EMFILE`): long enough not to spin or flood the
@@ -110,6 +157,18 @@ pub struct EdgeSettings {
     /// On shutdown, how long in-flight requests (and responses still being
     /// written) may take before their connections are dropped.
     pub shutdown_grace: Duration,
+    /// Most bytes of a request body the handler left unread that are read
+    /// and thrown away so the connection can be kept; past it, the
+    /// response closes the connection.
+    pub drain_bytes: usize,
+    /// Longest time spent draining such a body before the response goes
+    /// out with `Connection: close` instead.
+    pub drain_time: Duration,
+    /// After a connection's last response, for how long at most what the
+    /// client still sends is read and thrown away, its write side already
+    /// shut down, before the socket is closed (sooner when the client
+    /// closes or goes quiet).
+    pub linger_time: Duration,
 }
 
 impl Default for EdgeSettings {
@@ -119,6 +178,9 @@ impl Default for EdgeSettings {
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            drain_bytes: DEFAULT_DRAIN_BYTES,
+            drain_time: DEFAULT_DRAIN_TIME,
+            linger_time: DEFAULT_LINGER_TIME,
         }
     }
 }
@@ -196,6 +258,7 @@ pub async fn serve(
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
     let mut refusals = Refusals::default();
+    let lingering = Arc::new(AtomicUsize::new(0));
     let mut shutdown = pin!(shutdown);
 
     loop {
@@ -227,9 +290,20 @@ pub async fn serve(
         }
         if connections.len() >= max_connections {
             // Never waits: a client that does not read must not stall the
-            // accept loop. Dropping the stream closes it.
+            // accept loop.
             let _ = stream.try_write(&overloaded);
             refusals.note(max_connections);
+            // The client may already have sent its request: closing now
+            // could reset the connection and lose the 503. A bounded number
+            // of refusals linger; the rest are closed at once.
+            if lingering.load(Ordering::Relaxed) < MAX_LINGERING_REFUSALS {
+                lingering.fetch_add(1, Ordering::Relaxed);
+                let lingering = Arc::clone(&lingering);
+                tokio::spawn(async move {
+                    linger(stream, settings.linger_time).await;
+                    lingering.fetch_sub(1, Ordering::Relaxed);
+                });
+            }
             continue;
         }
         connections.spawn(serve_connection(
@@ -238,6 +312,7 @@ pub async fn serve(
             router.clone(),
             http.clone(),
             stop_rx.clone(),
+            settings,
         ));
     }
 
@@ -263,14 +338,20 @@ pub async fn serve(
     Ok(())
 }
 
+/// The future answering one request: boxed, so the connection is `Unpin`
+/// and can be polled without hyper shutting its socket down.
+type Answer = Pin<Box<dyn Future<Output = Result<axum::response::Response, Infallible>> + Send>>;
+
 /// Serves one connection until it ends or, after `stop`, until its
-/// in-flight request and response are done.
+/// in-flight request and response are done; then closes it with a
+/// lingering close.
 async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
     router: Router,
     http: http1::Builder,
     mut stop: watch::Receiver<bool>,
+    settings: EdgeSettings,
 ) {
     let activity = Arc::new(Activity::default());
     let io = TokioIo::new(Tracked {
@@ -279,32 +360,153 @@ async fn serve_connection(
     });
     let service = {
         let activity = activity.clone();
-        hyper::service::service_fn(move |request: Request<Incoming>| {
+        hyper::service::service_fn(move |request: Request<Incoming>| -> Answer {
             let in_flight = InFlight::enter(&activity);
-            let response = router.clone().oneshot(request);
-            async move {
-                let response = response.await?;
-                Ok::<_, Infallible>(response.map(|body| holding(body, in_flight)))
-            }
+            let (parts, body) = request.into_parts();
+            let left = Arc::new(Mutex::new(None));
+            let body = Body::new(Returning {
+                body: Some(body),
+                ended: false,
+                left: Arc::clone(&left),
+            });
+            let response = router.clone().oneshot(Request::from_parts(parts, body));
+            Box::pin(async move {
+                let mut response = response.await?;
+                let unread = left.lock().unwrap_or_else(PoisonError::into_inner).take();
+                if let Some(unread) = unread {
+                    if !drain(unread, &settings).await {
+                        response
+                            .headers_mut()
+                            .insert(CONNECTION, HeaderValue::from_static("close"));
+                    }
+                }
+                Ok(response.map(|body| holding(body, in_flight)))
+            })
         })
     };
-    let mut conn = pin!(http.serve_connection(io, service));
-    let result = tokio::select! {
-        result = conn.as_mut() => result,
-        () = stopped(&mut stop) => {
+    let mut conn = http.serve_connection(io, service);
+    let mut stopped = pin!(stopped(&mut stop));
+    let mut stopping = false;
+    let result = std::future::poll_fn(|cx| {
+        if !stopping && stopped.as_mut().poll(cx).is_ready() {
+            stopping = true;
             // Closes an idle connection; otherwise the current response is
             // sent with `Connection: close` and the connection then ends.
-            conn.as_mut().graceful_shutdown();
+            Pin::new(&mut conn).graceful_shutdown();
             if activity.is_quiet() {
                 // Idle, silent, or part way through a request head (which
                 // hyper would otherwise wait for until the header timeout).
-                return;
+                return Poll::Ready(None);
             }
-            conn.await
         }
-    };
-    if let Err(e) = result {
-        tracing::debug!(%peer, error = %e, "connection ended with an error");
+        conn.poll_without_shutdown(cx).map(Some)
+    })
+    .await;
+    match result {
+        None => return,
+        Some(Err(e)) => tracing::debug!(%peer, error = %e, "connection ended with an error"),
+        Some(Ok(())) => {}
+    }
+    let stream = conn.into_parts().io.into_inner().stream;
+    linger(stream, settings.linger_time).await;
+}
+
+/// A request body that, dropped before its end, leaves what is left of it
+/// in `left`, for the connection to [`drain`].
+struct Returning {
+    body: Option<Incoming>,
+    /// The body's last frame was read.
+    ended: bool,
+    left: Arc<Mutex<Option<Incoming>>>,
+}
+
+impl HttpBody for Returning {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let Some(body) = self.body.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let frame = ready!(Pin::new(body).poll_frame(cx));
+        if frame.is_none() {
+            self.ended = true;
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended || self.body.as_ref().is_none_or(HttpBody::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), HttpBody::size_hint)
+    }
+}
+
+impl Drop for Returning {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        if let Some(body) = self.body.take().filter(|b| !b.is_end_stream()) {
+            *self.left.lock().unwrap_or_else(PoisonError::into_inner) = Some(body);
+        }
+    }
+}
+
+/// Reads and throws away `body`, what a handler left of its request, so
+/// that hyper can keep the connection for the client's next request.
+/// Whether it reached the end within [`EdgeSettings::drain_bytes`] and
+/// [`EdgeSettings::drain_time`]; a body that declares a longer length is
+/// not read at all.
+async fn drain(mut body: Incoming, settings: &EdgeSettings) -> bool {
+    let most = u64::try_from(settings.drain_bytes).unwrap_or(u64::MAX);
+    if body.size_hint().lower() > most {
+        return false;
+    }
+    let deadline = tokio::time::Instant::now() + settings.drain_time;
+    let mut read = 0u64;
+    loop {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(None) => return true,
+            Ok(Some(Ok(frame))) => {
+                read += frame.data_ref().map_or(0, |d| d.len() as u64);
+                if read > most {
+                    return false;
+                }
+            }
+            // The client went away, or is too slow.
+            Ok(Some(Err(_))) | Err(_) => return false,
+        }
+    }
+}
+
+/// Closes `stream` without losing what was sent on it: shuts its write
+/// side (the client gets every byte, then end of file), then reads and
+/// throws away what the client still sends until it closes too, sends
+/// nothing for [`LINGER_IDLE`], or `linger_time` passes. Closing a socket
+/// that holds unread data sends a reset, which makes the client's kernel
+/// discard a response its application has not read yet; this is nginx's
+/// lingering close (`lingering_time`, `lingering_timeout`).
+async fn linger(mut stream: TcpStream, linger_time: Duration) {
+    if stream.shutdown().await.is_err() {
+        return;
+    }
+    let deadline = tokio::time::Instant::now() + linger_time;
+    let mut buf = vec![0; 16 * 1024];
+    loop {
+        let wait = deadline.min(tokio::time::Instant::now() + LINGER_IDLE);
+        match tokio::time::timeout_at(wait, stream.read(&mut buf)).await {
+            Ok(Ok(1..)) => {}
+            // End of file, an error, or quiet for long enough.
+            _ => return,
+        }
     }
 }
 

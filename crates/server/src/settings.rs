@@ -11,6 +11,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use pgbatch::pg::{StatementMode, Statements};
 use pgbatch::{Concurrency, FlushPolicy};
 
 /// The service's own defaults (the batcher's are in [`pgbatch::defaults`]).
@@ -71,6 +72,12 @@ pub mod defaults {
     pub const MAX_STAT_PATHS: usize = 1000;
     /// Largest request body, in bytes.
     pub const MAX_BODY_BYTES: usize = 1 << 20;
+    /// Longest pause between two chunks of a request body (imports have
+    /// their own).
+    pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+    /// Longest time a whole request body may take to arrive: a megabyte at
+    /// about 17 KB/s.
+    pub const BODY_TIMEOUT: Duration = Duration::from_secs(60);
 }
 
 /// Everything the running service is configured with.
@@ -164,6 +171,57 @@ pub struct DbSettings {
     /// Connection strings of read replicas of `url`'s database (the same
     /// TLS overrides apply); reads go to them, writes never.
     pub replica_urls: Vec<String>,
+    /// What stands between the service and `url`'s database.
+    pub pooler: Pooler,
+    /// A direct connection string to `url`'s database, for what needs a
+    /// session (migrations, the invalidation listener) when `url` goes
+    /// through a pooler.
+    pub direct_url: Option<String>,
+}
+
+/// What stands between the service and Postgres (`--pooler`).
+///
+/// A transaction-mode pooler (the default endpoint of many managed
+/// offerings: Supabase's Supavisor, Heroku's and Azure's PgBouncer, Neon's
+/// pooled endpoint, RDS Proxy) gives each transaction a possibly different
+/// server connection, so nothing of a session carries over: named
+/// prepared statements, session settings, `LISTEN`. Behind one, the
+/// service sends unnamed statements, sets each kind of work's statement
+/// timeout per transaction, and listens for other instances' changes only
+/// on a direct connection (`--direct-url`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pooler {
+    /// Found out at start (see [`crate::db::detect_pooler`]). The default.
+    #[default]
+    Auto,
+    /// No pooler: a direct connection.
+    None,
+    /// A session-mode pooler: a client keeps one server connection, but
+    /// the `options` startup parameter is refused (PgBouncer).
+    Session,
+    /// A transaction-mode pooler.
+    Transaction,
+}
+
+impl Pooler {
+    /// How statements are sent through this pooler, with `timeout` as the
+    /// server-side statement timeout where it cannot be a setting of the
+    /// connection (behind any pooler).
+    pub fn statements(self, timeout: Duration) -> Statements {
+        match self {
+            Pooler::Auto | Pooler::None => Statements::default(),
+            Pooler::Session => Statements::default().statement_timeout(timeout),
+            Pooler::Transaction => Statements::default()
+                .mode(StatementMode::Unnamed)
+                .statement_timeout(timeout),
+        }
+    }
+
+    /// Whether a session (`LISTEN`, session settings) survives between
+    /// transactions.
+    pub fn keeps_sessions(self) -> bool {
+        self != Pooler::Transaction
+    }
 }
 
 /// `sslmode` and `sslrootcert` given as flags (or their environment
@@ -184,6 +242,8 @@ impl Default for DbSettings {
             pool_size: defaults::POOL_SIZE,
             tls: TlsOverrides::default(),
             replica_urls: Vec::new(),
+            pooler: Pooler::Auto,
+            direct_url: None,
         }
     }
 }
@@ -421,6 +481,11 @@ pub struct Limits {
     pub max_stat_paths: usize,
     /// Largest accepted request body, in bytes.
     pub max_body_bytes: usize,
+    /// Longest pause between two chunks of a (non-import) request body;
+    /// the request's deadline starts once its body has arrived.
+    pub body_idle_timeout: Duration,
+    /// Longest time for a whole (non-import) request body to arrive.
+    pub body_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -428,6 +493,8 @@ impl Default for Limits {
         Self {
             max_stat_paths: defaults::MAX_STAT_PATHS,
             max_body_bytes: defaults::MAX_BODY_BYTES,
+            body_idle_timeout: defaults::BODY_IDLE_TIMEOUT,
+            body_timeout: defaults::BODY_TIMEOUT,
         }
     }
 }

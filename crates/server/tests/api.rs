@@ -244,7 +244,7 @@ async fn bad_input_gets_a_4xx_json_error_naming_the_problem() {
             post_json("/api/v1/repositories/demo/objects/stat", too_big),
             StatusCode::PAYLOAD_TOO_LARGE,
             "payload_too_large",
-            "length limit",
+            "larger than 4096 bytes",
         ),
         (
             no_content_type,
@@ -271,6 +271,7 @@ async fn bad_input_gets_a_4xx_json_error_naming_the_problem() {
         limits: Limits {
             max_stat_paths: 5,
             max_body_bytes: 4096,
+            ..Limits::default()
         },
         ..Settings::default()
     })

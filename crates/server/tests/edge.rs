@@ -111,6 +111,7 @@ fn settings() -> EdgeSettings {
         max_header_bytes: 16 * 1024,
         max_connections: 64,
         shutdown_grace: Duration::from_secs(2),
+        ..EdgeSettings::default()
     }
 }
 
@@ -447,6 +448,7 @@ fn flags_map_to_edge_settings() {
             max_header_bytes: 9000,
             max_connections: 7,
             shutdown_grace: Duration::from_millis(250),
+            ..EdgeSettings::default()
         }
     );
 }
