@@ -2,7 +2,8 @@
 # The project's test command, as given in the README quick start; CI calls
 # it too. It installs what the tests need (the PostgreSQL server binaries:
 # every database test starts its own private cluster, or uses DATABASE_URL
-# when set), then runs the whole test suite.
+# when set; and PgBouncer, which the pooler tests start in front of one),
+# then runs the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # PGBATCH_PG_VERSION=18 uses PostgreSQL 18 (see ensure-postgres.sh).
@@ -12,4 +13,5 @@ else
     PG_BIN_DIR="$(./scripts/ensure-postgres.sh)"
     export PG_BIN_DIR
 fi
+./scripts/ensure-pgbouncer.sh
 cargo test --workspace --all-features "$@"

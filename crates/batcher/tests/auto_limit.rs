@@ -98,7 +98,9 @@ fn closed_loop(
         tokio::spawn(async move {
             let mut k = c;
             while !stop.load(SeqCst) {
-                k = k.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                k = k
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 if batcher.load(k % 1_000_000).await.is_ok() {
                     served.fetch_add(1, SeqCst);
                 }
@@ -149,7 +151,10 @@ async fn grows_under_load_when_the_round_trip_dominates() {
     // 64 callers, loads of about 5 ms: at most about 12,800 answers/s;
     // 4 loads of 8 would serve at most 6,400.
     assert!(rate > 0.7 * 12_800.0, "{rate}/s at limit {limit}");
-    assert!(model.max_running.load(SeqCst) <= 16, "never beyond its bound");
+    assert!(
+        model.max_running.load(SeqCst) <= 16,
+        "never beyond its bound"
+    );
     b.shutdown().await;
 }
 

@@ -136,13 +136,13 @@ impl ClusterOptions {
 
 /// The OS user the Postgres programs run as.
 #[derive(Debug, Clone, Copy)]
-enum RunAs {
+pub(crate) enum RunAs {
     CurrentUser,
     Postgres { uid: Uid, gid: Gid },
 }
 
 impl RunAs {
-    fn detect() -> Result<Self, Error> {
+    pub(crate) fn detect() -> Result<Self, Error> {
         if !nix::unistd::geteuid().is_root() {
             return Ok(RunAs::CurrentUser);
         }
@@ -155,7 +155,7 @@ impl RunAs {
         }
     }
 
-    fn apply(self, cmd: &mut Command) {
+    pub(crate) fn apply(self, cmd: &mut Command) {
         if let RunAs::Postgres { uid, gid } = self {
             // std drops supplementary groups too when root changes uid.
             cmd.uid(uid.as_raw()).gid(gid.as_raw());
@@ -188,7 +188,7 @@ impl RunAs {
     }
 
     /// Makes `path` owned by the run-as user, mode 0700.
-    fn own(self, path: &Path) -> Result<(), Error> {
+    pub(crate) fn own(self, path: &Path) -> Result<(), Error> {
         if let RunAs::Postgres { uid, gid } = self {
             nix::unistd::chown(path, Some(uid), Some(gid)).map_err(|source| Error::Chown {
                 path: path.to_owned(),
@@ -519,6 +519,11 @@ impl Cluster {
     /// The directory holding the server's Unix socket.
     pub fn socket_dir(&self) -> &Path {
         &self.socket_dir
+    }
+
+    /// The port it listens on (TCP if enabled, and the socket's name).
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// The server log file (beside the data directory).

@@ -23,6 +23,7 @@
 //!   however it exits.
 
 mod cluster;
+pub mod pgbouncer;
 pub mod testing;
 
 pub use cluster::{Cluster, ClusterOptions, Frozen, Running};
@@ -41,6 +42,12 @@ pub enum Error {
          or set DATABASE_URL to use a running server"
     )]
     BinariesNotFound,
+
+    /// `pgbouncer` was not found (for tests behind a connection pooler).
+    #[error(
+        "pgbouncer not found in PGBOUNCER, /usr/sbin/pgbouncer or PATH; install it with          `apt-get install -y pgbouncer` (as root; `scripts/ensure-postgres.sh` does)          or set PGBOUNCER to the binary"
+    )]
+    PgBouncerNotFound,
 
     /// Running as root, but there is no unprivileged `postgres` user to run
     /// the server as.

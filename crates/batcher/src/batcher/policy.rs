@@ -36,7 +36,12 @@ pub(crate) fn is_due(config: &Config, pending: Pending, running: usize, limit: u
 /// is taken, or (adaptive) enough loads run that the policy lets the batch
 /// fill instead of sending it. The automatic limit learns only from
 /// windows where this happened; elsewhere the limit decided nothing.
-pub(crate) fn held_by_limit(config: &Config, pending: Pending, running: usize, limit: usize) -> bool {
+pub(crate) fn held_by_limit(
+    config: &Config,
+    pending: Pending,
+    running: usize,
+    limit: usize,
+) -> bool {
     if pending.keys == 0 {
         return false;
     }
@@ -157,7 +162,10 @@ mod tests {
     fn eager_is_due_with_any_key() {
         let c = config(FlushPolicy::Eager);
         assert!(is_due(&c, pending(1), 0, 4));
-        assert!(is_due(&c, pending(1), 3, 4), "busy slots do not delay eager");
+        assert!(
+            is_due(&c, pending(1), 3, 4),
+            "busy slots do not delay eager"
+        );
         assert!(!arms_timer(&c));
     }
 
@@ -215,7 +223,10 @@ mod tests {
         assert!(held_by_limit(&eager, pending(3), 4, 4));
         let adaptive = config(FlushPolicy::Adaptive);
         assert!(!held_by_limit(&adaptive, pending(3), 1, 4));
-        assert!(held_by_limit(&adaptive, pending(3), 2, 4), "busy: lets the batch fill");
+        assert!(
+            held_by_limit(&adaptive, pending(3), 2, 4),
+            "busy: lets the batch fill"
+        );
     }
 
     #[test]

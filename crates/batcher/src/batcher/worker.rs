@@ -197,13 +197,10 @@ where
 {
     fn new(worker: Worker<K, V>) -> Self {
         let c = &worker.shared.config;
-        let auto_limit = c.concurrency.is_auto().then(|| {
-            AutoLimit::new(
-                policy::min_auto_limit(c),
-                c.max_loads(),
-                Instant::now(),
-            )
-        });
+        let auto_limit = c
+            .concurrency
+            .is_auto()
+            .then(|| AutoLimit::new(policy::min_auto_limit(c), c.max_loads(), Instant::now()));
         Self {
             auto_limit,
             inbox: Vec::with_capacity(c.max_batch_size),

@@ -20,6 +20,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Transaction};
 
 use super::error::{classify, DbErrorKind};
+use super::statements::Statements;
 
 /// One row's values, in the order of the columns being loaded.
 pub type RowValues = Vec<Box<dyn ToSql + Sync + Send>>;
@@ -193,6 +194,10 @@ pub async fn copy_rows<S: RowSource>(
 /// `policy` to keys that already exist, in one transaction on `client`.
 /// Within the import, the last row of a key wins.
 ///
+/// Everything happens in that one transaction (the temporary table is
+/// created `ON COMMIT DROP`, and the COPY's statement is closed before the
+/// commit), so an import also works through a transaction-mode pooler.
+///
 /// # Errors
 ///
 /// [`ImportError`]; nothing of the import is committed then.
@@ -202,7 +207,27 @@ pub async fn import<S: RowSource>(
     source: S,
     policy: ConflictPolicy,
 ) -> Result<ImportCounts, ImportError<S::Error>> {
+    import_with(client, spec, source, policy, Statements::default()).await
+}
+
+/// As [`import`], with `statements`' statement timeout set in the import's
+/// transaction (`SET LOCAL`): where the connection cannot carry it as a
+/// session setting, behind a transaction-mode pooler. (The statement mode
+/// changes nothing here: every statement of an import runs inside its one
+/// transaction.)
+///
+/// # Errors
+///
+/// [`ImportError`]; nothing of the import is committed then.
+pub async fn import_with<S: RowSource>(
+    client: &mut Client,
+    spec: &TableSpec<'_>,
+    source: S,
+    policy: ConflictPolicy,
+    statements: Statements,
+) -> Result<ImportCounts, ImportError<S::Error>> {
     let tx = client.transaction().await.map_err(ImportError::Db)?;
+    statements.begin(&tx).await.map_err(ImportError::Db)?;
     tx.batch_execute(&format!(
         "CREATE TEMP TABLE import_rows (LIKE {} INCLUDING DEFAULTS, import_row bigint NOT NULL) \
          ON COMMIT DROP",

@@ -31,6 +31,14 @@ pub enum DbErrorKind {
     /// The server cancelled the statement, which `statement_timeout` does
     /// when it fires (SQLSTATE 57014): a deadline, not a failure.
     StatementTimeout,
+    /// The statement needed session state the server connection does not
+    /// have: a prepared statement that does not exist there (SQLSTATE
+    /// 26000) or one that already does (42P05), or a startup parameter
+    /// refused (08P01 "unsupported startup parameter", PgBouncer's answer
+    /// to `options`). The mark of a transaction-mode pooler between the
+    /// client and the server, which hands each transaction any server
+    /// connection; use [`StatementMode::Unnamed`](super::StatementMode::Unnamed).
+    SessionStateLost,
     /// Anything else, including errors without a server report (a lost
     /// connection, a protocol error).
     Other,
@@ -46,6 +54,12 @@ impl DbErrorKind {
             Self::ForeignKeyViolation
         } else if *code == SqlState::QUERY_CANCELED {
             Self::StatementTimeout
+        } else if *code == SqlState::INVALID_SQL_STATEMENT_NAME
+            || *code == SqlState::DUPLICATE_PSTATEMENT
+            || (*code == SqlState::PROTOCOL_VIOLATION
+                && db.message().contains("unsupported startup parameter"))
+        {
+            Self::SessionStateLost
         } else if code.code().starts_with(DATA_EXCEPTION_CLASS)
             || code
                 .code()

@@ -11,6 +11,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use super::error::DbErrorKind;
+use super::statements::{Sql, Statements};
 use crate::Loader;
 
 /// Statement parameters that may borrow from the keys they were made from.
@@ -145,7 +146,16 @@ impl From<tokio_postgres::Error> for PgError {
 /// [`Batcher`](crate::Batcher).
 pub struct PgLoader<Q> {
     pool: Pool,
-    query: Arc<Q>,
+    query: Arc<Queries<Q>>,
+}
+
+/// The query, its two statements and how they are sent, shared by the
+/// loader's clones (and the same loader on other pools).
+struct Queries<Q> {
+    query: Q,
+    batch: Sql,
+    single: Sql,
+    statements: Statements,
 }
 
 impl<Q> Clone for PgLoader<Q> {
@@ -166,12 +176,30 @@ impl<Q> fmt::Debug for PgLoader<Q> {
 }
 
 impl<Q: BatchQuery> PgLoader<Q> {
-    /// A loader running `query` on connections from `pool`.
+    /// A loader running `query` on connections from `pool`, with prepared
+    /// statements cached per connection.
     pub fn new(pool: Pool, query: Q) -> Self {
+        Self::with_statements(pool, query, Statements::default())
+    }
+
+    /// A loader running `query` on connections from `pool`, sending its
+    /// statements as `statements` say: unnamed through a transaction-mode
+    /// pooler (see [`StatementMode`](super::StatementMode)).
+    pub fn with_statements(pool: Pool, query: Q, statements: Statements) -> Self {
         Self {
             pool,
-            query: Arc::new(query),
+            query: Arc::new(Queries {
+                batch: Sql::new(query.batch_sql()),
+                single: Sql::new(query.single_sql()),
+                query,
+                statements,
+            }),
         }
+    }
+
+    /// How this loader sends its statements.
+    pub fn statements(&self) -> Statements {
+        self.query.statements
     }
 
     /// The same query on another pool (a read replica's, say), sharing
@@ -196,12 +224,15 @@ impl<Q: BatchQuery> PgLoader<Q> {
     ///
     /// [`PgError`] when no connection is available or the statement fails.
     pub async fn load_one(&self, key: &Q::Key) -> Result<Option<Q::Value>, PgError> {
-        let client = self.pool.get().await?;
-        let stmt = client.prepare_cached(self.query.single_sql()).await?;
-        let params = self.query.single_params(key);
-        let rows = client.query(&stmt, &as_refs(&params)).await?;
+        let mut client = self.pool.get().await?;
+        let q = &*self.query;
+        let params = q.query.single_params(key);
+        let rows = q
+            .statements
+            .query(&mut client, &q.single, &as_refs(&params))
+            .await?;
         match rows.first() {
-            Some(row) => Ok(Some(self.query.map_row(row)?.1)),
+            Some(row) => Ok(Some(q.query.map_row(row)?.1)),
             None => Ok(None),
         }
     }
@@ -222,22 +253,25 @@ impl<Q: BatchQuery> Loader<Q::Key, Q::Value> for PgLoader<Q> {
     /// one are what a lightly loaded batcher sends, and a plain equality
     /// costs the server less than `= ANY` over a one-element array.
     async fn load(&self, keys: Vec<Q::Key>) -> Result<HashMap<Q::Key, Q::Value>, PgError> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let q = &*self.query;
         let (sql, params) = match keys.as_slice() {
-            [key] => (self.query.single_sql(), self.query.single_params(key)),
-            _ => (self.query.batch_sql(), self.query.batch_params(&keys)),
+            [key] => (&q.single, q.query.single_params(key)),
+            _ => (&q.batch, q.query.batch_params(&keys)),
         };
-        let stmt = client.prepare_cached(sql).await?;
-        let rows = client.query(&stmt, &as_refs(&params)).await?;
+        let rows = q
+            .statements
+            .query(&mut client, sql, &as_refs(&params))
+            .await?;
         let mut found = HashMap::with_capacity(rows.len());
         for row in &rows {
-            let (key, value) = self.query.map_row(row)?;
+            let (key, value) = q.query.map_row(row)?;
             found.insert(key, value);
         }
         Ok(found)
     }
 
     fn is_absent(&self, value: &Q::Value) -> bool {
-        self.query.is_absent(value)
+        self.query.query.is_absent(value)
     }
 }

@@ -14,8 +14,21 @@
 //! caller after its batch commits; [`copy`] bulk-loads with binary COPY.
 //!
 //! [`classify`] sorts database errors into the [`DbErrorKind`]s callers act
-//! on (a duplicate key, a refused row, a statement timeout); the loaders,
-//! the writer and the import all use it.
+//! on (a duplicate key, a refused row, a statement timeout, a session
+//! state the connection lost); the loaders, the writer and the import all
+//! use it.
+//!
+//! # Behind a connection pooler
+//!
+//! A transaction-mode pooler (PgBouncer, Supavisor, Neon's pooled
+//! endpoint, RDS Proxy) gives each transaction a possibly different server
+//! connection, so nothing of a session carries over: named prepared
+//! statements, session `SET`s, `LISTEN`. Give the loader, the writer and
+//! the import [`Statements`] with [`StatementMode::Unnamed`], and a
+//! [`statement_timeout`](Statements::statement_timeout) if you want one
+//! (the `options` startup parameter that carries it on a direct
+//! connection is refused by PgBouncer). A session-mode pooler keeps a
+//! client on one server connection, so the defaults work there.
 //!
 //! Build the pool with [`pool`], which sets the wait, create and recycle
 //! timeouts that deadpool leaves unset by default: without them, a request
@@ -24,10 +37,12 @@
 pub mod copy;
 mod error;
 mod loader;
+mod statements;
 mod writer;
 
 pub use error::{classify, DbErrorKind};
 pub use loader::{BatchQuery, Params, PgError, PgLoader};
+pub use statements::{Sql, StatementMode, Statements};
 pub use writer::{PgWriter, RowError, UpsertQuery, WriteRequest, WriteResult, Writer, Written};
 
 use std::time::Duration;

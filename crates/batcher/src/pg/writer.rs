@@ -14,6 +14,7 @@ use tokio_postgres::Row;
 
 use super::error::{classify, DbErrorKind};
 use super::loader::{as_refs, Params, PgError};
+use super::statements::{Sql, Statements};
 use crate::{Batcher, BatcherBuilder, BuildError, Error, Loader};
 
 /// How to upsert rows of one table: one statement for many rows, one for a
@@ -117,6 +118,9 @@ pub type WriteResult = Result<Written, Arc<RowError>>;
 pub struct PgWriter<Q> {
     pool: Pool,
     query: Arc<Q>,
+    batch: Sql,
+    single: Sql,
+    statements: Statements,
 }
 
 impl<Q> fmt::Debug for PgWriter<Q> {
@@ -132,11 +136,23 @@ fn is_row_fault(e: &tokio_postgres::Error) -> bool {
 }
 
 impl<Q: UpsertQuery> PgWriter<Q> {
-    /// A writer loader running `query` on connections from `pool`.
+    /// A writer loader running `query` on connections from `pool`, with
+    /// prepared statements cached per connection.
     pub fn new(pool: Pool, query: Q) -> Self {
+        Self::with_statements(pool, query, Statements::default())
+    }
+
+    /// A writer loader running `query` on connections from `pool`, sending
+    /// its statements as `statements` say (unnamed through a
+    /// transaction-mode pooler; a statement timeout set in each batch's
+    /// transaction).
+    pub fn with_statements(pool: Pool, query: Q, statements: Statements) -> Self {
         Self {
             pool,
+            batch: Sql::new(query.batch_sql()),
+            single: Sql::new(query.single_sql()),
             query: Arc::new(query),
+            statements,
         }
     }
 
@@ -148,9 +164,13 @@ impl<Q: UpsertQuery> PgWriter<Q> {
     ) -> Result<HashMap<Q::Key, Result<bool, Arc<RowError>>>, PgError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let stmt = tx.prepare_cached(self.query.batch_sql()).await?;
+        self.statements.begin(&tx).await?;
         let params = self.query.batch_params(rows);
-        match tx.query(&stmt, &as_refs(&params)).await {
+        match self
+            .statements
+            .query_in(&tx, &self.batch, &as_refs(&params))
+            .await
+        {
             Ok(returned) => {
                 let mut out = HashMap::with_capacity(rows.len());
                 for r in &returned {
@@ -174,13 +194,17 @@ impl<Q: UpsertQuery> PgWriter<Q> {
         rows: &[Q::Row],
     ) -> Result<HashMap<Q::Key, Result<bool, Arc<RowError>>>, PgError> {
         let mut tx = client.transaction().await?;
-        let stmt = tx.prepare_cached(self.query.single_sql()).await?;
+        self.statements.begin(&tx).await?;
         let mut out = HashMap::with_capacity(rows.len());
         for row in rows {
             let key = self.query.key(row);
             let savepoint = tx.savepoint("write_row").await?;
             let params = self.query.single_params(row);
-            match savepoint.query_one(&stmt, &as_refs(&params)).await {
+            let written = self
+                .statements
+                .query_one_in(&savepoint, &self.single, &as_refs(&params))
+                .await;
+            match written {
                 Ok(r) => {
                     let (_, inserted) = self.query.map_returned(&r)?;
                     savepoint.commit().await?;
@@ -281,6 +305,24 @@ impl<Q: UpsertQuery> Writer<Q> {
     ) -> Result<Self, BuildError> {
         Ok(Self {
             batcher: builder.build(PgWriter::new(pool, query))?,
+            seq: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// As [`new`](Self::new), sending statements as `statements` say
+    /// (see [`StatementMode`](super::StatementMode)).
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError`] for invalid batcher settings or outside a runtime.
+    pub fn with_statements(
+        pool: Pool,
+        query: Q,
+        statements: Statements,
+        builder: BatcherBuilder<WriteRequest<Q::Row>, WriteResult>,
+    ) -> Result<Self, BuildError> {
+        Ok(Self {
+            batcher: builder.build(PgWriter::with_statements(pool, query, statements))?,
             seq: Arc::new(AtomicU64::new(0)),
         })
     }

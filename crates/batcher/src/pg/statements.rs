@@ -1,0 +1,301 @@
+//! How statements reach Postgres: prepared and cached per connection, or
+//! unnamed in one round trip for connections that go through a
+//! transaction-mode pooler; and a statement timeout set per transaction
+//! where a session setting would not stick.
+
+use std::fmt;
+use std::time::Duration;
+
+use deadpool_postgres::{Client, Transaction};
+use futures_util::future::{join3, Either};
+use tokio::sync::OnceCell;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::Row;
+
+/// How a [`PgLoader`](super::PgLoader), a [`Writer`](super::Writer) or an
+/// [`import`](super::copy::import_with) sends its statements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum StatementMode {
+    /// Named statements, prepared once per connection and cached there
+    /// (deadpool's statement cache): the cheapest way to run the same
+    /// statement many times, on a direct connection or through a
+    /// session-mode pooler. The default.
+    #[default]
+    Prepared,
+    /// Unnamed statements sent with their parameter types, each in one
+    /// round trip (tokio-postgres's `query_typed`): nothing is left on the
+    /// server connection, so they work through a transaction-mode pooler
+    /// (PgBouncer before 1.21, Supavisor, Neon's pooled endpoint, RDS
+    /// Proxy), which hands each transaction a possibly different server
+    /// connection, where a named statement prepared on another one does not
+    /// exist. The parameter types are learned once per statement, by
+    /// preparing it inside a transaction that is then rolled back.
+    Unnamed,
+}
+
+/// The statement settings of a loader, a writer or an import.
+///
+/// ```
+/// use std::time::Duration;
+/// use pgbatch::pg::{StatementMode, Statements};
+///
+/// // Behind PgBouncer in transaction mode.
+/// let behind_pooler = Statements::default()
+///     .mode(StatementMode::Unnamed)
+///     .statement_timeout(Duration::from_millis(500));
+/// # let _ = behind_pooler;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[must_use]
+pub struct Statements {
+    pub(crate) mode: StatementMode,
+    pub(crate) statement_timeout: Option<Duration>,
+}
+
+impl Statements {
+    /// Prepared or unnamed statements. Default [`StatementMode::Prepared`].
+    pub fn mode(mut self, mode: StatementMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Makes the server give up on a statement after `timeout`, set in each
+    /// transaction (`SET LOCAL statement_timeout`): for connections that
+    /// cannot carry it as a session setting. Through a transaction-mode
+    /// pooler a session `SET`, or the `options` startup parameter, either is
+    /// refused or lands on whichever server connection the pooler picked
+    /// and stays there for its next client. A read outside a transaction is
+    /// then sent as `BEGIN; SET LOCAL ...`, the statement and `COMMIT`
+    /// together, in one round trip. Default: none (the connection's own
+    /// setting applies).
+    pub fn statement_timeout(mut self, timeout: Duration) -> Self {
+        self.statement_timeout = Some(timeout);
+        self
+    }
+
+    /// The mode in use.
+    pub fn statement_mode(&self) -> StatementMode {
+        self.mode
+    }
+
+    /// The per-transaction timeout, if any.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.statement_timeout
+    }
+
+    /// `SET LOCAL statement_timeout = ...` for this timeout, if any.
+    pub(crate) fn set_local(&self) -> Option<String> {
+        self.statement_timeout
+            .map(|t| format!("SET LOCAL statement_timeout = {}", t.as_millis().max(1)))
+    }
+
+    /// Sets the statement timeout in `tx`, if there is one.
+    pub(crate) async fn begin(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+    ) -> Result<(), tokio_postgres::Error> {
+        match self.set_local() {
+            Some(set) => tx.batch_execute(&set).await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// A statement to run with [`Statements::query`]: its text and, once
+/// unnamed mode has learned them, its parameter types. Keep one per
+/// statement for as long as it is used (in a `static`, say), so the types
+/// are learned once.
+///
+/// ```
+/// use std::sync::LazyLock;
+/// use pgbatch::pg::Sql;
+///
+/// static USER_BY_ID: LazyLock<Sql> =
+///     LazyLock::new(|| Sql::new("SELECT name FROM users WHERE id = $1"));
+/// # let _ = &*USER_BY_ID;
+/// ```
+pub struct Sql {
+    text: String,
+    types: OnceCell<Vec<Type>>,
+}
+
+impl fmt::Debug for Sql {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sql").field("text", &self.text).finish()
+    }
+}
+
+impl Sql {
+    /// The statement `text`.
+    pub fn new(text: &str) -> Self {
+        Self {
+            text: text.to_owned(),
+            types: OnceCell::new(),
+        }
+    }
+
+    /// The parameter types, learned on `client` the first time: the
+    /// statement is prepared inside a transaction, which keeps one server
+    /// connection through a pooler, and closed before it ends.
+    async fn types(&self, client: &mut Client) -> Result<&[Type], tokio_postgres::Error> {
+        self.types
+            .get_or_try_init(|| async {
+                let tx = client.transaction().await?;
+                let types = tx.prepare(&self.text).await?.params().to_vec();
+                tx.rollback().await?;
+                Ok::<_, tokio_postgres::Error>(types)
+            })
+            .await
+            .map(Vec::as_slice)
+    }
+
+    /// The parameter types, learned inside `tx` the first time.
+    async fn types_in(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+    ) -> Result<&[Type], tokio_postgres::Error> {
+        self.types
+            .get_or_try_init(|| async { Ok(tx.prepare(&self.text).await?.params().to_vec()) })
+            .await
+            .map(Vec::as_slice)
+    }
+}
+
+fn typed<'a>(
+    params: &'a [&'a (dyn ToSql + Sync)],
+    types: &[Type],
+) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
+    params.iter().copied().zip(types.iter().cloned()).collect()
+}
+
+impl Statements {
+    /// Runs `sql` with `params` on `client`, outside a transaction, as these
+    /// settings say: prepared and cached on the connection, or unnamed with
+    /// its parameter types in one round trip; with a statement timeout, in
+    /// a transaction that sets it, sent together with the statement.
+    ///
+    /// # Errors
+    ///
+    /// When the statement fails (or, the first time in unnamed mode,
+    /// learning its parameter types does).
+    ///
+    /// # Cancel safety
+    ///
+    /// With a statement timeout, dropping the future never leaves the
+    /// connection inside the transaction: its `COMMIT` is sent with the
+    /// statement.
+    pub async fn query(
+        &self,
+        client: &mut Client,
+        sql: &Sql,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        match (self.mode, self.set_local()) {
+            (StatementMode::Prepared, None) => {
+                let stmt = client.prepare_cached(&sql.text).await?;
+                client.query(&stmt, params).await
+            }
+            (StatementMode::Unnamed, None) => {
+                let types = sql.types(client).await?;
+                client.query_typed(&sql.text, &typed(params, types)).await
+            }
+            (mode, Some(set)) => {
+                let begin = format!("BEGIN; {set}");
+                let typed_params;
+                let stmt;
+                let query = match mode {
+                    StatementMode::Prepared => {
+                        stmt = client.prepare_cached(&sql.text).await?;
+                        Either::Left(client.query(&stmt, params))
+                    }
+                    _ => {
+                        typed_params = typed(params, sql.types(client).await?);
+                        Either::Right(client.query_typed(&sql.text, &typed_params))
+                    }
+                };
+                // `join3` polls in order, and each sends its request on its
+                // first poll, so all three go out at once, in this order: a
+                // caller that stops waiting cannot leave the connection
+                // inside the transaction, since COMMIT is already on its
+                // way. A failed statement aborts the transaction, and its
+                // COMMIT then rolls back.
+                let (begun, rows, committed) = join3(
+                    client.batch_execute(&begin),
+                    query,
+                    client.batch_execute("COMMIT"),
+                )
+                .await;
+                begun?;
+                let rows = rows?;
+                committed?;
+                Ok(rows)
+            }
+        }
+    }
+
+    /// Runs `sql` with `params` in `tx`.
+    pub(crate) async fn query_in(
+        &self,
+        tx: &Transaction<'_>,
+        sql: &Sql,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        match self.mode {
+            StatementMode::Prepared => {
+                let stmt = tx.prepare_cached(&sql.text).await?;
+                tx.query(&stmt, params).await
+            }
+            _ => {
+                let types = sql.types_in(tx).await?;
+                tx.query_typed(&sql.text, &typed(params, types)).await
+            }
+        }
+    }
+}
+
+impl Statements {
+    /// Runs `sql`, which returns exactly one row, with `params` in `tx`.
+    pub(crate) async fn query_one_in(
+        &self,
+        tx: &Transaction<'_>,
+        sql: &Sql,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, tokio_postgres::Error> {
+        match self.mode {
+            StatementMode::Prepared => {
+                let stmt = tx.prepare_cached(&sql.text).await?;
+                tx.query_one(&stmt, params).await
+            }
+            _ => {
+                let types = sql.types_in(tx).await?;
+                tx.query_typed_one(&sql.text, &typed(params, types)).await
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_timeout_is_set_per_transaction_in_milliseconds() {
+        let s = Statements::default();
+        assert_eq!(s.set_local(), None);
+        assert_eq!(s.statement_mode(), StatementMode::Prepared);
+        let s = s
+            .mode(StatementMode::Unnamed)
+            .statement_timeout(Duration::from_micros(1500));
+        assert_eq!(
+            s.set_local().as_deref(),
+            Some("SET LOCAL statement_timeout = 1")
+        );
+        let s = s.statement_timeout(Duration::ZERO);
+        assert_eq!(
+            s.set_local().as_deref(),
+            Some("SET LOCAL statement_timeout = 1"),
+            "zero would mean no timeout at all"
+        );
+    }
+}
