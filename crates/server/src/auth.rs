@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use pgbatch::cache::Cache;
-use pgbatch::pg::{PgError, Pool};
+use pgbatch::pg::{PgError, Pool, Statements};
 use rand::TryRngCore;
 use sha2::{Digest as _, Sha256};
 use tokio_postgres::types::PgLsn;
@@ -294,19 +294,23 @@ async fn find_principal(
     let found = router
         .read(needs, |i| {
             answered.store(i, std::sync::atomic::Ordering::Relaxed);
-            load_principal(&pools[i], digest)
+            load_principal(&pools[i], router.statements(), digest)
         })
         .await?;
     if found.is_none() && answered.load(std::sync::atomic::Ordering::Relaxed) != 0 {
-        return load_principal(router.primary(), digest).await;
+        return load_principal(router.primary(), router.statements(), digest).await;
     }
     Ok(found)
 }
 
 /// One round trip: the token's user and all their policies.
-async fn load_principal(pool: &Pool, digest: &TokenDigest) -> Result<Option<Principal>, PgError> {
-    let client = pool.get().await?;
-    let found = sql::user_of_token(&client, digest).await?;
+async fn load_principal(
+    pool: &Pool,
+    statements: Statements,
+    digest: &TokenDigest,
+) -> Result<Option<Principal>, PgError> {
+    let mut client = pool.get().await?;
+    let found = sql::user_of_token(&mut client, &statements, digest).await?;
     Ok(found.map(|owner| Principal {
         user: owner.user,
         grants: owner.grants,

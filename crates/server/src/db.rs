@@ -5,40 +5,87 @@ use std::fmt;
 
 use anyhow::Context as _;
 use embedded_pg::{Cluster, ClusterOptions};
+use pgbatch::pg::DbErrorKind;
+use tokio_postgres::types::Type;
+use tokio_postgres::GenericClient;
 
 use crate::queries::database;
-use crate::settings::DbSettings;
+use crate::settings::{DbSettings, Pooler};
 use crate::tls::{self, Tls};
 
 mod embedded {
     refinery::embed_migrations!("../../migrations");
 }
 
-/// A Postgres to connect to: its settings and the TLS connector that
-/// carries out their `sslmode` (see [`tls`]).
+/// What `target`'s connection string leads to, for [`Pooler::Auto`].
+/// A transaction-mode pooler is caught handing out server connections: one
+/// connection reads its server process id, a second holds a transaction
+/// open and reads its own, then the first reads its id again. On a direct
+/// connection the second id differs from the first and the first stays the
+/// same; a transaction-mode pooler gave the first connection's server
+/// process to the second, or moved the first to another. A pooler that
+/// refuses the `options` startup parameter (PgBouncer) but keeps each
+/// client on its server process is a session-mode one. (A pooler that does
+/// neither is taken for a direct connection.)
+///
+/// # Errors
+///
+/// When the database cannot be reached.
+pub async fn detect_pooler(target: &Postgres) -> anyhow::Result<Pooler> {
+    let first = target.connect().await.context("could not connect")?;
+    let mut second = target.connect().await.context("could not connect")?;
+    let p1 = backend_pid(&first).await?;
+    let tx = second.transaction().await?;
+    let p2 = backend_pid(&tx).await?;
+    let p3 = backend_pid(&first).await?;
+    tx.rollback().await?;
+    if p2 == p1 || p3 != p1 {
+        return Ok(Pooler::Transaction);
+    }
+    let mut with_options = target.config.clone();
+    with_options.options("-c statement_timeout=0");
+    match with_options.connect(target.tls.clone()).await {
+        Err(e) if pgbatch::pg::classify(&e) == DbErrorKind::SessionStateLost => Ok(Pooler::Session),
+        _ => Ok(Pooler::None),
+    }
+}
+
+/// The server process serving `client`'s current transaction.
+async fn backend_pid(client: &impl GenericClient) -> anyhow::Result<i32> {
+    Ok(database::backend_pid(client).await?)
+}
+
+/// A Postgres to connect to: its settings, the TLS connector that carries
+/// out their `sslmode` (see [`tls`]), and what pooler stands in between.
 #[derive(Clone)]
 pub struct Postgres {
     /// Host, port, user, database, `sslmode` as tokio-postgres has it.
     pub config: tokio_postgres::Config,
     /// The connector for every connection to it.
     pub tls: Tls,
+    /// The pooler its connections go through (never [`Pooler::Auto`] once
+    /// [`Database::open`] has found out).
+    pub pooler: Pooler,
 }
 
 impl fmt::Debug for Postgres {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Postgres")
             .field("config", &self.config)
+            .field("pooler", &self.pooler)
             .finish_non_exhaustive()
     }
 }
 
 /// A config alone gets libpq's default TLS policy, `prefer` (unused on a
-/// Unix socket): how tests and benchmarks reach their own clusters.
+/// Unix socket), and no pooler: how tests and benchmarks reach their own
+/// clusters.
 impl From<tokio_postgres::Config> for Postgres {
     fn from(config: tokio_postgres::Config) -> Self {
         Self {
             config,
             tls: tls::default_connector(),
+            pooler: Pooler::None,
         }
     }
 }
@@ -60,6 +107,7 @@ impl From<&Database> for Postgres {
         Self {
             config: database.config.clone(),
             tls: database.tls.clone(),
+            pooler: database.pooler,
         }
     }
 }
@@ -95,6 +143,12 @@ pub struct Database {
     pub cluster: Option<Cluster>,
     /// Read replicas of it (`--replica-url`).
     pub replicas: Vec<Postgres>,
+    /// The pooler `config` goes through, resolved (never
+    /// [`Pooler::Auto`]).
+    pub pooler: Pooler,
+    /// A direct connection to the same database (`--direct-url`), for what
+    /// needs a session: migrations and the invalidation listener.
+    pub direct: Option<Postgres>,
 }
 
 /// The database name used inside the embedded cluster.
@@ -131,14 +185,41 @@ impl Database {
                     .with_context(|| format!("replica URL number {} is not usable", i + 1))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
+        let direct = settings
+            .direct_url
+            .as_deref()
+            .map(|url| target_of(url, &settings.tls).context("the direct URL is not usable"))
+            .transpose()?;
         if let Some(url) = &settings.url {
-            let Postgres { config, tls } = target_of(url, &settings.tls)?;
+            let mut target = target_of(url, &settings.tls)?;
+            target.pooler = match settings.pooler {
+                Pooler::Auto => {
+                    let found = detect_pooler(&target).await.context(
+                        "could not reach the database to see whether a pooler is in between",
+                    )?;
+                    tracing::info!(pooler = ?found, "found out what DATABASE_URL leads to (set --pooler to say it instead)");
+                    found
+                }
+                given => given,
+            };
+            let Postgres {
+                config,
+                tls,
+                pooler,
+            } = target;
             return Ok(Self {
                 config,
                 tls,
                 cluster: None,
                 replicas,
+                pooler,
+                direct,
             });
+        }
+        if direct.is_some() {
+            anyhow::bail!(
+                "--direct-url needs --database-url; the embedded cluster is reached directly"
+            );
         }
         if !replicas.is_empty() {
             anyhow::bail!(
@@ -162,7 +243,20 @@ impl Database {
             tls: tls::default_connector(),
             cluster: Some(cluster),
             replicas: Vec::new(),
+            pooler: Pooler::None,
+            direct: None,
         })
+    }
+
+    /// Where what needs a session goes (migrations, the invalidation
+    /// listener): the direct URL if given, else the database itself unless
+    /// it is behind a transaction-mode pooler.
+    pub fn session_target(&self) -> Option<Postgres> {
+        match &self.direct {
+            Some(direct) => Some(direct.clone()),
+            None if self.pooler.keeps_sessions() => Some(self.into()),
+            None => None,
+        }
     }
 
     /// Like [`open`](Self::open), but when the embedded cluster already
@@ -186,6 +280,8 @@ impl Database {
                     tls: tls::default_connector(),
                     cluster: None,
                     replicas: Vec::new(),
+                    pooler: Pooler::None,
+                    direct: None,
                 });
             }
         }
@@ -212,7 +308,11 @@ fn target_of(url: &str, overrides: &crate::settings::TlsOverrides) -> anyhow::Re
     }
     config.ssl_mode(tls_settings.mode.for_tokio_postgres());
     let tls = tls::connector(&tls_settings)?;
-    Ok(Postgres { config, tls })
+    Ok(Postgres {
+        config,
+        tls,
+        pooler: Pooler::None,
+    })
 }
 
 async fn create_database_if_missing(
@@ -269,7 +369,7 @@ async fn accept_superseded(
     current: &[refinery::Migration],
 ) -> anyhow::Result<()> {
     let history: Option<String> = client
-        .query_one("SELECT to_regclass('refinery_schema_history')::text", &[])
+        .query_typed_one("SELECT to_regclass('refinery_schema_history')::text", &[])
         .await?
         .get(0);
     if history.is_none() {
@@ -281,13 +381,13 @@ async fn accept_superseded(
             continue;
         };
         let n = client
-            .execute(
+            .execute_typed(
                 "UPDATE refinery_schema_history SET checksum = $1 \
                  WHERE version = $2 AND checksum = $3",
                 &[
-                    &new.checksum().to_string(),
-                    &old.version(),
-                    &old.checksum().to_string(),
+                    (&new.checksum().to_string(), Type::VARCHAR),
+                    (&old.version(), Type::INT8),
+                    (&old.checksum().to_string(), Type::VARCHAR),
                 ],
             )
             .await?;
@@ -301,8 +401,12 @@ async fn accept_superseded(
     Ok(())
 }
 
-/// A connection pool of `pool_size` connections, each with a server-side
-/// `statement_timeout`: the deadline of the work the pool is for.
+/// A connection pool of `pool_size` connections whose statements the server
+/// gives up on after `statement_timeout`: the deadline of the work the
+/// pool is for. On a direct connection each connection carries it as a
+/// setting; behind a pooler, which refuses it or would let it leak to other
+/// clients, it is set in each transaction instead (see
+/// [`Pooler::statements`], which whoever uses the pool must follow).
 ///
 /// A request abandoned at its deadline stops waiting in the service, but
 /// Postgres would go on running (or lock-waiting on) its statement and keep
@@ -316,16 +420,22 @@ pub fn pool(
     pool_size: usize,
     statement_timeout: std::time::Duration,
 ) -> anyhow::Result<pgbatch::pg::Pool> {
-    let Postgres { mut config, tls } = target.into();
-    let timeout = format!(
-        "-c statement_timeout={}",
-        statement_timeout.as_millis().max(1)
-    );
-    let options = match config.get_options() {
-        Some(existing) => format!("{existing} {timeout}"),
-        None => timeout,
-    };
-    config.options(&options);
+    let Postgres {
+        mut config,
+        tls,
+        pooler,
+    } = target.into();
+    if pooler == Pooler::None {
+        let timeout = format!(
+            "-c statement_timeout={}",
+            statement_timeout.as_millis().max(1)
+        );
+        let options = match config.get_options() {
+            Some(existing) => format!("{existing} {timeout}"),
+            None => timeout,
+        };
+        config.options(&options);
+    }
     pgbatch::pg::pool_with_tls(
         config,
         &pgbatch::pg::PoolOptions::with_max_size(pool_size),

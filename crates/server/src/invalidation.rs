@@ -13,11 +13,21 @@
 //! Notifications sent while the listener is disconnected are lost. So
 //! while it is down the caches are bypassed ([`Coherence`]): reads go to
 //! the database, and nothing is cached. After it reconnects and LISTENs
-//! again, every cache is flushed before they are used again. A ping every
-//! second (answered within two) and TCP keepalives find a connection that
-//! died silently (a frozen or partitioned database sends no error): until
-//! then, for at most about three seconds, a cache may serve what a lost
-//! notification would have dropped. The caches' TTL stays as a last bound.
+//! again, every cache is flushed before they are used again.
+//!
+//! The listener's health is proved end to end: every second a notification
+//! with a fresh random payload is sent on [`PING_CHANNEL`] from another
+//! connection (one of the pool's), and must arrive on the listener within
+//! two. A connection that died silently (a frozen or partitioned database
+//! sends no error) fails it, and so does a path that swallows notifications
+//! while answering queries (a transaction-mode pooler accepts `LISTEN` and
+//! then delivers nothing, or delivers to another client): the caches are
+//! marked incoherent, bypassed, and the listener reconnects. The caches
+//! are first used only after such a ping has come through, so a listener
+//! that never hears anything never lets them be used. Until a silent
+//! failure is found, for at most about three seconds, a cache may serve
+//! what a lost notification would have dropped. The caches' TTL stays as a
+//! last bound.
 
 use std::time::Instant;
 
@@ -36,9 +46,13 @@ use crate::queries::objects::ObjectKey;
 use crate::reads::Reads;
 use crate::replicas::ReadRouter;
 use crate::settings::InvalidationSettings;
+use pgbatch::pg::Pool;
 
 /// The notification channel the triggers send on.
 pub const CHANNEL: &str = "pgbatch_invalidate";
+
+/// The channel of the listener's pings (see the module docs).
+pub const PING_CHANNEL: &str = "pgbatch_listener_ping";
 
 /// The listener's `application_name`, which names it in `pg_stat_activity`.
 pub const APPLICATION_NAME: &str = "pgbatch-listener";
@@ -129,9 +143,11 @@ impl Caches {
 }
 
 /// Listens on `target` until `stop`, applying notifications to `caches`
-/// and keeping `coherence` true only while listening.
+/// and keeping `coherence` true only while notifications are proved to
+/// arrive: pings are sent from `sender`'s connections.
 pub async fn listen(
     target: Postgres,
+    sender: Pool,
     caches: Caches,
     coherence: Coherence,
     settings: InvalidationSettings,
@@ -142,7 +158,7 @@ pub async fn listen(
         let started = Instant::now();
         let result = tokio::select! {
             () = stop.cancelled() => return,
-            r = session(&target, &caches, &coherence, &settings) => r,
+            r = session(&target, &sender, &caches, &coherence, &settings) => r,
         };
         coherence.failed();
         // A connection that lasted starts the backoff over; one that keeps
@@ -166,10 +182,11 @@ pub async fn listen(
 /// listener reconnects and flushes instead of growing without bound.
 const BACKLOG: usize = 10_000;
 
-/// One connection's life: connect, LISTEN, flush, then apply
-/// notifications until the connection fails.
+/// One connection's life: connect, LISTEN, flush, prove delivery, then
+/// apply notifications until the connection fails or a ping goes unheard.
 async fn session(
     target: &Postgres,
+    sender: &Pool,
     caches: &Caches,
     coherence: &Coherence,
     settings: &InvalidationSettings,
@@ -190,7 +207,7 @@ async fn session(
         .context("could not connect")?;
     let (tx, mut notifications) = mpsc::channel(BACKLOG);
     // The connection's messages are read by a task of its own: the client
-    // needs it driven to run LISTEN and the pings.
+    // needs it driven to run LISTEN and the position reads.
     let driver = tokio::spawn(async move {
         loop {
             match poll_fn(|cx| connection.poll_message(cx)).await {
@@ -213,34 +230,37 @@ async fn session(
         }
     });
     let _abort = AbortOnDrop(driver);
-    tokio::time::timeout(step, client.batch_execute(&format!("LISTEN {CHANNEL}")))
-        .await
-        .context("LISTEN timed out")?
-        .context("LISTEN failed")?;
+    tokio::time::timeout(
+        step,
+        client.batch_execute(&format!("LISTEN {CHANNEL}; LISTEN {PING_CHANNEL}")),
+    )
+    .await
+    .context("LISTEN timed out")?
+    .context("LISTEN failed")?;
     // Whatever was sent while no one listened is lost: start afresh. Fills
     // from replicas must then be at least as new as the primary now.
     caches.flush();
     if caches.router.has_replicas() {
         settle(&client, &caches.router, caches.router.ticket(), step).await?;
     }
-    coherence.connected();
-    tracing::info!(channel = CHANNEL, "listening for cache invalidations");
-
-    // Pinged beside the notifications, so a slow answer holds none up.
-    let pings = async {
-        loop {
-            tokio::time::sleep(settings.ping_every).await;
-            tokio::time::timeout(step, client.simple_query(""))
-                .await
-                .context("the database did not answer a ping in time")?
-                .context("ping failed")?;
-        }
-    };
-    tokio::pin!(pings);
+    let mut ping = Ping::send(sender, step).await?;
+    let mut proved = false;
+    let mut next_ping = Instant::now() + settings.ping_every;
     loop {
         tokio::select! {
             n = notifications.recv() => {
                 let Some(n) = n else { bail!("the connection closed") };
+                if n.channel() == PING_CHANNEL {
+                    if ping.as_ref().is_some_and(|p| p.nonce == n.payload()) {
+                        ping = None;
+                        if !proved {
+                            proved = true;
+                            coherence.connected();
+                            tracing::info!(channel = CHANNEL, "listening for cache invalidations");
+                        }
+                    }
+                    continue;
+                }
                 let invalidation = Invalidation::parse(n.payload());
                 if invalidation == Invalidation::Unknown {
                     coherence.count_unreadable();
@@ -254,8 +274,47 @@ async fn session(
             ticket = caches.router.position_wanted() => {
                 settle(&client, &caches.router, ticket, step).await?;
             }
-            r = &mut pings => return r,
+            () = tokio::time::sleep_until(next_ping.into()), if ping.is_none() => {
+                ping = Ping::send(sender, step).await?;
+                next_ping = Instant::now() + settings.ping_every;
+            }
+            () = tokio::time::sleep_until(ping.as_ref().map_or(next_ping, |p| p.due).into()), if ping.is_some() => {
+                bail!(
+                    "a notification sent on {PING_CHANNEL} did not arrive within {step:?}: \
+                     the connection does not deliver notifications (is it behind a \
+                     transaction-mode pooler? then set --direct-url)"
+                );
+            }
         }
+    }
+}
+
+/// A ping under way: the payload sent, and when it must have arrived.
+struct Ping {
+    nonce: String,
+    due: Instant,
+}
+
+impl Ping {
+    /// Sends a notification with a fresh payload on [`PING_CHANNEL`] from
+    /// one of `sender`'s connections: another connection than the
+    /// listener's, since a pooler may deliver a client's own notification
+    /// to it and nothing else.
+    async fn send(sender: &Pool, step: std::time::Duration) -> anyhow::Result<Option<Self>> {
+        let nonce = format!("{:016x}", rand::random::<u64>());
+        let sent = async {
+            let client = sender.get().await?;
+            database::notify(&**client, PING_CHANNEL, &nonce).await?;
+            anyhow::Ok(())
+        };
+        tokio::time::timeout(step, sent)
+            .await
+            .context("sending a ping timed out")?
+            .context("sending a ping failed")?;
+        Ok(Some(Self {
+            nonce,
+            due: Instant::now() + step,
+        }))
     }
 }
 

@@ -59,7 +59,9 @@ fn init_logging(format: LogFormat) {
 }
 
 async fn run(cli: &Cli, database: &Database) -> anyhow::Result<()> {
-    db::migrate(database).await?;
+    // Through the direct URL when there is one; refinery's statements are
+    // safe through a transaction-mode pooler too.
+    db::migrate(session(database)).await?;
     match &cli.command {
         Some(Command::Seed(args)) => {
             let report = seed::seed(database, args.objects, args.kv_rows).await?;
@@ -134,8 +136,18 @@ async fn run(cli: &Cli, database: &Database) -> anyhow::Result<()> {
     }
 }
 
+/// Where the admin commands and migrations connect: the direct URL when
+/// there is one, else the database itself (their statements are unnamed or
+/// inside transactions, so a pooler in between does no harm).
+fn session(database: &Database) -> Postgres {
+    database
+        .direct
+        .clone()
+        .unwrap_or_else(|| Postgres::from(database))
+}
+
 async fn connect(database: &Database) -> anyhow::Result<tokio_postgres::Client> {
-    Ok(Postgres::from(database).connect().await?)
+    Ok(session(database).connect().await?)
 }
 
 async fn serve(cli: &Cli, args: &ServeArgs, database: &Database) -> anyhow::Result<()> {
@@ -161,14 +173,13 @@ async fn serve(cli: &Cli, args: &ServeArgs, database: &Database) -> anyhow::Resu
     }
 
     let settings = args.settings();
-    let state =
-        AppState::connect_with_replicas(database, &database.replicas, cli.db.pool_size, &settings)?;
+    let state = AppState::for_database(database, cli.db.pool_size, &settings)?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("could not listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
     let edge = args.edge();
-    tracing::info!(%addr, read_path = ?settings.read.path, ?edge, "serving");
+    tracing::info!(%addr, read_path = ?settings.read.path, pooler = ?database.pooler, ?edge, "serving");
     print_try_it(&addr.to_string(), new_admin_token.as_deref(), token_file);
 
     server::serve::serve(listener, app(state.clone()), edge, shutdown_signal())

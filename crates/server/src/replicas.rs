@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use std::collections::HashMap;
 
-use pgbatch::pg::{BatchQuery, PgError, PgLoader, Pool};
+use pgbatch::pg::{BatchQuery, PgError, PgLoader, Pool, Statements};
 use pgbatch::Loader;
 use tokio_postgres::types::PgLsn;
 use tokio_util::sync::CancellationToken;
@@ -115,6 +115,9 @@ pub struct ReadRouter(Arc<Inner>);
 struct Inner {
     /// Index 0 is the primary, `i + 1` is `replicas[i]`.
     pools: Vec<Pool>,
+    /// How reads send their statements on these pools (unnamed behind a
+    /// transaction-mode pooler; see [`crate::db::Pooler`]).
+    statements: Statements,
     replicas: Vec<Replica>,
     max_lag: Duration,
     /// How long a replica may take before the read is run on the primary.
@@ -168,6 +171,7 @@ impl From<Pool> for ReadRouter {
         Self::new(
             primary,
             Vec::new(),
+            Statements::default(),
             &ReplicaSettings::default(),
             crate::settings::defaults::REQUEST_TIMEOUT,
             Coherence::default(),
@@ -183,13 +187,14 @@ impl From<&Pool> for ReadRouter {
 
 impl ReadRouter {
     /// Reads over `primary` and the `replicas` (each a target and its
-    /// pool), under a `read_deadline`: half of it for a replica, so a
-    /// failed replica leaves the other half to the primary. Replicas are
-    /// unusable until [`poll`](Self::poll) has seen them; cache fills
-    /// follow `coherence`.
+    /// pool), sending statements as `statements` say, under a
+    /// `read_deadline`: half of it for a replica, so a failed replica
+    /// leaves the other half to the primary. Replicas are unusable until
+    /// [`poll`](Self::poll) has seen them; cache fills follow `coherence`.
     pub fn new(
         primary: Pool,
         replicas: Vec<(Postgres, Pool)>,
+        statements: Statements,
         settings: &ReplicaSettings,
         read_deadline: Duration,
         coherence: Coherence,
@@ -212,6 +217,7 @@ impl ReadRouter {
             .collect();
         Self(Arc::new(Inner {
             pools,
+            statements,
             replicas,
             max_lag: settings.max_lag,
             replica_budget: read_deadline / 2,
@@ -235,6 +241,11 @@ impl ReadRouter {
     /// passes).
     pub fn pools(&self) -> &[Pool] {
         &self.0.pools
+    }
+
+    /// How reads send their statements on these pools.
+    pub fn statements(&self) -> Statements {
+        self.0.statements
     }
 
     /// Whether any replica is configured.
@@ -537,7 +548,8 @@ impl<Q> Clone for RoutedLoader<Q> {
 impl<Q: BatchQuery> RoutedLoader<Q> {
     /// `query` on every pool of `router`, for reads that need `needs`.
     pub fn new(router: ReadRouter, query: Q, needs: Needs) -> Self {
-        let primary = PgLoader::new(router.primary().clone(), query);
+        let primary =
+            PgLoader::with_statements(router.primary().clone(), query, router.statements());
         let loaders = router
             .pools()
             .iter()

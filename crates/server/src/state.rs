@@ -14,7 +14,7 @@ use crate::invalidation::{self, Caches};
 use crate::metrics::Metrics;
 use crate::reads::Reads;
 use crate::replicas::ReadRouter;
-use crate::settings::Settings;
+use crate::settings::{Pooler, Settings};
 use crate::writes::Writes;
 
 /// The service's connection pools, one per kind of work, so that each
@@ -34,6 +34,9 @@ pub struct Pools {
     /// Each read replica and its pool (the read pool's size and
     /// deadline).
     pub replicas: Vec<(Postgres, Pool)>,
+    /// The pooler in front of the database: how statements must be sent
+    /// on these pools, and where their statement timeouts are set.
+    pub pooler: Pooler,
 }
 
 /// Write connections beside the writer's batches: deletes and repository
@@ -56,6 +59,7 @@ impl Pools {
         let target = target.into();
         let write_size = settings.write.batch.concurrency.max() + WRITE_POOL_EXTRA;
         Ok(Self {
+            pooler: target.pooler,
             read: db::pool(&target, read_size, settings.read.timeout)?,
             write: db::pool(&target, write_size, settings.write.timeout)?,
             import: db::pool(
@@ -156,11 +160,13 @@ impl AppState {
             write,
             import,
             replicas,
+            pooler,
         } = pools;
         let coherence = Coherence::default();
         let router = ReadRouter::new(
             pool.clone(),
             replicas,
+            pooler.statements(settings.read.timeout),
             &settings.replicas,
             settings.read.timeout,
             coherence.clone(),
@@ -173,6 +179,7 @@ impl AppState {
             reads.clone(),
             &settings.write,
             &settings.import,
+            pooler,
         )?;
         let metrics = Metrics::new(
             reads.clone(),
@@ -219,6 +226,7 @@ impl AppState {
         );
         tokio::spawn(invalidation::listen(
             target,
+            self.pool.clone(),
             caches,
             self.coherence.clone(),
             self.settings.invalidation,
@@ -256,8 +264,53 @@ impl AppState {
         let pools = Pools::connect(&target, pool_size, settings)?
             .with_replicas(replicas, pool_size, settings)?;
         let state = Self::new(pools, settings)?;
-        state.listen(target);
+        if target.pooler.keeps_sessions() {
+            state.listen(target);
+        } else {
+            state.never_listen();
+        }
         Ok(state)
+    }
+
+    /// State over `database`, as `serve` runs it: read pools of
+    /// `pool_size` connections to it and its replicas, and the
+    /// invalidation listener on its session target (the direct URL, or the
+    /// database itself unless it is behind a transaction-mode pooler).
+    /// Without one, the caches are bypassed for good, and that is logged:
+    /// a cache nobody can invalidate would serve stale data.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect).
+    pub fn for_database(
+        database: &db::Database,
+        pool_size: usize,
+        settings: &Settings,
+    ) -> anyhow::Result<Self> {
+        let pools = Pools::connect(database, pool_size, settings)?.with_replicas(
+            &database.replicas,
+            pool_size,
+            settings,
+        )?;
+        let state = Self::new(pools, settings)?;
+        match database.session_target() {
+            Some(session) => state.listen(session),
+            None => state.never_listen(),
+        }
+        Ok(state)
+    }
+
+    /// Bypasses the caches for good: there is no connection that could
+    /// hear other instances' changes.
+    fn never_listen(&self) {
+        self.coherence.set_usable(false);
+        tracing::warn!(
+            "DATABASE_URL goes through a transaction-mode pooler, which cannot carry LISTEN, \
+             and no --direct-url (PGBATCH_DIRECT_URL) is set: other instances' changes cannot \
+             be heard, so the caches (tokens included) are bypassed and every read goes to \
+             the database; set --direct-url to a direct connection to the same database to \
+             use them"
+        );
     }
 
     /// Commits and acknowledges queued writes, answers queued reads, then

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use pgbatch::pg::copy::{self, ConflictPolicy, ImportCounts};
-use pgbatch::pg::{DbErrorKind, PgError, Pool, RowError, Writer, Written};
+use pgbatch::pg::{DbErrorKind, PgError, Pool, RowError, Statements, Writer, Written};
 use pgbatch::{loader_fn, Batcher, BuildError};
 use tokio_postgres::types::PgLsn;
 
@@ -19,7 +19,7 @@ use crate::queries::database;
 use crate::queries::objects::{self, ObjectKey, ObjectRow, ObjectUpsert, OBJECT_TABLE};
 use crate::queries::repositories::{self, Repository};
 use crate::reads::Reads;
-use crate::settings::{ImportSettings, WriteSettings};
+use crate::settings::{ImportSettings, Pooler, WriteSettings};
 use tokio::sync::Semaphore;
 
 /// Longest wait for a write's commit position; past it the answer goes
@@ -42,6 +42,9 @@ pub struct Writes {
     /// One permit per import running; more are refused, not queued.
     imports: Arc<Semaphore>,
     import: ImportSettings,
+    /// How imports set their statement timeout (per transaction behind a
+    /// pooler).
+    import_statements: Statements,
     reads: Reads,
     /// The primary's WAL position after a write, for its response: one
     /// statement for all the writes that ask at once.
@@ -50,8 +53,8 @@ pub struct Writes {
 
 impl Writes {
     /// The write path over `pool`, with imports on `import_pool`,
-    /// invalidating `reads`' caches; starts the object writer on the
-    /// current runtime.
+    /// invalidating `reads`' caches, sending statements as `pooler`
+    /// requires; starts the object writer on the current runtime.
     ///
     /// # Errors
     ///
@@ -62,6 +65,7 @@ impl Writes {
         reads: Reads,
         settings: &WriteSettings,
         import: &ImportSettings,
+        pooler: Pooler,
     ) -> Result<Self, BuildError> {
         let builder = settings.batch.builder("object_write", settings.timeout);
         let position_pool = pool.clone();
@@ -85,9 +89,15 @@ impl Writes {
             }))?;
         Ok(Self {
             positions,
-            writer: Writer::new(pool.clone(), ObjectUpsert, builder)?,
+            writer: Writer::with_statements(
+                pool.clone(),
+                ObjectUpsert,
+                pooler.statements(settings.timeout),
+                builder,
+            )?,
             pool,
             import_pool,
+            import_statements: pooler.statements(import.timeout),
             imports: Arc::new(Semaphore::new(import.concurrency)),
             import: *import,
             reads,
@@ -187,7 +197,14 @@ impl Writes {
             return Err(Failure::NoSuchRepository(repository.to_owned()));
         }
         let source = NdjsonObjects::new(body, repository, &self.import);
-        let counts = copy::import(&mut client, &OBJECT_TABLE, source, policy).await?;
+        let counts = copy::import_with(
+            &mut client,
+            &OBJECT_TABLE,
+            source,
+            policy,
+            self.import_statements,
+        )
+        .await?;
         // An import may touch any number of keys: drop the whole cache
         // rather than remember them all.
         self.reads.object_stat.invalidate_all();

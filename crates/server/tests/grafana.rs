@@ -153,7 +153,7 @@ async fn every_metric_the_dashboard_queries_is_exported() {
         send(&app.router, post_json(uri, body)).await.0,
         StatusCode::OK
     );
-    let text = metrics_text(&app.router).await;
+    let text = support::metrics_text(&app.router).await;
     let exported: BTreeSet<String> = text
         .lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
@@ -170,15 +170,4 @@ async fn every_metric_the_dashboard_queries_is_exported() {
         text.contains(r#"batcher_not_found_total{batcher="object_stat"} 2"#),
         "{text}"
     );
-}
-
-async fn metrics_text(router: &axum::Router) -> String {
-    let res = tower::ServiceExt::oneshot(router.clone(), get("/metrics"))
-        .await
-        .unwrap();
-    let bytes = http_body_util::BodyExt::collect(res.into_body())
-        .await
-        .unwrap()
-        .to_bytes();
-    String::from_utf8(bytes.to_vec()).unwrap()
 }

@@ -1,5 +1,9 @@
 //! The `users`, `policies` and `tokens` tables.
 
+use std::sync::LazyLock;
+
+use pgbatch::pg::{Sql, Statements};
+use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
 
 /// One policy row: what a user may do in one repository, or in all (`*`).
@@ -25,27 +29,29 @@ pub struct TokenOwner {
     pub expires_at_ms: Option<i64>,
 }
 
-/// One round trip: the owner of the token whose SHA-256 digest is
-/// `digest`; `None` if no token has that digest. An expired token is
+/// One round trip, the statement sent as `statements` say: the owner of the
+/// token whose SHA-256 digest is `digest`; `None` if no token has that
+/// digest. An expired token is
 /// returned with its expiry, so the caller can say so.
 ///
 /// # Errors
 ///
 /// When the statement fails.
 pub async fn user_of_token(
-    client: &deadpool_postgres::Client,
+    client: &mut deadpool_postgres::Client,
+    statements: &Statements,
     digest: &[u8],
 ) -> Result<Option<TokenOwner>, tokio_postgres::Error> {
-    let stmt = client
-        .prepare_cached(
+    static USER_OF_TOKEN: LazyLock<Sql> = LazyLock::new(|| {
+        Sql::new(
             "SELECT u.name, p.repository, p.can_read, p.can_write, \
                     (extract(epoch FROM t.expires_at) * 1000)::int8 \
              FROM tokens t JOIN users u ON u.id = t.user_id \
              LEFT JOIN policies p ON p.user_id = u.id \
              WHERE t.digest = $1",
         )
-        .await?;
-    let rows = client.query(&stmt, &[&digest]).await?;
+    });
+    let rows = statements.query(client, &USER_OF_TOKEN, &[&digest]).await?;
     let Some(first) = rows.first() else {
         return Ok(None);
     };
@@ -73,7 +79,7 @@ pub async fn user_of_token(
 /// When the statement fails.
 pub async fn any_user<C: GenericClient>(client: &C) -> Result<bool, tokio_postgres::Error> {
     Ok(client
-        .query_opt("SELECT 1 FROM users LIMIT 1", &[])
+        .query_typed_opt("SELECT 1 FROM users LIMIT 1", &[])
         .await?
         .is_some())
 }
@@ -88,7 +94,10 @@ pub async fn user_exists<C: GenericClient>(
     name: &str,
 ) -> Result<bool, tokio_postgres::Error> {
     Ok(client
-        .query_opt("SELECT 1 FROM users WHERE name = $1", &[&name])
+        .query_typed_opt(
+            "SELECT 1 FROM users WHERE name = $1",
+            &[(&name, Type::TEXT)],
+        )
         .await?
         .is_some())
 }
@@ -103,9 +112,9 @@ pub async fn insert_user<C: GenericClient>(
     name: &str,
 ) -> Result<i64, tokio_postgres::Error> {
     Ok(client
-        .query_one(
+        .query_typed_one(
             "INSERT INTO users (name) VALUES ($1) RETURNING id",
-            &[&name],
+            &[(&name, Type::TEXT)],
         )
         .await?
         .get(0))
@@ -124,10 +133,14 @@ pub async fn grant<C: GenericClient>(
     can_write: bool,
 ) -> Result<(), tokio_postgres::Error> {
     client
-        .execute(
+        .execute_typed(
             "INSERT INTO policies (user_id, repository, can_read, can_write) VALUES ($1, $2, true, $3) \
              ON CONFLICT (user_id, repository) DO UPDATE SET can_write = policies.can_write OR EXCLUDED.can_write",
-            &[&user_id, &repository, &can_write],
+            &[
+                (&user_id, Type::INT8),
+                (&repository, Type::TEXT),
+                (&can_write, Type::BOOL),
+            ],
         )
         .await?;
     Ok(())
@@ -148,11 +161,16 @@ pub async fn insert_token<C: GenericClient>(
 ) -> Result<bool, tokio_postgres::Error> {
     let seconds = expires_in.map(|d| d.as_secs_f64());
     let n = client
-        .execute(
+        .execute_typed(
             "INSERT INTO tokens (digest, user_id, description, expires_at) \
              SELECT $1, id, $3, now() + $4::float8 * interval '1 second' \
              FROM users WHERE name = $2 ON CONFLICT (digest) DO NOTHING",
-            &[&digest, &user, &description, &seconds],
+            &[
+                (&digest, Type::BYTEA),
+                (&user, Type::TEXT),
+                (&description, Type::TEXT),
+                (&seconds, Type::FLOAT8),
+            ],
         )
         .await?;
     Ok(n > 0)
@@ -184,14 +202,14 @@ pub async fn list_tokens<C: GenericClient>(
     user: Option<&str>,
 ) -> Result<Vec<TokenInfo>, tokio_postgres::Error> {
     let rows = client
-        .query(
+        .query_typed(
             "SELECT left(encode(t.digest, 'hex'), 16), u.name, t.description, \
                     extract(epoch FROM t.created_at)::bigint, \
                     extract(epoch FROM t.expires_at)::bigint \
              FROM tokens t JOIN users u ON u.id = t.user_id \
              WHERE $1::text IS NULL OR u.name = $1 \
              ORDER BY u.name, t.created_at",
-            &[&user],
+            &[(&user, Type::TEXT)],
         )
         .await?;
     rows.iter()
@@ -220,12 +238,12 @@ pub async fn delete_token<C: GenericClient>(
     user: Option<&str>,
 ) -> Result<Vec<Vec<u8>>, tokio_postgres::Error> {
     let rows = client
-        .query(
+        .query_typed(
             "DELETE FROM tokens t USING users u \
              WHERE u.id = t.user_id AND left(encode(t.digest, 'hex'), 16) = $1 \
                AND ($2::text IS NULL OR u.name = $2) \
              RETURNING t.digest",
-            &[&id, &user],
+            &[(&id, Type::TEXT), (&user, Type::TEXT)],
         )
         .await?;
     rows.iter().map(|r| r.try_get(0)).collect()
@@ -240,7 +258,7 @@ pub async fn list_users<C: GenericClient>(
     client: &C,
 ) -> Result<Vec<(String, Vec<Grant>)>, tokio_postgres::Error> {
     let rows = client
-        .query(
+        .query_typed(
             "SELECT u.name, p.repository, p.can_read, p.can_write \
              FROM users u LEFT JOIN policies p ON p.user_id = u.id \
              ORDER BY u.name, p.repository",
@@ -276,13 +294,13 @@ pub async fn delete_user<C: GenericClient>(
     name: &str,
 ) -> Result<Option<Vec<Vec<u8>>>, tokio_postgres::Error> {
     let tokens = client
-        .query(
+        .query_typed(
             "SELECT t.digest FROM tokens t JOIN users u ON u.id = t.user_id WHERE u.name = $1",
-            &[&name],
+            &[(&name, Type::TEXT)],
         )
         .await?;
     let deleted = client
-        .execute("DELETE FROM users WHERE name = $1", &[&name])
+        .execute_typed("DELETE FROM users WHERE name = $1", &[(&name, Type::TEXT)])
         .await?;
     if deleted == 0 {
         return Ok(None);

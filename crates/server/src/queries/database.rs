@@ -2,7 +2,7 @@
 //! the readiness check, creating the embedded cluster's database, and
 //! taking an empty table for a bulk load.
 
-use tokio_postgres::types::PgLsn;
+use tokio_postgres::types::{PgLsn, Type};
 use tokio_postgres::{Client, GenericClient, Transaction};
 
 /// One trivial round trip: the database answers.
@@ -26,7 +26,10 @@ pub async fn create_database_if_missing(
     name: &str,
 ) -> Result<(), tokio_postgres::Error> {
     let exists = client
-        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
+        .query_typed_opt(
+            "SELECT 1 FROM pg_database WHERE datname = $1",
+            &[(&name, Type::TEXT)],
+        )
         .await?
         .is_some();
     if !exists {
@@ -53,7 +56,7 @@ pub async fn take_if_empty(
     tx.batch_execute(&format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
         .await?;
     let has_rows: bool = tx
-        .query_one(&format!("SELECT EXISTS (SELECT 1 FROM {table})"), &[])
+        .query_typed_one(&format!("SELECT EXISTS (SELECT 1 FROM {table})"), &[])
         .await?
         .get(0);
     if has_rows {
@@ -66,6 +69,38 @@ pub async fn take_if_empty(
     Ok(true)
 }
 
+/// The process id of the server process running `client`'s statement
+/// (through a pooler: of whichever server connection it got).
+///
+/// # Errors
+///
+/// When the statement fails.
+pub async fn backend_pid<C: GenericClient>(client: &C) -> Result<i32, tokio_postgres::Error> {
+    client
+        .query_typed_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .try_get(0)
+}
+
+/// Sends `payload` on notification `channel`, in a transaction of its own
+/// (delivered at once). One simple statement: safe through any pooler.
+/// `channel` is a constant of the service and `payload` hex digits, so
+/// both are spelled out in the statement.
+///
+/// # Errors
+///
+/// When the statement fails.
+pub async fn notify<C: GenericClient>(
+    client: &C,
+    channel: &str,
+    payload: &str,
+) -> Result<(), tokio_postgres::Error> {
+    debug_assert!(payload.chars().all(|c| c.is_ascii_alphanumeric()));
+    client
+        .batch_execute(&format!("NOTIFY {channel}, '{payload}'"))
+        .await
+}
+
 /// Rows in `table`.
 ///
 /// # Errors
@@ -76,7 +111,7 @@ pub async fn count_rows<C: GenericClient>(
     table: &str,
 ) -> Result<u64, tokio_postgres::Error> {
     let n: i64 = client
-        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        .query_typed_one(&format!("SELECT count(*) FROM {table}"), &[])
         .await?
         .get(0);
     Ok(u64::try_from(n).unwrap_or(0))
@@ -106,7 +141,7 @@ FROM p";
 ///
 /// When the statement fails (on a replica, for one).
 pub async fn wal_position(client: &impl GenericClient) -> Result<PgLsn, tokio_postgres::Error> {
-    let row = client.query_one(WAL_POSITION, &[]).await?;
+    let row = client.query_typed_one(WAL_POSITION, &[]).await?;
     row.try_get(0)
 }
 
@@ -119,7 +154,7 @@ pub async fn wal_position(client: &impl GenericClient) -> Result<PgLsn, tokio_po
 /// When the statement fails.
 pub async fn replay_state(client: &Client) -> Result<(bool, Option<PgLsn>), tokio_postgres::Error> {
     let row = client
-        .query_one("SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()", &[])
+        .query_typed_one("SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()", &[])
         .await?;
     Ok((row.try_get(0)?, row.try_get(1)?))
 }

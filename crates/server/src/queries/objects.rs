@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use pgbatch::pg::{BatchQuery, Params};
 use serde::Serialize;
+use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Row};
 
 /// An object's identity.
@@ -168,18 +169,15 @@ impl ObjectRow {
 }
 
 /// The columns an [`ObjectRow`] fills, for COPY; `mtime` takes its default.
-pub const OBJECT_COLUMNS: [(&str, tokio_postgres::types::Type); 7] = {
-    use tokio_postgres::types::Type;
-    [
-        ("repository", Type::TEXT),
-        ("path", Type::TEXT),
-        ("physical_address", Type::TEXT),
-        ("size_bytes", Type::INT8),
-        ("checksum", Type::TEXT),
-        ("content_type", Type::TEXT),
-        ("user_metadata", Type::JSONB),
-    ]
-};
+pub const OBJECT_COLUMNS: [(&str, Type); 7] = [
+    ("repository", Type::TEXT),
+    ("path", Type::TEXT),
+    ("physical_address", Type::TEXT),
+    ("size_bytes", Type::INT8),
+    ("checksum", Type::TEXT),
+    ("content_type", Type::TEXT),
+    ("user_metadata", Type::JSONB),
+];
 
 /// The `objects` table for [`pgbatch::pg::copy::import`].
 pub const OBJECT_TABLE: pgbatch::pg::copy::TableSpec<'static> = pgbatch::pg::copy::TableSpec {
@@ -276,9 +274,9 @@ pub async fn delete<C: GenericClient>(
     key: &ObjectKey,
 ) -> Result<bool, tokio_postgres::Error> {
     let n = client
-        .execute(
+        .execute_typed(
             "DELETE FROM objects WHERE repository = $1 AND path = $2",
-            &[&key.repository, &key.path],
+            &[(&key.repository, Type::TEXT), (&key.path, Type::TEXT)],
         )
         .await?;
     Ok(n > 0)

@@ -1,6 +1,7 @@
 //! The `repositories` table.
 
 use serde::Serialize;
+use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Row};
 
 /// A repository, as the API shows it.
@@ -42,7 +43,10 @@ pub async fn insert<C: GenericClient>(
          ON CONFLICT (name) DO NOTHING RETURNING {COLUMNS}"
     );
     client
-        .query_opt(&sql, &[&name, &storage_namespace])
+        .query_typed_opt(
+            &sql,
+            &[(&name, Type::TEXT), (&storage_namespace, Type::TEXT)],
+        )
         .await?
         .as_ref()
         .map(Repository::from_row)
@@ -59,7 +63,10 @@ pub async fn exists<C: GenericClient>(
     name: &str,
 ) -> Result<bool, tokio_postgres::Error> {
     Ok(client
-        .query_opt("SELECT 1 FROM repositories WHERE name = $1", &[&name])
+        .query_typed_opt(
+            "SELECT 1 FROM repositories WHERE name = $1",
+            &[(&name, Type::TEXT)],
+        )
         .await?
         .is_some())
 }
@@ -72,7 +79,7 @@ pub async fn exists<C: GenericClient>(
 pub async fn list<C: GenericClient>(client: &C) -> Result<Vec<Repository>, tokio_postgres::Error> {
     let sql = format!("SELECT {COLUMNS} FROM repositories ORDER BY name");
     client
-        .query(&sql, &[])
+        .query_typed(&sql, &[])
         .await?
         .iter()
         .map(Repository::from_row)
@@ -90,7 +97,10 @@ pub async fn delete<C: GenericClient>(
     name: &str,
 ) -> Result<bool, tokio_postgres::Error> {
     let n = client
-        .execute("DELETE FROM repositories WHERE name = $1", &[&name])
+        .execute_typed(
+            "DELETE FROM repositories WHERE name = $1",
+            &[(&name, Type::TEXT)],
+        )
         .await?;
     Ok(n > 0)
 }

@@ -184,3 +184,10 @@ pub async fn user_with_token(config: &tokio_postgres::Config, name: &str) -> Str
         .unwrap();
     token
 }
+
+/// The `/metrics` page of `router`.
+pub async fn metrics_text(router: &Router) -> String {
+    let res = router.clone().oneshot(get("/metrics")).await.unwrap();
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
