@@ -56,8 +56,10 @@ impl DelayProxy {
     /// Sets the added round trip of every connection, open or not, from
     /// the next chunk on.
     pub fn set_rtt(&self, rtt: Duration) {
-        self.one_way
-            .store(u64::try_from((rtt / 2).as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.one_way.store(
+            u64::try_from((rtt / 2).as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
 
     fn start_with(upstream: SocketAddr, rtt: Duration, adjustable: bool) -> std::io::Result<Self> {
@@ -238,7 +240,7 @@ mod tests {
         let proxy = DelayProxy::start_adjustable(echo(), Duration::ZERO).unwrap();
         let mut s = TcpStream::connect(proxy.addr()).unwrap();
         s.set_nodelay(true).unwrap();
-        let mut round_trip = |s: &mut TcpStream| {
+        let round_trip = |s: &mut TcpStream| {
             let start = Instant::now();
             s.write_all(&[1; 10]).unwrap();
             let mut got = [0u8; 10];

@@ -446,7 +446,9 @@ pub async fn batched_run_warm(
         }
     })
     .await;
-    let stats = lookup.batcher_stats().context("a batched lookup has a batcher")?;
+    let stats = lookup
+        .batcher_stats()
+        .context("a batched lookup has a batcher")?;
     lookup.shutdown().await;
     Ok(BatchedRun {
         report,
@@ -631,4 +633,3 @@ pub fn via(config: &tokio_postgres::Config, addr: SocketAddr) -> tokio_postgres:
     }
     out
 }
-

@@ -51,7 +51,12 @@ struct Args {
     #[command(flatten)]
     table: TableArgs,
     /// What to run: `sweep`, `timeline`.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "sweep,timeline")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "sweep,timeline"
+    )]
     only: Vec<Part>,
     /// Interleaved rounds of the sweep.
     #[arg(long, default_value_t = 3)]
@@ -197,7 +202,15 @@ async fn sweep(args: &Args, db: &Database) -> anyhow::Result<()> {
     settings_list.extend(args.fixed.iter().map(|&n| Setting::Fixed(n)));
 
     eprintln!("warming up");
-    reads::batched_run_warm(&targets[0].1, settings(Setting::Auto), 300, warmup, run, rows).await?;
+    reads::batched_run_warm(
+        &targets[0].1,
+        settings(Setting::Auto),
+        300,
+        warmup,
+        run,
+        rows,
+    )
+    .await?;
 
     let mut samples = Samples::new();
     let mut ceilings = Vec::new();
@@ -229,8 +242,9 @@ async fn sweep(args: &Args, db: &Database) -> anyhow::Result<()> {
                             limit: 0,
                         }
                     } else {
-                        let r = reads::batched_run_warm(pool, settings(setting), n, warmup, run, rows)
-                            .await?;
+                        let r =
+                            reads::batched_run_warm(pool, settings(setting), n, warmup, run, rows)
+                                .await?;
                         Sample {
                             per_sec: r.report.per_sec(),
                             p50: r.report.quantile(0.5),
@@ -248,7 +262,11 @@ async fn sweep(args: &Args, db: &Database) -> anyhow::Result<()> {
     print_sweep(args, &samples, &ceilings);
     append_csv(&args.csv, args, &samples, ceiling)?;
     plot_sweep(&args.svg, args, &samples)?;
-    eprintln!("appended to {} and drew {}", args.csv.display(), args.svg.display());
+    eprintln!(
+        "appended to {} and drew {}",
+        args.csv.display(),
+        args.svg.display()
+    );
     Ok(())
 }
 
@@ -263,9 +281,11 @@ fn median_by(v: &[Sample], f: impl Fn(&Sample) -> f64) -> f64 {
 }
 
 fn range_by(v: &[Sample], f: impl Fn(&Sample) -> f64) -> (f64, f64) {
-    v.iter().map(f).fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
-        (lo.min(x), hi.max(x))
-    })
+    v.iter()
+        .map(f)
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
+            (lo.min(x), hi.max(x))
+        })
 }
 
 fn ms(d: Duration) -> f64 {
@@ -337,7 +357,10 @@ fn print_sweep(args: &Args, samples: &Samples, ceilings: &[f64]) {
         ) else {
             continue;
         };
-        let (n50, a50) = (median_by(naive, |s| ms(s.p50)), median_by(auto, |s| ms(s.p50)));
+        let (n50, a50) = (
+            median_by(naive, |s| ms(s.p50)),
+            median_by(auto, |s| ms(s.p50)),
+        );
         println!(
             "target: +{rtt} ms, 1 initiator, p50 at most 1.05x naive: {} ({a50:.3} ms vs {n50:.3} ms, {:.3}x)",
             verdict(a50 <= 1.05 * n50),
@@ -417,12 +440,7 @@ fn plot_sweep(path: &Path, args: &Args, samples: &Samples) -> anyhow::Result<()>
             let auto = samples
                 .get(&(t, n, Setting::Auto))
                 .map(|v| median_by(v, |s| s.per_sec));
-            let y_max = fixed
-                .iter()
-                .map(|p| p.1)
-                .chain(auto)
-                .fold(1.0, f64::max)
-                * 1.15;
+            let y_max = fixed.iter().map(|p| p.1).chain(auto).fold(1.0, f64::max) * 1.15;
             let mut chart = ChartBuilder::on(area)
                 .caption(format!("+{rtt} ms, {n} initiators"), ("sans-serif", 14))
                 .margin(8)
@@ -561,7 +579,10 @@ async fn timeline(args: &Args, db: &Database) -> anyhow::Result<()> {
     let n = 300;
 
     // The world changes on a schedule of its own.
-    let (on, stop) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let (on, stop) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
     let competitor = tokio::spawn(competing_load(
         db.config.clone(),
         2,
@@ -662,7 +683,9 @@ fn report_timeline(
         let lims: Vec<f64> = limits[from..to].iter().map(|&l| l as f64).collect();
         let (llo, lhi) = lims
             .iter()
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+                (a.min(x), b.max(x))
+            });
         // The first interval from which five in a row average 90% of it.
         let back = (from..to.saturating_sub(4))
             .find(|&i| rates[i..i + 5].iter().sum::<f64>() / 5.0 >= 0.9 * settled)
@@ -696,7 +719,11 @@ fn plot_timeline(
     let root = SVGBackend::new(path, (1000, 760)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_err)?;
     let panels = root.split_evenly((3, 1));
-    let p99: Vec<f64> = series.intervals.iter().map(|r| ms(r.quantile(0.99))).collect();
+    let p99: Vec<f64> = series
+        .intervals
+        .iter()
+        .map(|r| ms(r.quantile(0.99)))
+        .collect();
     let lims: Vec<f64> = limits.iter().take(rates.len()).map(|&l| l as f64).collect();
     let captions = [
         "reads/s (100 ms intervals)",
@@ -767,6 +794,9 @@ mod tests {
             mean_batch: 0.0,
             limit: 0,
         };
-        assert_eq!(range_by(&[s(2.0), s(5.0), s(1.0)], |x| x.per_sec), (1.0, 5.0));
+        assert_eq!(
+            range_by(&[s(2.0), s(5.0), s(1.0)], |x| x.per_sec),
+            (1.0, 5.0)
+        );
     }
 }
