@@ -385,7 +385,7 @@ fn encode_batcher_gauges(
     encoder: &mut DescriptorEncoder<'_>,
     batchers: &Batchers,
 ) -> Result<(), std::fmt::Error> {
-    let gauges: [(&str, &str, Field); 3] = [
+    let gauges: [(&str, &str, Field); 4] = [
         ("batcher_queued", "Lookups waiting in the queue", |s| {
             s.queued
         }),
@@ -398,6 +398,11 @@ fn encode_batcher_gauges(
             "batcher_in_flight_batches",
             "Batched statements running",
             |s| s.in_flight_batches,
+        ),
+        (
+            "batcher_concurrency_limit",
+            "Batched statements allowed at once: the automatic limit's current value, or the fixed one",
+            |s| s.concurrency_limit,
         ),
     ];
     for (name, help, value) in gauges {

@@ -33,11 +33,14 @@
 //! - from the current limit ("home") a probe tries a neighbour, half as
 //!   many again or a third fewer (at least one away), for one window. If it
 //!   scores better by more than the noise home's own windows show (and at
-//!   least a few percent), it becomes home and the climb goes on in that
-//!   direction; otherwise the limit returns home, and the next probe that
-//!   way is one step (then coarse again);
-//! - home's neighbours are probed again every few windows, one side at a
-//!   time;
+//!   least 2%), it becomes home and the climb goes on in that direction,
+//!   each step twice the last, so a long gentle slope takes a few windows;
+//!   otherwise the limit returns home, and soon tries one step that way
+//!   (the next probe that way after that is coarse again);
+//! - home's neighbours are probed again from time to time, one side at a
+//!   time: after 6 windows at first, twice as long after each one-step
+//!   probe that fails (up to 48), so a limit that keeps proving right costs
+//!   ever fewer windows at a worse one;
 //! - when home's score moves far beyond its noise in two windows running
 //!   (the database slowed down, the round trip changed, a competing load
 //!   started or stopped), every other score is forgotten and both
@@ -78,12 +81,16 @@ const SETTLE_LOADS: u32 = 4;
 const MIN_SETTLE: Duration = Duration::from_millis(2);
 /// A probe must beat home's score by at least this fraction, and by more
 /// than home's measured noise, to become home.
-const MARGIN: f64 = 0.03;
+const MARGIN: f64 = 0.02;
 /// Home's score moving by more than this fraction (and by three times its
 /// noise) in two windows running means the world changed.
 const SHIFT: f64 = 0.3;
-/// Windows at home between periodic probes.
-const PROBE_EVERY: u32 = 12;
+/// Windows at home between periodic probes, at first...
+const PROBE_EVERY_MIN: u32 = 6;
+/// ...doubling with each periodic probe that fails, up to this: a limit
+/// that keeps proving right costs ever fewer probes at a worse one. A move
+/// or a changed world starts over from [`PROBE_EVERY_MIN`].
+const PROBE_EVERY_MAX: u32 = 48;
 /// Weight of a new window in a limit's smoothed score.
 const SMOOTHING: f64 = 0.3;
 /// Weight of a new window in home's noise estimate.
@@ -168,6 +175,12 @@ pub(crate) struct AutoLimit {
     /// Which side the next periodic probe goes to.
     next_periodic: Direction,
     windows_at_home: u32,
+    /// Windows at home before the next periodic probe.
+    probe_every: u32,
+    /// Moves made in a row in the direction of the probe in force: each
+    /// doubles the next coarse step, so a long gentle slope is climbed in
+    /// a few windows.
+    streak: u32,
     /// Smoothed score per limit (index `limit - 1`); `None`: not measured
     /// since the world last changed. Grown as limits are tried, so a huge
     /// `max` costs nothing.
@@ -204,6 +217,8 @@ impl AutoLimit {
             fine: [false, false],
             next_periodic: Direction::Up,
             windows_at_home: 0,
+            probe_every: PROBE_EVERY_MIN,
+            streak: 0,
             scores: Vec::new(),
             noise: 0.0,
             strayed: None,
@@ -268,13 +283,14 @@ impl AutoLimit {
     /// margin; one step after such a probe failed.
     fn neighbour(&self, home: usize, dir: Direction) -> Option<usize> {
         let fine = self.fine[dir as usize];
+        let faster = 1usize << self.streak.min(4);
         match dir {
             Direction::Down => {
-                let step = if fine { 1 } else { (home / 3).max(1) };
+                let step = if fine { 1 } else { (home / 3).max(1) * faster };
                 Some(home.saturating_sub(step).max(self.min)).filter(|&n| n < home)
             }
             Direction::Up => {
-                let step = if fine { 1 } else { (home / 2).max(1) };
+                let step = if fine { 1 } else { (home / 2).max(1) * faster };
                 Some(home.saturating_add(step).min(self.max)).filter(|&n| n > home)
             }
         }
@@ -371,15 +387,26 @@ impl AutoLimit {
             _ => false,
         };
         if !better {
-            // The next probe this way alternates: one step after a coarse
-            // one (something between may do better), coarse after a step.
-            self.fine[dir as usize] = probe.abs_diff(self.home) > 1;
+            self.streak = 0;
+            if probe.abs_diff(self.home) > 1 {
+                // Something between may still do better: one step that way
+                // next, soon.
+                self.fine[dir as usize] = true;
+                self.owed[dir as usize] = true;
+            } else {
+                // Home beats its next neighbour too: the next probe this
+                // way is coarse again, and later.
+                self.fine[dir as usize] = false;
+                self.probe_every = (self.probe_every * 2).min(PROBE_EVERY_MAX);
+            }
             return self.home;
         }
         // The probe becomes home; the side it came from was just measured.
         self.fine = [false, false];
         self.home = probe;
         self.windows_at_home = 0;
+        self.probe_every = PROBE_EVERY_MIN;
+        self.streak += 1;
         self.owed[dir.opposite() as usize] = false;
         // Keep climbing while it pays.
         match self.neighbour(probe, dir) {
@@ -388,14 +415,17 @@ impl AutoLimit {
                 self.probing = Some(dir);
                 next
             }
-            None => probe,
+            None => {
+                self.streak = 0;
+                probe
+            }
         }
     }
 
     /// The next limit after a window at home.
     fn at_home(&mut self) -> usize {
         self.windows_at_home += 1;
-        if self.windows_at_home >= PROBE_EVERY {
+        if self.windows_at_home >= self.probe_every {
             self.windows_at_home = 0;
             self.owed[self.next_periodic as usize] = true;
             self.next_periodic = self.next_periodic.opposite();
