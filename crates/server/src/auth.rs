@@ -36,6 +36,14 @@ pub fn digest(token: &str) -> TokenDigest {
     Sha256::digest(token.as_bytes()).into()
 }
 
+/// A token's id: the first 16 hex digits of its digest. It names the token
+/// in listings and revocations without revealing it, and serves as the
+/// access key id of lakeFS's Basic authentication (the token itself is the
+/// secret).
+pub fn token_id(token: &str) -> String {
+    hex::encode(&digest(token)[..8])
+}
+
 /// A new random token from the OS's generator: `pgb_` and 64 hex digits
 /// (256 bits).
 ///
@@ -68,6 +76,8 @@ pub struct Principal {
     pub grants: Vec<Grant>,
     /// When the token stops working, in Unix milliseconds; `None`: never.
     pub expires_at_ms: Option<i64>,
+    /// When the user was created, in Unix seconds.
+    pub user_created_at: i64,
 }
 
 impl Principal {
@@ -315,6 +325,7 @@ async fn load_principal(
         user: owner.user,
         grants: owner.grants,
         expires_at_ms: owner.expires_at_ms,
+        user_created_at: owner.user_created_at,
     }))
 }
 
@@ -426,6 +437,7 @@ mod tests {
         Principal {
             user: "u".into(),
             expires_at_ms: None,
+            user_created_at: 0,
             grants: grants
                 .iter()
                 .map(|&(r, read, write)| Grant {

@@ -125,7 +125,10 @@ impl Deadlines {
     pub fn for_route(&self, method: &Method, route: &str) -> (Duration, Work) {
         if route == IMPORT_ROUTE {
             (self.import, Work::Write)
-        } else if method == Method::GET || route.ends_with("/objects/stat") {
+        } else if method == Method::GET
+            || method == Method::HEAD
+            || route.ends_with("/objects/stat")
+        {
             (self.read, Work::Read)
         } else {
             (self.write, Work::Write)

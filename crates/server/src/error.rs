@@ -1,4 +1,5 @@
-//! Errors as HTTP responses: `{"error": {"code": ..., "message": ...}}`.
+//! Errors as HTTP responses: `{"error": {"code": ..., "message": ...},
+//! "message": ...}`.
 //! This module only maps; what went wrong is a [`Failure`], or an axum
 //! rejection.
 //!
@@ -20,11 +21,16 @@ use crate::failure::Failure;
 /// Seconds a client is asked to wait after a 503.
 const RETRY_AFTER_SECS: u64 = 1;
 
-/// Every error's body: `{"error": {"code": ..., "message": ...}}`.
+/// Every error's body: `{"error": {"code": ..., "message": ...},
+/// "message": ...}`. The top-level `message` repeats `error.message`: it is
+/// lakeFS's whole error shape (`{"message"}`), which its clients read on
+/// the `/lakefs` routes.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorBody {
     /// What went wrong.
     pub error: ErrorDetail,
+    /// The same as `error.message`.
+    pub message: String,
 }
 
 /// The inside of an [`ErrorBody`].
@@ -95,6 +101,7 @@ impl From<Failure> for AppError {
             Failure::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             Failure::NoSuchRepository(_) => (StatusCode::NOT_FOUND, "repository_not_found"),
             Failure::NoSuchObject { .. } => (StatusCode::NOT_FOUND, "object_not_found"),
+            Failure::NoSuchRef { .. } => (StatusCode::NOT_FOUND, "ref_not_found"),
             Failure::NoSuchRow(_) => (StatusCode::NOT_FOUND, "row_not_found"),
             Failure::NoSuchToken(_) => (StatusCode::NOT_FOUND, "token_not_found"),
             Failure::RepositoryExists(_) => (StatusCode::CONFLICT, "repository_exists"),
@@ -154,6 +161,7 @@ impl IntoResponse for AppError {
             }
         }
         let body = ErrorBody {
+            message: self.message.clone(),
             error: ErrorDetail {
                 code: self.code.to_owned(),
                 message: self.message,

@@ -14,6 +14,7 @@ use axum::http::{header, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
 use axum::Json;
+use base64::Engine as _;
 use serde::de::DeserializeOwned;
 
 use crate::auth::{Action, Authenticator, Principal};
@@ -123,8 +124,10 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 /// The longest token accepted; anything longer is malformed.
 const MAX_TOKEN_BYTES: usize = 256;
 
-/// Middleware for `/api`: resolves `Authorization: Bearer <token>` and puts
-/// the [`Caller`] into the request's extensions.
+/// Middleware for `/api` and `/lakefs`: resolves `Authorization: Bearer
+/// <token>`, or `Basic` with a token's id as the user name and the token as
+/// the password (what lakeFS's clients send as access key id and secret),
+/// and puts the [`Caller`] into the request's extensions.
 ///
 /// # Errors
 ///
@@ -135,7 +138,7 @@ pub async fn require_token(
     mut req: Request,
     next: Next,
 ) -> Result<Response, AppError> {
-    let token = bearer_token(req.headers().get(header::AUTHORIZATION))?.to_owned();
+    let token = credential(req.headers().get(header::AUTHORIZATION))?;
     let ReadPosition(position) = ReadPosition::of(req.headers())?;
     let principal = auth
         .principal_at(&token, position)
@@ -149,6 +152,49 @@ pub async fn require_token(
     }
     req.extensions_mut().insert(Caller(principal));
     Ok(next.run(req).await)
+}
+
+/// The token an `Authorization` header carries: a bearer token, or a Basic
+/// pair of the token's id and the token.
+fn credential(value: Option<&HeaderValue>) -> Result<String, AppError> {
+    let is_basic = value
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("basic"));
+    if !is_basic {
+        return bearer_token(value).map(str::to_owned);
+    }
+    let malformed = |msg: &str| AppError::unauthorized("malformed_token", msg);
+    let encoded = value
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .map_or("", |(_, rest)| rest.trim());
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .ok()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .ok_or_else(|| malformed("the Basic credentials are not base64 of `id:token`"))?;
+    let (id, token) = decoded
+        .split_once(':')
+        .ok_or_else(|| malformed("the Basic credentials are not base64 of `id:token`"))?;
+    if token.is_empty() || token.len() > MAX_TOKEN_BYTES || token.contains(' ') {
+        return Err(malformed("the token is empty, too long or contains spaces"));
+    }
+    // Compared in constant time: the id is not secret, but it is derived
+    // from the token.
+    let expected = crate::auth::token_id(token);
+    if !constant_time_eq(expected.as_bytes(), id.to_ascii_lowercase().as_bytes()) {
+        return Err(AppError::unauthorized(
+            "unknown_token",
+            "the access key id is not the id of this secret (`token list` shows ids)",
+        ));
+    }
+    Ok(token.to_owned())
+}
+
+/// Whether `a` and `b` are equal, taking as long whatever their contents.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn bearer_token(value: Option<&HeaderValue>) -> Result<&str, AppError> {
@@ -197,6 +243,42 @@ mod tests {
         let long = format!("Bearer {}", "x".repeat(MAX_TOKEN_BYTES + 1));
         assert_eq!(
             bearer_token(Some(&h(&long))).unwrap_err().code(),
+            "malformed_token"
+        );
+    }
+
+    #[test]
+    fn basic_credentials_are_a_token_id_and_its_token() {
+        use base64::Engine as _;
+        let h = |s: &str| HeaderValue::from_str(s).unwrap();
+        let basic = |user: &str, pass: &str| {
+            let pair = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"));
+            h(&format!("Basic {pair}"))
+        };
+        let token = "pgb_secret";
+        let id = crate::auth::token_id(token);
+        assert_eq!(credential(Some(&basic(&id, token))).unwrap(), token);
+        assert_eq!(
+            credential(Some(&basic(&id.to_uppercase(), token))).unwrap(),
+            token,
+            "ids are hex, any case"
+        );
+        assert_eq!(credential(Some(&h("Bearer abc"))).unwrap(), "abc");
+        assert_eq!(
+            credential(Some(&basic("0123456789abcdef", token)))
+                .unwrap_err()
+                .code(),
+            "unknown_token"
+        );
+        for bad in ["Basic", "Basic !!!", "basic aGVsbG8="] {
+            assert_eq!(
+                credential(Some(&h(bad))).unwrap_err().code(),
+                "malformed_token",
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            credential(Some(&basic(&id, ""))).unwrap_err().code(),
             "malformed_token"
         );
     }

@@ -44,6 +44,15 @@ pub enum Failure {
         /// The object's path.
         path: String,
     },
+    /// The repository has no such ref (the lakeFS surface: its one branch
+    /// is the only one).
+    #[error("repository `{repository}` has no ref `{reference}`")]
+    NoSuchRef {
+        /// The repository name.
+        repository: String,
+        /// The ref asked for.
+        reference: String,
+    },
     /// The caller has no token with this id.
     #[error("no token with id `{0}`")]
     NoSuchToken(String),

@@ -56,6 +56,7 @@ pub mod failure;
 pub mod import;
 pub mod input;
 pub mod invalidation;
+pub mod listing;
 pub mod lookup;
 pub mod metrics;
 pub mod openapi;
@@ -92,7 +93,7 @@ pub use crate::state::AppState;
 
 /// The service's router.
 pub fn app(state: AppState) -> Router {
-    use routes::{health, kv, objects, repositories, user};
+    use routes::{health, kv, lakefs, objects, repositories, user};
     // Every /api route needs a token; health and metrics stay open.
     let api = Router::new()
         .route(
@@ -112,22 +113,13 @@ pub fn app(state: AppState) -> Router {
         .route("/api/v1/kv/{pk}", get(kv::get))
         .route("/api/v1/user", get(user::current))
         .route("/api/v1/user/tokens", get(user::tokens))
-        .route("/api/v1/user/tokens/{id}", delete(user::revoke))
-        // Inside the token check: only an authorized write that succeeded
-        // asks for its position.
-        .route_layer(from_fn_with_state(state.clone(), position::stamp_writes))
-        .route_layer(from_fn_with_state(
-            state.auth.clone(),
-            extract::require_token,
-        ))
-        // Outside the token check, so a token lookup on a cache miss runs
-        // under the request's deadline too.
-        .route_layer(from_fn_with_state(
-            deadline::Deadlines::of(&state.settings),
-            deadline::enforce,
-        ));
+        .route("/api/v1/user/tokens/{id}", delete(user::revoke));
+    let api = protected(api, &state);
+    let lakefs = protected(lakefs::routes(), &state).merge(lakefs::open_routes());
     Router::new()
         .merge(api)
+        .nest("/lakefs", lakefs.clone())
+        .nest("/lakefs/api/v1", lakefs)
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
@@ -143,6 +135,23 @@ pub fn app(state: AppState) -> Router {
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(SetRequestIdLayer::x_request_id(RandomRequestId))
         .with_state(state)
+}
+
+/// `routes` behind the layers every authenticated route has, innermost
+/// first: read-your-writes positions on writes, the token check, and the
+/// deadline (outside the token check, so a token lookup on a cache miss
+/// runs under the request's deadline too).
+fn protected(routes: Router<AppState>, state: &AppState) -> Router<AppState> {
+    routes
+        .route_layer(from_fn_with_state(state.clone(), position::stamp_writes))
+        .route_layer(from_fn_with_state(
+            state.auth.clone(),
+            extract::require_token,
+        ))
+        .route_layer(from_fn_with_state(
+            deadline::Deadlines::of(&state.settings),
+            deadline::enforce,
+        ))
 }
 
 /// Request ids as tower-http's `MakeRequestUuid` makes them (random UUIDs,

@@ -129,6 +129,10 @@ async fn run(cli: &Cli, database: &Database) -> anyhow::Result<()> {
             auth::add_expiring_token(&client, user, &token, description, *expires_in).await?;
             println!("{token}");
             eprintln!("(stored only hashed: keep it now, it cannot be shown again)");
+            eprintln!(
+                "for lakeFS's clients (/lakefs): access key id {}, secret access key: the token",
+                auth::token_id(&token)
+            );
             Ok(())
         }
         Some(Command::Serve(args)) => serve(cli, args, database).await,

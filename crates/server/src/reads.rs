@@ -13,9 +13,10 @@ use tokio_postgres::types::PgLsn;
 
 use crate::coherence::Coherence;
 use crate::failure::Failure;
+use crate::listing::{self, ListRequest, Listing};
 use crate::lookup::Lookup;
 use crate::queries::kv::KvQuery;
-use crate::queries::objects::ObjectStatQuery;
+use crate::queries::objects::{self, ObjectStatQuery};
 use crate::queries::repositories::{self, Repository};
 use crate::replicas::{Needs, ReadRouter};
 use crate::settings::ReadSettings;
@@ -123,6 +124,59 @@ impl Reads {
             })
             .await?;
         Ok(listed)
+    }
+
+    /// Repository `name`, if it exists; with a `position`, from a
+    /// database that has replayed it.
+    ///
+    /// # Errors
+    ///
+    /// As [`list_repositories`](Self::list_repositories).
+    pub async fn repository(
+        &self,
+        name: &str,
+        position: Option<PgLsn>,
+    ) -> Result<Option<Repository>, Failure> {
+        let pools = self.router.pools();
+        let needs = position.map_or(Needs::Any, Needs::Position);
+        Ok(self
+            .router
+            .read(needs, |i| async move {
+                let client = pools[i].get().await?;
+                Ok::<_, PgError>(repositories::get(&**client, name).await?)
+            })
+            .await?)
+    }
+
+    /// A page of `repository`'s objects as `request` asks (see
+    /// [`crate::listing`]): range scans of its primary key on one
+    /// connection, from a database that has replayed `position` if given.
+    ///
+    /// # Errors
+    ///
+    /// As [`list_repositories`](Self::list_repositories).
+    pub async fn list_objects(
+        &self,
+        repository: &str,
+        request: &ListRequest,
+        position: Option<PgLsn>,
+    ) -> Result<Listing, Failure> {
+        let pools = self.router.pools();
+        let needs = position.map_or(Needs::Any, Needs::Position);
+        Ok(self
+            .router
+            .read(needs, |i| async move {
+                let client = pools[i].get().await?;
+                listing::list(request, |from, below, limit| {
+                    let client = &client;
+                    async move {
+                        objects::list(&***client, repository, &from, below.as_deref(), limit).await
+                    }
+                })
+                .await
+                .map_err(PgError::from)
+            })
+            .await?)
     }
 
     /// Where reads go.

@@ -648,11 +648,13 @@ impl Refusals {
 /// The whole HTTP/1.1 response to a connection over the cap, in the shape
 /// of the app's error responses.
 fn overloaded_response() -> Vec<u8> {
+    let message = "too many open connections; retry later";
     let body = serde_json::json!({
         "error": {
             "code": "overloaded",
-            "message": "too many open connections; retry later",
-        }
+            "message": message,
+        },
+        "message": message,
     })
     .to_string();
     format!(

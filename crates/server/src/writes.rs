@@ -221,11 +221,34 @@ impl Writes {
         name: &str,
         storage_namespace: &str,
     ) -> Result<Repository, Failure> {
-        let client = self.pool.get().await.map_err(failed)?;
-        let created = repositories::insert(&**client, name, storage_namespace)
+        self.create_repository_as(name, storage_namespace, "main", false)
             .await
-            .map_err(failed)?
-            .ok_or_else(|| Failure::RepositoryExists(name.to_owned()))?;
+    }
+
+    /// Creates a repository with its one branch named `default_branch`,
+    /// read-only or not.
+    ///
+    /// # Errors
+    ///
+    /// [`Failure::RepositoryExists`], or as the database fails.
+    pub async fn create_repository_as(
+        &self,
+        name: &str,
+        storage_namespace: &str,
+        default_branch: &str,
+        read_only: bool,
+    ) -> Result<Repository, Failure> {
+        let client = self.pool.get().await.map_err(failed)?;
+        let created = repositories::insert_with(
+            &**client,
+            name,
+            storage_namespace,
+            default_branch,
+            read_only,
+        )
+        .await
+        .map_err(failed)?
+        .ok_or_else(|| Failure::RepositoryExists(name.to_owned()))?;
         // Lookups of this name may have cached "no such repository".
         self.reads.object_stat.invalidate_all();
         Ok(created)

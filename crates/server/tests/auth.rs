@@ -49,7 +49,10 @@ async fn requests_without_a_valid_token_are_401_and_health_stays_open() {
         let uri = stat_uri("demo", &object_path(1));
         let cases = [
             (None, "missing_token"),
-            (Some("Basic dXNlcjpwYXNz"), "malformed_token"),
+            // Basic is a token's id and the token (lakeFS's clients):
+            // `user:pass` names none.
+            (Some("Basic dXNlcjpwYXNz"), "unknown_token"),
+            (Some("Basic not-base64!"), "malformed_token"),
             (Some("Bearer"), "malformed_token"),
             (Some("Bearer pgb_not-a-real-token"), "unknown_token"),
         ];

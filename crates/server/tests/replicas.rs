@@ -263,10 +263,22 @@ async fn caches_never_refill_from_a_replica_behind_an_invalidation() {
     let cached = settings(ReadPath::Cached, Duration::from_secs(60));
     let a = d.instance(&cached).await;
     let b = d.instance(&cached).await;
+    // A listener that starts listening puts the floor of cache fills at
+    // the primary's position then, which the listeners' own pings (each a
+    // commit) keep ahead of a replica delayed 10 s: until the replica has
+    // replayed that far, b fills its cache from the primary.
+    // Objects 9 and up, each read once (7 and 8 are the test's).
+    let mut unread = 9..=SEEDED;
+    while replica_reads(&b) == 0 {
+        let i = unread.next().expect("b never filled its cache from the replica");
+        assert!(address(&b, &object_path(i), None).await.is_some());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let path = object_path(7);
+    let before = replica_reads(&b);
     let old = address(&b, &path, None).await.expect("seeded");
     assert!(
-        replica_reads(&b) >= 1,
+        replica_reads(&b) > before,
         "b's cache was filled from the replica"
     );
     assert_eq!(

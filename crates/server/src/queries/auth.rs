@@ -27,6 +27,8 @@ pub struct TokenOwner {
     pub grants: Vec<Grant>,
     /// When the token stops working, in Unix milliseconds; `None`: never.
     pub expires_at_ms: Option<i64>,
+    /// When the user was created, in Unix seconds.
+    pub user_created_at: i64,
 }
 
 /// One round trip, the statement sent as `statements` say: the owner of the
@@ -45,7 +47,8 @@ pub async fn user_of_token(
     static USER_OF_TOKEN: LazyLock<Sql> = LazyLock::new(|| {
         Sql::new(
             "SELECT u.name, p.repository, p.can_read, p.can_write, \
-                    (extract(epoch FROM t.expires_at) * 1000)::int8 \
+                    (extract(epoch FROM t.expires_at) * 1000)::int8, \
+                    extract(epoch FROM u.created_at)::int8 \
              FROM tokens t JOIN users u ON u.id = t.user_id \
              LEFT JOIN policies p ON p.user_id = u.id \
              WHERE t.digest = $1",
@@ -69,6 +72,7 @@ pub async fn user_of_token(
         user: first.try_get(0)?,
         grants,
         expires_at_ms: first.try_get(4)?,
+        user_created_at: first.try_get(5)?,
     }))
 }
 

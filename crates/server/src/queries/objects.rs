@@ -40,11 +40,13 @@ pub struct ObjectStats {
 /// What a stat lookup found in an existing repository. A key absent from
 /// the loader's answer means the repository does not exist.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Stat {
-    /// The object exists. Shared, so answering many waiters copies nothing.
-    Found(Arc<ObjectStats>),
-    /// The repository exists; the object does not.
-    NoSuchObject,
+pub struct Stat {
+    /// The repository's one branch: the lakeFS surface checks a request's
+    /// ref against it without a lookup of its own.
+    pub branch: Arc<str>,
+    /// The object, `None` if the repository has none at this path. Shared,
+    /// so answering many waiters copies nothing.
+    pub object: Option<Arc<ObjectStats>>,
 }
 
 /// Object metadata by (repository, path).
@@ -55,7 +57,7 @@ pub enum Stat {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ObjectStatQuery;
 
-const STAT_COLUMNS: &str = "o.physical_address, o.checksum, o.size_bytes, \
+const STAT_COLUMNS: &str = "r.default_branch, o.physical_address, o.checksum, o.size_bytes, \
      extract(epoch FROM o.mtime)::bigint, o.content_type, o.user_metadata";
 
 impl BatchQuery for ObjectStatQuery {
@@ -104,25 +106,30 @@ impl BatchQuery for ObjectStatQuery {
             repository: row.try_get(0)?,
             path: row.try_get(1)?,
         };
-        let physical_address: Option<String> = row.try_get(2)?;
-        let stat = match physical_address {
-            None => Stat::NoSuchObject,
-            Some(physical_address) => Stat::Found(Arc::new(ObjectStats {
+        let branch: String = row.try_get(2)?;
+        let physical_address: Option<String> = row.try_get(3)?;
+        let object = match physical_address {
+            None => None,
+            Some(physical_address) => Some(Arc::new(ObjectStats {
                 path: key.path.clone(),
                 physical_address,
-                checksum: row.try_get(3)?,
-                size_bytes: row.try_get(4)?,
-                mtime: row.try_get(5)?,
-                content_type: row.try_get(6)?,
-                metadata: row.try_get(7)?,
+                checksum: row.try_get(4)?,
+                size_bytes: row.try_get(5)?,
+                mtime: row.try_get(6)?,
+                content_type: row.try_get(7)?,
+                metadata: row.try_get(8)?,
             })),
+        };
+        let stat = Stat {
+            branch: branch.into(),
+            object,
         };
         Ok((key, stat))
     }
 
     /// A repository's row without an object: counted as not found.
     fn is_absent(&self, stat: &Stat) -> bool {
-        matches!(stat, Stat::NoSuchObject)
+        stat.object.is_none()
     }
 }
 
@@ -262,6 +269,72 @@ impl pgbatch::pg::UpsertQuery for ObjectUpsert {
         };
         Ok((key, row.try_get(2)?))
     }
+}
+
+/// Objects of `repository` whose path is at least `from` and (with `below`)
+/// less than `below`, in path order (bytes: the column is `COLLATE "C"`),
+/// at most `limit`: one range scan of the primary key.
+///
+/// # Errors
+///
+/// When the statement fails.
+pub async fn list<C: GenericClient>(
+    client: &C,
+    repository: &str,
+    from: &str,
+    below: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ObjectStats>, tokio_postgres::Error> {
+    const COLUMNS: &str = "path, physical_address, checksum, size_bytes, \
+         extract(epoch FROM mtime)::bigint, content_type, user_metadata";
+    let rows = match below {
+        Some(below) => {
+            client
+                .query_typed(
+                    &format!(
+                        "SELECT {COLUMNS} FROM objects \
+                         WHERE repository = $1 AND path >= $2 AND path < $3 \
+                         ORDER BY path LIMIT $4"
+                    ),
+                    &[
+                        (&repository, Type::TEXT),
+                        (&from, Type::TEXT),
+                        (&below, Type::TEXT),
+                        (&limit, Type::INT8),
+                    ],
+                )
+                .await?
+        }
+        None => {
+            client
+                .query_typed(
+                    &format!(
+                        "SELECT {COLUMNS} FROM objects \
+                         WHERE repository = $1 AND path >= $2 \
+                         ORDER BY path LIMIT $3"
+                    ),
+                    &[
+                        (&repository, Type::TEXT),
+                        (&from, Type::TEXT),
+                        (&limit, Type::INT8),
+                    ],
+                )
+                .await?
+        }
+    };
+    rows.iter()
+        .map(|row| {
+            Ok(ObjectStats {
+                path: row.try_get(0)?,
+                physical_address: row.try_get(1)?,
+                checksum: row.try_get(2)?,
+                size_bytes: row.try_get(3)?,
+                mtime: row.try_get(4)?,
+                content_type: row.try_get(5)?,
+                metadata: row.try_get(6)?,
+            })
+        })
+        .collect()
 }
 
 /// Deletes the object at `key`; `false` if there was none.

@@ -13,10 +13,19 @@ pub struct Repository {
     pub storage_namespace: String,
     /// Creation time, seconds since the Unix epoch.
     pub created_at: i64,
+    /// Its one branch (the lakeFS surface's), `main` unless named at
+    /// creation. Not in this API's own shape.
+    #[serde(skip)]
+    pub default_branch: String,
+    /// Marked read-only at creation (the lakeFS surface's flag). Not in
+    /// this API's own shape.
+    #[serde(skip)]
+    pub read_only: bool,
 }
 
 /// The columns a [`Repository`] is read from.
-const COLUMNS: &str = "name, storage_namespace, extract(epoch FROM created_at)::bigint";
+const COLUMNS: &str =
+    "name, storage_namespace, extract(epoch FROM created_at)::bigint, default_branch, read_only";
 
 impl Repository {
     fn from_row(row: &Row) -> Result<Self, tokio_postgres::Error> {
@@ -24,6 +33,8 @@ impl Repository {
             name: row.try_get(0)?,
             storage_namespace: row.try_get(1)?,
             created_at: row.try_get(2)?,
+            default_branch: row.try_get(3)?,
+            read_only: row.try_get(4)?,
         })
     }
 }
@@ -38,15 +49,54 @@ pub async fn insert<C: GenericClient>(
     name: &str,
     storage_namespace: &str,
 ) -> Result<Option<Repository>, tokio_postgres::Error> {
+    insert_with(client, name, storage_namespace, "main", false).await
+}
+
+/// Creates repository `name` with its one branch `default_branch`, marked
+/// `read_only` or not; `None` if the name is taken.
+///
+/// # Errors
+///
+/// When the statement fails (an invalid name or branch, for one).
+pub async fn insert_with<C: GenericClient>(
+    client: &C,
+    name: &str,
+    storage_namespace: &str,
+    default_branch: &str,
+    read_only: bool,
+) -> Result<Option<Repository>, tokio_postgres::Error> {
     let sql = format!(
-        "INSERT INTO repositories (name, storage_namespace) VALUES ($1, $2) \
-         ON CONFLICT (name) DO NOTHING RETURNING {COLUMNS}"
+        "INSERT INTO repositories (name, storage_namespace, default_branch, read_only) \
+         VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO NOTHING RETURNING {COLUMNS}"
     );
     client
         .query_typed_opt(
             &sql,
-            &[(&name, Type::TEXT), (&storage_namespace, Type::TEXT)],
+            &[
+                (&name, Type::TEXT),
+                (&storage_namespace, Type::TEXT),
+                (&default_branch, Type::TEXT),
+                (&read_only, Type::BOOL),
+            ],
         )
+        .await?
+        .as_ref()
+        .map(Repository::from_row)
+        .transpose()
+}
+
+/// Repository `name`, if it exists.
+///
+/// # Errors
+///
+/// When the statement fails.
+pub async fn get<C: GenericClient>(
+    client: &C,
+    name: &str,
+) -> Result<Option<Repository>, tokio_postgres::Error> {
+    let sql = format!("SELECT {COLUMNS} FROM repositories WHERE name = $1");
+    client
+        .query_typed_opt(&sql, &[(&name, Type::TEXT)])
         .await?
         .as_ref()
         .map(Repository::from_row)

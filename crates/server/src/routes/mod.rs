@@ -4,6 +4,7 @@
 
 pub(crate) mod health;
 pub(crate) mod kv;
+pub(crate) mod lakefs;
 pub(crate) mod objects;
 pub(crate) mod repositories;
 pub(crate) mod user;

@@ -27,8 +27,7 @@ fn in_repository(
     repository: &str,
 ) -> Result<Option<Arc<ObjectStats>>, Failure> {
     match stat {
-        Some(Stat::Found(stats)) => Ok(Some(stats)),
-        Some(Stat::NoSuchObject) => Ok(None),
+        Some(Stat { object, .. }) => Ok(object),
         None => Err(Failure::NoSuchRepository(repository.to_owned())),
     }
 }

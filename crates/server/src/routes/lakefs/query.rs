@@ -1,0 +1,67 @@
+//! Query parameters as lakeFS's clients send them: percent-encoded, `+` for
+//! a space (Go), booleans spelled `true`, `True` (Python) or `1`.
+
+use crate::failure::Failure;
+use crate::input;
+
+/// Parameter `name`, `""` when absent.
+pub(super) fn text(raw: Option<&str>, name: &str) -> Result<String, Failure> {
+    Ok(input::query_param(raw, name)?.unwrap_or_default())
+}
+
+/// Boolean parameter `name`, `default` when absent.
+pub(super) fn flag(raw: Option<&str>, name: &str, default: bool) -> Result<bool, Failure> {
+    let Some(value) = input::query_param(raw, name)? else {
+        return Ok(default);
+    };
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "t" | "1" => Ok(true),
+        "false" | "f" | "0" => Ok(false),
+        _ => Err(Failure::invalid(
+            "invalid_query",
+            format!("query parameter `{name}` must be true or false, not `{value}`"),
+        )),
+    }
+}
+
+/// Integer parameter `name`, if given.
+pub(super) fn integer(raw: Option<&str>, name: &str) -> Result<Option<i64>, Failure> {
+    input::query_param(raw, name)?
+        .map(|value| {
+            value.parse().map_err(|_| {
+                Failure::invalid(
+                    "invalid_query",
+                    format!("query parameter `{name}` must be an integer, not `{value}`"),
+                )
+            })
+        })
+        .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn booleans_in_any_clients_spelling() {
+        for (q, want) in [
+            ("user_metadata=True", true),
+            ("user_metadata=false", false),
+            ("user_metadata=FALSE", false),
+            ("user_metadata=1", true),
+            ("x=1", true),
+        ] {
+            assert_eq!(flag(Some(q), "user_metadata", true).unwrap(), want, "{q}");
+        }
+        assert!(flag(Some("user_metadata=maybe"), "user_metadata", true).is_err());
+    }
+
+    #[test]
+    fn text_and_integers() {
+        assert_eq!(text(Some("prefix=a+b%2Fc"), "prefix").unwrap(), "a b/c");
+        assert_eq!(text(None, "prefix").unwrap(), "");
+        assert_eq!(integer(Some("amount=-1"), "amount").unwrap(), Some(-1));
+        assert_eq!(integer(Some("x=1"), "amount").unwrap(), None);
+        assert!(integer(Some("amount=ten"), "amount").is_err());
+    }
+}

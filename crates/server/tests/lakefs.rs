@@ -1,0 +1,325 @@
+//! The lakeFS-compatible API's details that lakeFS's clients rely on
+//! without the clients (see `lakefs_clients.rs` for those): both mount
+//! points, Basic credentials, exact statuses, a bodiless HEAD, booleans as
+//! Python spells them, listing bounds and byte order, one branch per
+//! repository, read-only repositories, errors with a top-level `message`.
+
+mod support;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use base64::Engine as _;
+use http_body_util::BodyExt as _;
+use serde_json::{json, Value};
+use server::settings::Settings;
+use support::ADMIN_TOKEN;
+use tower::ServiceExt as _;
+
+fn basic(id: &str, secret: &str) -> String {
+    let pair = base64::engine::general_purpose::STANDARD.encode(format!("{id}:{secret}"));
+    format!("Basic {pair}")
+}
+
+fn admin_basic() -> String {
+    basic(&server::auth::token_id(ADMIN_TOKEN), ADMIN_TOKEN)
+}
+
+async fn call(
+    router: &axum::Router,
+    method: Method,
+    uri: &str,
+    body: Option<Value>,
+) -> (StatusCode, Vec<u8>) {
+    let mut req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("authorization", admin_basic());
+    let body = match body {
+        Some(v) => {
+            req = req.header("content-type", "application/json");
+            Body::from(v.to_string())
+        }
+        None => Body::empty(),
+    };
+    let res = router
+        .clone()
+        .oneshot(req.body(body).unwrap())
+        .await
+        .unwrap();
+    let status = res.status();
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    (status, bytes.to_vec())
+}
+
+async fn json_call(
+    router: &axum::Router,
+    method: Method,
+    uri: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let (status, bytes) = call(router, method, uri, body).await;
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+async fn stage(router: &axum::Router, repo: &str, branch: &str, path: &str) -> StatusCode {
+    let uri = format!(
+        "/lakefs/repositories/{repo}/branches/{branch}/objects?path={}",
+        path.replace(' ', "+")
+    );
+    let body =
+        json!({"physical_address": format!("s3://b/{path}"), "checksum": "c", "size_bytes": 1});
+    json_call(router, Method::PUT, &uri, Some(body)).await.0
+}
+
+#[tokio::test]
+async fn both_mount_points_basic_and_bearer_credentials() {
+    let app = support::setup(&Settings::default()).await;
+    for base in ["/lakefs", "/lakefs/api/v1"] {
+        let (status, body) =
+            json_call(&app.router, Method::GET, &format!("{base}/user"), None).await;
+        assert_eq!(status, StatusCode::OK, "{base}: {body}");
+        assert_eq!(body["user"]["id"], "admin");
+        assert!(body["user"]["creation_date"].is_i64(), "{body}");
+    }
+    let (status, body) = json_call(&app.router, Method::GET, "/lakefs/config", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["storage_config"]["pre_sign_support"], false);
+    assert_eq!(body["version_config"]["version_context"], "lakeFS");
+    // A wrong secret, a wrong id, none at all.
+    for auth in [
+        Some(basic(&server::auth::token_id(ADMIN_TOKEN), "wrong")),
+        Some(basic("0123456789abcdef", ADMIN_TOKEN)),
+        None,
+    ] {
+        let mut req = Request::get("/lakefs/user");
+        if let Some(auth) = &auth {
+            req = req.header("authorization", auth);
+        }
+        let res = app
+            .router
+            .clone()
+            .oneshot(req.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{auth:?}");
+        let body: Value =
+            serde_json::from_slice(&res.into_body().collect().await.unwrap().to_bytes()).unwrap();
+        assert!(body["message"].is_string(), "lakeFS's error shape: {body}");
+    }
+    let res = app
+        .router
+        .clone()
+        .oneshot(
+            Request::get("/lakefs/healthcheck")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::NO_CONTENT,
+        "no credentials needed"
+    );
+}
+
+#[tokio::test]
+async fn objects_on_the_one_branch_with_exact_statuses() {
+    let app = support::setup(&Settings::default()).await;
+    let r = &app.router;
+    let (status, body) = json_call(
+        r,
+        Method::POST,
+        "/lakefs/repositories",
+        Some(json!({"name": "lk-repo", "storage_namespace": "s3://b/lk", "default_branch": "dev", "sample_data": false})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["default_branch"], "dev");
+    assert_eq!(body["read_only"], false);
+    assert_eq!(body["storage_id"], "");
+    assert_eq!(
+        stage(r, "lk-repo", "dev", "x/a b").await,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        stage(r, "lk-repo", "main", "x/c").await,
+        StatusCode::NOT_FOUND,
+        "not its branch"
+    );
+
+    let stat = "/lakefs/repositories/lk-repo/refs/dev/objects/stat?path=x%2Fa+b&user_metadata=True";
+    let (status, body) = json_call(r, Method::GET, stat, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["path"], "x/a b");
+    assert_eq!(body["path_type"], "object");
+    assert_eq!(body["metadata"], json!({}));
+    assert!(body["mtime"].is_i64());
+
+    let (status, body) = json_call(
+        r,
+        Method::GET,
+        "/lakefs/repositories/lk-repo/refs/main/objects/stat?path=x/c",
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(body["error"]["code"], "ref_not_found");
+    assert!(body["message"].as_str().unwrap().contains("main"), "{body}");
+
+    let (status, body) = call(
+        r,
+        Method::HEAD,
+        "/lakefs/repositories/lk-repo/refs/dev/objects?path=nope",
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(body.is_empty(), "a HEAD has no body");
+    let (status, _) = call(
+        r,
+        Method::HEAD,
+        "/lakefs/repositories/lk-repo/refs/dev/objects?path=x/a+b",
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+
+    let (status, _) = call(
+        r,
+        Method::DELETE,
+        "/lakefs/repositories/lk-repo/branches/dev/objects?path=never",
+        None,
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::NO_CONTENT,
+        "deleting a missing object is 204, as lakeFS has it"
+    );
+    let (status, _) = call(
+        r,
+        Method::DELETE,
+        "/lakefs/repositories/no-such/branches/dev/objects?path=x",
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, body) = json_call(
+        r,
+        Method::POST,
+        "/lakefs/repositories/lk-repo/branches/dev/objects/delete",
+        Some(json!({"paths": ["x/a b", "never"]})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body, json!({"errors": []}));
+
+    let (status, body) = json_call(
+        r,
+        Method::GET,
+        "/lakefs/repositories/lk-repo/branches/dev",
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, body),
+        (StatusCode::OK, json!({"id": "dev", "commit_id": ""}))
+    );
+    let (status, _) = call(r, Method::DELETE, "/lakefs/repositories/lk-repo", None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _) = call(r, Method::GET, "/lakefs/repositories/lk-repo", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn listings_page_in_byte_order_within_bounds() {
+    let app = support::setup(&Settings::default()).await;
+    let r = &app.router;
+    let (status, _) = json_call(
+        r,
+        Method::POST,
+        "/lakefs/repositories",
+        Some(json!({"name": "lk-list", "storage_namespace": "s3://b/l"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    // Byte order: upper case before lower case before non-ASCII, whatever
+    // the database's locale would say.
+    for p in ["é", "a", "B", "b/1", "b/2"] {
+        assert_eq!(stage(r, "lk-list", "main", p).await, StatusCode::CREATED);
+    }
+    let ls = |q: &str| format!("/lakefs/repositories/lk-list/refs/main/objects/ls?{q}");
+    let (status, body) = json_call(r, Method::GET, &ls("amount=0"), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let paths: Vec<&str> = body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["B", "a", "b/1", "b/2", "é"]);
+    assert_eq!(body["pagination"]["has_more"], false);
+    assert_eq!(body["pagination"]["next_offset"], "");
+    assert_eq!(body["pagination"]["max_per_page"], 1000);
+    let (_, body) = json_call(r, Method::GET, &ls("amount=2&delimiter=/&after=a"), None).await;
+    assert_eq!(
+        body["results"],
+        json!([
+            {"path": "b/", "path_type": "common_prefix", "physical_address": "", "checksum": "", "mtime": 0},
+            {"path": "é", "path_type": "object", "physical_address": "s3://b/é", "checksum": "c", "mtime": body["results"][1]["mtime"], "size_bytes": 1, "content_type": "application/octet-stream"},
+        ])
+    );
+    let (status, body) = json_call(r, Method::GET, &ls("amount=ten"), None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, _) = json_call(r, Method::GET, &ls("user_metadata=maybe"), None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, body) = json_call(
+        r,
+        Method::GET,
+        "/lakefs/repositories?amount=1&prefix=lk-",
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["results"][0]["id"], "lk-list");
+}
+
+#[tokio::test]
+async fn a_read_only_repository_refuses_writes_through_either_api() {
+    let app = support::setup(&Settings::default()).await;
+    let r = &app.router;
+    let (status, body) = json_call(
+        r,
+        Method::POST,
+        "/lakefs/repositories",
+        Some(json!({"name": "lk-frozen", "storage_namespace": "s3://b/f", "read_only": true})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["read_only"], true);
+    assert_eq!(
+        stage(r, "lk-frozen", "main", "x").await,
+        StatusCode::FORBIDDEN
+    );
+    // The service's own API: the database refuses the row.
+    let req = Request::put("/api/v1/repositories/lk-frozen/objects?path=x")
+        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .header("content-type", "application/json")
+        .body(Body::from(
+            json!({"physical_address": "s3://b/x", "size_bytes": 1, "checksum": "c"}).to_string(),
+        ))
+        .unwrap();
+    let (status, body) = support::send(r, req).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("read-only"),
+        "{body}"
+    );
+    // Deleting it is allowed.
+    let (status, _) = call(r, Method::DELETE, "/lakefs/repositories/lk-frozen", None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+}

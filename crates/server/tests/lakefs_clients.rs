@@ -1,0 +1,70 @@
+//! lakeFS's own Python clients (`lakefs-sdk` 1.88.0 and `lakefs` 0.16.0,
+//! from PyPI, in a private virtual environment that
+//! `scripts/ensure-lakefs-clients.sh` makes) against a live server's
+//! `/lakefs` API: a repository created, objects staged and linked, stat,
+//! exists, listings paged with a delimiter, deletes, the current user, and
+//! the errors for a missing object, a wrong ref and a bad credential. The
+//! checks are in `tests/lakefs/clients.py`.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use server::serve::{serve, EdgeSettings};
+use server::settings::Settings;
+use support::ADMIN_TOKEN;
+use tokio::net::TcpListener;
+
+/// The virtual environment's python, made (once) by the project's script.
+fn python() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new(root.join("scripts/ensure-lakefs-clients.sh"))
+        .current_dir(&root)
+        .output()
+        .expect("run scripts/ensure-lakefs-clients.sh");
+    assert!(
+        out.status.success(),
+        "scripts/ensure-lakefs-clients.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lakefs_clients_work_unchanged() {
+    let python = tokio::task::spawn_blocking(python).await.unwrap();
+    let app = support::setup(&Settings::default()).await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve(
+        listener,
+        app.router.clone(),
+        EdgeSettings::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/lakefs/clients.py");
+    let run = tokio::process::Command::new(&python)
+        .arg(&script)
+        .env("LAKEFS_HOST", format!("http://{addr}/lakefs"))
+        .env("LAKEFS_ACCESS_KEY_ID", server::auth::token_id(ADMIN_TOKEN))
+        .env("LAKEFS_SECRET_ACCESS_KEY", ADMIN_TOKEN)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("the client script finishes within 2 minutes")
+        .unwrap();
+    let _ = stop.send(());
+    let _ = server.await;
+    assert!(
+        out.status.success(),
+        "lakeFS's clients failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
