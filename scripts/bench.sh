@@ -12,7 +12,8 @@
 #
 #   ./scripts/bench.sh            # everything
 #   ./scripts/bench.sh loadgen    # only the named parts: criterion, loadgen,
-#                                 # latency, http, coherence, replicas
+#                                 # autotune, latency, http, randomread, pooler,
+#                                 # coherence, replicas
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # PostgreSQL 18 unless PGBATCH_PG_VERSION says otherwise (15 is Debian's).
@@ -29,21 +30,25 @@ else
     export PGBATCH_BENCH_DATA_DIR="${PGBATCH_BENCH_DATA_DIR:-.data/bench-pg$PGBATCH_PG_VERSION}"
 fi
 ./scripts/ensure-bench-tools.sh
+./scripts/ensure-pgbouncer.sh
 
 parts=("$@")
-[[ ${#parts[@]} -gt 0 ]] || parts=(criterion loadgen latency http coherence replicas)
+[[ ${#parts[@]} -gt 0 ]] || parts=(criterion loadgen autotune latency http randomread pooler coherence replicas)
 cargo build --release -p benches --bins
 for part in "${parts[@]}"; do
     echo "=== $part" >&2
     case "$part" in
     criterion) cargo bench -p benches ;;
     loadgen) ./target/release/loadgen ;;
+    autotune) ./target/release/autotune ;;
+    pooler) ./target/release/pooler ;;
+    randomread) ./target/release/randomread ;;
     latency) ./target/release/latency ;;
     http) ./target/release/httpload ;;
     coherence) ./target/release/coherence ;;
     replicas) ./target/release/replicas ;;
     *)
-        echo "unknown part '$part' (criterion, loadgen, latency, http, coherence, replicas)" >&2
+        echo "unknown part '$part' (criterion, loadgen, autotune, latency, http, randomread, pooler, coherence, replicas)" >&2
         exit 2
         ;;
     esac

@@ -18,6 +18,7 @@ use server::db::Database;
 use server::lookup::Lookup;
 use server::queries::database::count_rows;
 use server::queries::kv::{kv_pk, KvQuery, KvRows, KV_COLUMNS, KV_TABLE};
+use server::replicas::ReadRouter;
 use server::settings::{BatchSettings, CacheSettings, DbSettings, ReadPath, ReadSettings};
 use tokio_postgres::NoTls;
 
@@ -415,7 +416,8 @@ pub struct BatchedRun {
     pub limit: u64,
 }
 
-/// As [`batched_run`], measured after `warmup` of the same load (not
+/// As [`batched_run`], on `source` (a pool, or a router that says how
+/// statements are sent), measured after `warmup` of the same load (not
 /// recorded), so an automatic concurrency limit has found its level: what
 /// a long-running service sees.
 ///
@@ -427,7 +429,7 @@ pub struct BatchedRun {
 ///
 /// When a read fails.
 pub async fn batched_run_warm(
-    pool: &Pool,
+    source: impl Into<ReadRouter>,
     batch: BatchSettings,
     n: usize,
     warmup: Duration,
@@ -435,7 +437,7 @@ pub async fn batched_run_warm(
     rows: u64,
 ) -> anyhow::Result<BatchedRun> {
     let settings = read_settings(ReadPath::Batched, batch);
-    let lookup = Arc::new(Lookup::new("kv", KvQuery, pool.clone(), &settings)?);
+    let lookup = Arc::new(Lookup::new("kv", KvQuery, source, &settings)?);
     let reader = Arc::clone(&lookup);
     let report = closed_loop_warm(n, warmup, run, rows, move |k| {
         let lookup = Arc::clone(&reader);

@@ -65,7 +65,9 @@ fn row(i: u64, address: &str) -> ObjectRow {
 
 fn address(stat: Option<Stat>) -> Option<String> {
     match stat {
-        Some(Stat::Found(s)) => Some(s.physical_address.clone()),
+        Some(Stat {
+            object: Some(s), ..
+        }) => Some(s.physical_address.clone()),
         _ => None,
     }
 }

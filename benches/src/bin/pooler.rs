@@ -1,0 +1,232 @@
+//! Batched reads behind a transaction-mode connection pooler against a
+//! direct connection, in one run: what `--pooler transaction` costs.
+//!
+//! PgBouncer (Debian's package, `scripts/ensure-pgbouncer.sh`) is started in
+//! transaction mode in front of the benchmark cluster, with as many server
+//! connections as the pool has. Each run reads `random_read_test` through
+//! the server's batched lookup at its defaults (automatic concurrency),
+//! measured after a warm-up, in interleaved rounds:
+//!
+//! - direct, prepared statements: the service on a direct connection;
+//! - direct, unnamed statements: what unnamed statements alone cost;
+//! - direct, unnamed, statement timeout set per transaction: all of what
+//!   the service does behind a pooler, but the pooler;
+//! - through PgBouncer, unnamed, timeout per transaction: the service
+//!   behind a transaction-mode pooler (`--pooler transaction`);
+//! - through PgBouncer, prepared: the wrong setting, counted as failures.
+//!
+//! ```text
+//! cargo run --release -p benches --bin pooler
+//! cargo run --release -p benches --bin pooler -- --smoke   # seconds, for CI
+//! ```
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use benches::reads::{self, TableArgs};
+use clap::Parser;
+use embedded_pg::pgbouncer::{PgBouncer, PoolMode};
+use pgbatch::pg::{Pool, PoolOptions, Statements};
+use server::coherence::Coherence;
+use server::db::Database;
+use server::replicas::ReadRouter;
+use server::settings::{BatchSettings, Pooler, ReplicaSettings};
+
+/// Measures batched reads through PgBouncer against a direct connection.
+#[derive(Debug, Parser)]
+#[command(about)]
+struct Args {
+    #[command(flatten)]
+    table: TableArgs,
+    /// Concurrent initiators, each doing one read at a time.
+    #[arg(long, value_delimiter = ',', default_value = "16,300")]
+    initiators: Vec<usize>,
+    /// Interleaved rounds.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Seconds measured per run.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Seconds of the same load before each run is measured.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// Connections of each pool, and PgBouncer's server connections.
+    #[arg(long, default_value_t = 16)]
+    pool_size: usize,
+}
+
+/// One way of reaching the database.
+#[derive(Debug, Clone, Copy)]
+struct Setup {
+    name: &'static str,
+    through_pooler: bool,
+    statements: fn(Duration) -> Statements,
+}
+
+const SETUPS: [Setup; 5] = [
+    Setup {
+        name: "direct, prepared (--pooler none)",
+        through_pooler: false,
+        statements: |t| Pooler::None.statements(t),
+    },
+    Setup {
+        name: "direct, unnamed",
+        through_pooler: false,
+        statements: |_| Statements::default().mode(pgbatch::pg::StatementMode::Unnamed),
+    },
+    Setup {
+        name: "direct, unnamed, timeout per transaction",
+        through_pooler: false,
+        statements: |t| Pooler::Transaction.statements(t),
+    },
+    Setup {
+        name: "PgBouncer, unnamed, timeout per transaction (--pooler transaction)",
+        through_pooler: true,
+        statements: |t| Pooler::Transaction.statements(t),
+    },
+    Setup {
+        name: "PgBouncer, prepared (the wrong setting)",
+        through_pooler: true,
+        statements: |t| Pooler::None.statements(t),
+    },
+];
+
+/// One run's figures.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    failed: bool,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let mut args = Args::parse();
+    args.table.apply_smoke("pooler");
+    if args.table.smoke {
+        args.rounds = 1;
+        args.seconds = 0.3;
+        args.warmup = 0.1;
+        args.initiators = vec![32];
+    }
+    args.table
+        .with_table(|o| o, async |db| measure(&args, db).await)
+        .await
+}
+
+fn router(pool: &Pool, statements: Statements) -> ReadRouter {
+    ReadRouter::new(
+        pool.clone(),
+        Vec::new(),
+        statements,
+        &ReplicaSettings::default(),
+        server::settings::defaults::REQUEST_TIMEOUT,
+        Coherence::default(),
+    )
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
+    let cluster = db
+        .cluster
+        .as_ref()
+        .context("this benchmark puts PgBouncer in front of the embedded cluster; run it without DATABASE_URL")?;
+    let bouncer = PgBouncer::start(cluster, PoolMode::Transaction, args.pool_size).await?;
+    let options = PoolOptions::with_max_size(args.pool_size);
+    let direct = pgbatch::pg::pool(db.config.clone(), &options)?;
+    let dbname = db.config.get_dbname().unwrap_or("postgres");
+    let pooled = pgbatch::pg::pool(bouncer.config(dbname), &options)?;
+    let timeout = server::settings::defaults::REQUEST_TIMEOUT;
+    let rows = args.table.rows;
+    let (run, warmup) = (
+        Duration::from_secs_f64(args.seconds),
+        Duration::from_secs_f64(args.warmup),
+    );
+    let mut samples: Vec<Vec<Vec<Sample>>> =
+        vec![vec![Vec::new(); SETUPS.len()]; args.initiators.len()];
+    for round in 0..args.rounds {
+        for (i, &n) in args.initiators.iter().enumerate() {
+            for (s, setup) in SETUPS.iter().enumerate() {
+                eprintln!("round {}: {n} initiators, {}", round + 1, setup.name);
+                let pool = if setup.through_pooler {
+                    &pooled
+                } else {
+                    &direct
+                };
+                let source = router(pool, (setup.statements)(timeout));
+                let sample = match tokio::spawn(reads::batched_run_warm(
+                    source,
+                    BatchSettings::default(),
+                    n,
+                    warmup,
+                    run,
+                    rows,
+                ))
+                .await
+                {
+                    Ok(Ok(r)) => Sample {
+                        per_sec: r.report.per_sec(),
+                        p50_ms: r.report.quantile(0.5).as_secs_f64() * 1e3,
+                        p99_ms: r.report.quantile(0.99).as_secs_f64() * 1e3,
+                        failed: false,
+                    },
+                    // A read failed (the wrong setting's named statements).
+                    Ok(Err(_)) | Err(_) => Sample {
+                        per_sec: 0.0,
+                        p50_ms: f64::NAN,
+                        p99_ms: f64::NAN,
+                        failed: true,
+                    },
+                };
+                samples[i][s].push(sample);
+            }
+        }
+    }
+    println!(
+        "\nBatched reads, server defaults (automatic concurrency), pools of {}; PgBouncer 1.18 in transaction mode with {} server connections; {} interleaved rounds of {:.1} s after {:.1} s of warm-up; medians (range)\n",
+        args.pool_size, args.pool_size, args.rounds, args.seconds, args.warmup
+    );
+    println!(
+        "| initiators | setup | reads/s | × direct prepared | p50 ms | p99 ms | runs failed |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|");
+    for (i, &n) in args.initiators.iter().enumerate() {
+        let base = median(&samples[i][0].iter().map(|s| s.per_sec).collect::<Vec<_>>());
+        for (s, setup) in SETUPS.iter().enumerate() {
+            let runs = &samples[i][s];
+            let ok: Vec<&Sample> = runs.iter().filter(|r| !r.failed).collect();
+            let failed = runs.len() - ok.len();
+            if ok.is_empty() {
+                println!(
+                    "| {n} | {} | - | - | - | - | {failed} of {} |",
+                    setup.name,
+                    runs.len()
+                );
+                continue;
+            }
+            let rates: Vec<f64> = ok.iter().map(|r| r.per_sec).collect();
+            let m = median(&rates);
+            let (lo, hi) = rates
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+                    (a.min(x), b.max(x))
+                });
+            println!(
+                "| {n} | {} | {m:.0} ({lo:.0}-{hi:.0}) | {:.2} | {:.2} | {:.2} | {failed} of {} |",
+                setup.name,
+                m / base,
+                median(&ok.iter().map(|r| r.p50_ms).collect::<Vec<_>>()),
+                median(&ok.iter().map(|r| r.p99_ms).collect::<Vec<_>>()),
+                runs.len()
+            );
+        }
+    }
+    drop(bouncer);
+    Ok(())
+}
