@@ -106,7 +106,9 @@ impl From<Failure> for AppError {
             Failure::NoSuchToken(_) => (StatusCode::NOT_FOUND, "token_not_found"),
             Failure::RepositoryExists(_) => (StatusCode::CONFLICT, "repository_exists"),
             Failure::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
-            Failure::Rejected(_) => (StatusCode::UNPROCESSABLE_ENTITY, "rejected"),
+            // Input that passed the checks here and broke a rule of the
+            // database's: still bad input, so 400 like all of it.
+            Failure::Rejected(_) => (StatusCode::BAD_REQUEST, "rejected"),
             Failure::BadImportLine { .. } => (StatusCode::BAD_REQUEST, "invalid_import_line"),
             Failure::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             Failure::BodyStalled(_) | Failure::BodyTooSlow(_) => {
@@ -137,12 +139,17 @@ impl From<Failure> for AppError {
 
 impl From<JsonRejection> for AppError {
     fn from(r: JsonRejection) -> Self {
-        let code = match r.status() {
-            StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
-            StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
-            _ => "invalid_json",
+        // axum answers JSON of the wrong shape with 422 and malformed JSON
+        // with 400; to a client both are a bad body, and every other bad
+        // input is 400, so these are too.
+        let (status, code) = match r.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
+            }
+            _ => (StatusCode::BAD_REQUEST, "invalid_json"),
         };
-        Self::new(r.status(), code, r.body_text())
+        Self::new(status, code, r.body_text())
     }
 }
 

@@ -13,6 +13,17 @@ pub const MAX_PATH_BYTES: usize = 1024;
 /// The longest `random_read_test` key accepted, in bytes.
 pub const MAX_PK_BYTES: usize = 256;
 
+/// [`repository`]'s rule as a regular expression, for the OpenAPI
+/// document.
+pub const REPOSITORY_NAME_PATTERN: &str = "^[a-z0-9][a-z0-9-]{2,62}$";
+/// Text without NUL bytes (paths and the other text fields), for the
+/// OpenAPI document.
+pub const NO_NUL_PATTERN: &str = "^[^\\x00]*$";
+/// [`pk`]'s rule, for the OpenAPI document: no control characters.
+pub const KEY_PATTERN: &str = "^[^\\x00-\\x1f\\x7f-\\x9f]+$";
+/// [`token_id`]'s rule, for the OpenAPI document.
+pub const TOKEN_ID_PATTERN: &str = "^[0-9a-f]{16}$";
+
 /// Checks a repository name: 3 to 63 characters of `a-z`, `0-9` and `-`,
 /// not starting with `-` (the rule of the `repositories` table).
 pub fn repository(name: &str) -> Result<(), Failure> {

@@ -719,10 +719,18 @@ fn describe(config: &tokio_postgres::Config) -> String {
 ///
 /// When the text is not a WAL position.
 pub fn parse_position(text: &str) -> Result<PgLsn, String> {
-    text.trim()
-        .parse::<PgLsn>()
-        .map_err(|_| format!("`{text}` is not a WAL position such as `16/B374D848`"))
+    // Exactly what the OpenAPI document states (`POSITION_PATTERN`):
+    // PgLsn's own parser also takes signs and leading zeros past 8 digits.
+    let half = |h: &str| (1..=8).contains(&h.len()) && h.bytes().all(|b| b.is_ascii_hexdigit());
+    text.split_once('/')
+        .filter(|(hi, lo)| half(hi) && half(lo))
+        .and_then(|_| text.parse::<PgLsn>().ok())
+        .ok_or_else(|| format!("`{text}` is not a WAL position such as `16/B374D848`"))
 }
+
+/// What [`parse_position`] accepts, as a regular expression (for the
+/// OpenAPI document).
+pub const POSITION_PATTERN: &str = "^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$";
 
 #[cfg(test)]
 mod tests {

@@ -130,6 +130,8 @@ pub struct Inner {
     stop: CancellationToken,
     /// Whether a listener was started.
     listening: std::sync::atomic::AtomicBool,
+    /// The OpenAPI document for these settings, rendered when first asked.
+    openapi: std::sync::OnceLock<String>,
 }
 
 impl Drop for Inner {
@@ -148,6 +150,14 @@ impl std::ops::Deref for AppState {
 }
 
 impl AppState {
+    /// The OpenAPI document of this service's routes and limits, as JSON
+    /// (fixed for the state's life, so rendered once).
+    pub fn openapi_json(&self) -> &str {
+        self.0
+            .openapi
+            .get_or_init(|| crate::openapi::render(&self.0.settings.limits))
+    }
+
     /// State for serving from `pools` with `settings`; starts the batchers
     /// on the current runtime.
     ///
@@ -200,6 +210,7 @@ impl AppState {
             router,
             stop: CancellationToken::new(),
             listening: std::sync::atomic::AtomicBool::new(false),
+            openapi: std::sync::OnceLock::new(),
         })))
     }
 

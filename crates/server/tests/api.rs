@@ -206,7 +206,7 @@ async fn bad_input_gets_a_4xx_json_error_naming_the_problem() {
         ),
         (
             post_json("/api/v1/repositories/demo/objects/stat", r#"{"paths": 5}"#),
-            StatusCode::UNPROCESSABLE_ENTITY,
+            StatusCode::BAD_REQUEST,
             "invalid_json",
             "invalid type",
         ),
@@ -215,7 +215,7 @@ async fn bad_input_gets_a_4xx_json_error_naming_the_problem() {
                 "/api/v1/repositories/demo/objects/stat",
                 r#"{"paths": [], "x": 1}"#,
             ),
-            StatusCode::UNPROCESSABLE_ENTITY,
+            StatusCode::BAD_REQUEST,
             "invalid_json",
             "unknown field",
         ),

@@ -314,7 +314,7 @@ async fn a_read_only_repository_refuses_writes_through_either_api() {
         ))
         .unwrap();
     let (status, body) = support::send(r, req).await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(
         body["message"].as_str().unwrap().contains("read-only"),
         "{body}"

@@ -129,7 +129,7 @@ async fn bad_writes_get_a_4xx_naming_the_problem() {
         ),
         (
             put("demo", "a", &json!({"size_bytes": 1})),
-            StatusCode::UNPROCESSABLE_ENTITY,
+            StatusCode::BAD_REQUEST,
             "invalid_json",
             "physical_address",
         ),

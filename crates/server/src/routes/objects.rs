@@ -190,11 +190,10 @@ pub(crate) struct PutResponse {
     responses(
         (status = 200, description = "Replaced, and committed", body = PutResponse),
         (status = 201, description = "Created, and committed", body = PutResponse),
-        (status = 400, description = "`invalid_body`, `invalid_path`, `invalid_json`", body = crate::error::ErrorBody),
+        (status = 400, description = "`invalid_body`, `invalid_path`, `invalid_json`, or `rejected`: the database refused the row (a read-only repository's, for one)", body = crate::error::ErrorBody),
         (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::error::ErrorBody),
         (status = 403, description = "The caller may not write this repository", body = crate::error::ErrorBody),
         (status = 404, description = "`repository_not_found`", body = crate::error::ErrorBody),
-        (status = 422, description = "`rejected`: the database refused the row", body = crate::error::ErrorBody),
         (status = 503, description = "`overloaded` or `database_unavailable`", body = crate::error::ErrorBody),
         (status = 504, description = "Past the write deadline", body = crate::error::ErrorBody),
     ),

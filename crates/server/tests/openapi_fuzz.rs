@@ -1,0 +1,87 @@
+//! schemathesis (4.32.5 from PyPI, in a private virtual environment that
+//! `scripts/ensure-schemathesis.sh` makes) pointed at a live server's
+//! `/api/openapi.json` with an admin token, on a throwaway database: every
+//! operation, every check it has (no 5xx; only documented statuses,
+//! content types, headers and bodies; requests the document allows are not
+//! refused, requests it forbids are; a missing or bad token is refused;
+//! unsupported methods are 405 with `Allow`), with a fixed seed and a bound
+//! on examples per operation, so a run takes about a minute. It fails on
+//! anything schemathesis reports, and prints its report.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use server::serve::{serve, EdgeSettings};
+use server::settings::Settings;
+use support::ADMIN_TOKEN;
+use tokio::net::TcpListener;
+
+/// The virtual environment's python, made (once) by the project's script.
+fn python() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new(root.join("scripts/ensure-schemathesis.sh"))
+        .current_dir(&root)
+        .output()
+        .expect("run scripts/ensure-schemathesis.sh");
+    assert!(
+        out.status.success(),
+        "scripts/ensure-schemathesis.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemathesis_finds_nothing_against_the_document() {
+    let python = tokio::task::spawn_blocking(python).await.unwrap();
+    let app = support::setup(&Settings::default()).await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve(
+        listener,
+        app.router.clone(),
+        EdgeSettings::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let hooks = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openapi");
+    // Its working directory takes its report directory and nothing else.
+    let scratch = tempfile::tempdir().unwrap();
+    let run = tokio::process::Command::new(&python)
+        .args(["-m", "schemathesis.cli", "run"])
+        .arg(format!("http://{addr}/api/openapi.json"))
+        .args(["--header", &format!("Authorization: Bearer {ADMIN_TOKEN}")])
+        .args(["--checks", "all"])
+        .args(["--max-examples", "30"])
+        .args(["--seed", "20261124"])
+        .args(["--workers", "1"])
+        .args(["--request-timeout", "10"])
+        .args(["--generation-database", "none"])
+        .arg("--no-color")
+        .env("SCHEMATHESIS_HOOKS", "hooks")
+        .env("PYTHONPATH", &hooks)
+        .current_dir(scratch.path())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(600), run)
+        .await
+        .expect("schemathesis finishes within 10 minutes")
+        .unwrap();
+    let _ = stop.send(());
+    let _ = server.await;
+    let report = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{report}");
+    assert!(
+        out.status.success(),
+        "schemathesis reported problems:\n{report}"
+    );
+}
