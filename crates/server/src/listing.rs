@@ -108,11 +108,21 @@ where
     let want = request.amount.clamp(1, MAX_AMOUNT) + 1;
     // Where the next scan starts, and a path at its start to skip (the
     // cursor itself: entries come strictly after it).
+    // The common prefix the cursor is in or is, if any: the delimiter's
+    // first occurrence after `prefix` (not in `prefix` itself: a cursor
+    // equal to the prefix is the object at that path, a "directory
+    // marker").
+    let folded = request
+        .after
+        .strip_prefix(prefix)
+        .filter(|_| !delimiter.is_empty())
+        .and_then(|rest| rest.find(delimiter).map(|at| &rest[..at + delimiter.len()]))
+        .map(|dir| format!("{prefix}{dir}"));
     let (mut from, mut skip) = if request.after.as_str() < prefix {
         (prefix.to_owned(), None)
-    } else if !delimiter.is_empty() && request.after.ends_with(delimiter) {
-        // A common prefix: everything under it was listed with it.
-        match upper_bound(&request.after) {
+    } else if let Some(common) = folded {
+        // Everything under it was listed with it, at or before the cursor.
+        match upper_bound(&common) {
             Some(past) => (past, None),
             None => {
                 return Ok(Listing {
@@ -284,6 +294,40 @@ mod tests {
         assert_eq!(
             listed(&TREE, req("a/", "", "/", 10), &Cell::new(0)).await,
             (vec!["a/1".into(), "a/2".into(), "a/b/*".into()], false)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cursor_equal_to_the_prefix_is_an_object_not_a_directory() {
+        // "a/" is a directory marker object, listed under prefix "a/";
+        // a page that ends on it must not skip the rest of "a/".
+        let tree = ["a/", "a/1", "a/b/2", "a/c", "b"];
+        let scans = Cell::new(0);
+        let mut pages = Vec::new();
+        let mut after = String::new();
+        loop {
+            let (page, more) = listed(&tree, req("a/", &after, "/", 1), &scans).await;
+            after = page.last().unwrap().trim_end_matches('*').to_owned();
+            pages.extend(page);
+            if !more {
+                break;
+            }
+        }
+        assert_eq!(pages, ["a/", "a/1", "a/b/*", "a/c"]);
+    }
+
+    #[tokio::test]
+    async fn a_cursor_inside_a_common_prefix_resumes_past_it() {
+        // A cursor a client made up, below the common prefix "a/b/": that
+        // prefix is at or before the cursor, so it is not listed again.
+        let tree = ["a/1", "a/b/2", "a/b/3/4", "a/c"];
+        assert_eq!(
+            listed(&tree, req("a/", "a/b/2", "/", 10), &Cell::new(0)).await,
+            (vec!["a/c".into()], false)
+        );
+        assert_eq!(
+            listed(&tree, req("", "a/b/", "/", 10), &Cell::new(0)).await,
+            (vec![], false)
         );
     }
 

@@ -148,6 +148,24 @@ impl Reads {
             .await?)
     }
 
+    /// Repository `name`, if it exists, as the primary has it: for the
+    /// checks before a write, which must see what the write will meet (a
+    /// lakeFS client sends no position, and a lagging replica may not have
+    /// the repository it has just created).
+    ///
+    /// # Errors
+    ///
+    /// As [`list_repositories`](Self::list_repositories).
+    pub async fn repository_on_primary(&self, name: &str) -> Result<Option<Repository>, Failure> {
+        let primary = self.router.primary();
+        let repo = async {
+            let client = primary.get().await?;
+            Ok::<_, PgError>(repositories::get(&**client, name).await?)
+        }
+        .await?;
+        Ok(repo)
+    }
+
     /// A page of `repository`'s objects as `request` asks (see
     /// [`crate::listing`]): range scans of its primary key on one
     /// connection, from a database that has replayed `position` if given.
@@ -163,18 +181,33 @@ impl Reads {
     ) -> Result<Listing, Failure> {
         let pools = self.router.pools();
         let needs = position.map_or(Needs::Any, Needs::Position);
+        // Behind a pooler the connections carry no statement timeout: the
+        // page's scans run in one transaction that sets it.
+        let set_timeout = self
+            .router
+            .statements()
+            .timeout()
+            .map(|t| format!("SET LOCAL statement_timeout = {}", t.as_millis().max(1)));
         Ok(self
             .router
-            .read(needs, |i| async move {
-                let client = pools[i].get().await?;
-                listing::list(request, |from, below, limit| {
-                    let client = &client;
-                    async move {
-                        objects::list(&***client, repository, &from, below.as_deref(), limit).await
+            .read(needs, |i| {
+                let set_timeout = set_timeout.as_deref();
+                async move {
+                    let mut client = pools[i].get().await?;
+                    let tx = client.transaction().await?;
+                    if let Some(set) = set_timeout {
+                        tx.batch_execute(set).await?;
                     }
-                })
-                .await
-                .map_err(PgError::from)
+                    let page = listing::list(request, |from, below, limit| {
+                        let tx = &tx;
+                        async move {
+                            objects::list(&**tx, repository, &from, below.as_deref(), limit).await
+                        }
+                    })
+                    .await?;
+                    tx.commit().await?;
+                    Ok::<_, PgError>(page)
+                }
             })
             .await?)
     }

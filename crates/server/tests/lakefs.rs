@@ -273,6 +273,33 @@ async fn listings_page_in_byte_order_within_bounds() {
             {"path": "é", "path_type": "object", "physical_address": "s3://b/é", "checksum": "c", "mtime": body["results"][1]["mtime"], "size_bytes": 1, "content_type": "application/octet-stream"},
         ])
     );
+    // A directory marker equal to the prefix, as a page's last entry: the
+    // next page goes on under it.
+    assert_eq!(stage(r, "lk-list", "main", "b/").await, StatusCode::CREATED);
+    let (status, body) = json_call(
+        r,
+        Method::GET,
+        &ls("prefix=b/&delimiter=/&after=b/&amount=5"),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let paths: Vec<&str> = body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["b/1", "b/2"], "{body}");
+    // Text Postgres cannot hold, or longer than any path: 400, naming it.
+    for q in ["prefix=%00", "after=a%00", "delimiter=%00"] {
+        let (status, body) = json_call(r, Method::GET, &ls(q), None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{q}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_path", "{q}: {body}");
+    }
+    let long = format!("prefix={}", "a".repeat(1025));
+    let (status, _) = json_call(r, Method::GET, &ls(&long), None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
     let (status, body) = json_call(r, Method::GET, &ls("amount=ten"), None).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     let (status, _) = json_call(r, Method::GET, &ls("user_metadata=maybe"), None).await;

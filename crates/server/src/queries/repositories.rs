@@ -127,7 +127,7 @@ pub async fn exists<C: GenericClient>(
 ///
 /// When the statement fails.
 pub async fn list<C: GenericClient>(client: &C) -> Result<Vec<Repository>, tokio_postgres::Error> {
-    let sql = format!("SELECT {COLUMNS} FROM repositories ORDER BY name");
+    let sql = format!("SELECT {COLUMNS} FROM repositories ORDER BY name COLLATE \"C\"");
     client
         .query_typed(&sql, &[])
         .await?

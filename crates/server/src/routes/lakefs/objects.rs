@@ -59,11 +59,12 @@ async fn repository(
     position: Option<tokio_postgres::types::PgLsn>,
 ) -> Result<Repository, Failure> {
     let name = at.checked(caller, action)?;
-    let repo = state
-        .reads
-        .repository(name, position)
-        .await?
-        .ok_or_else(|| Failure::NoSuchRepository(name.to_owned()))?;
+    let repo = if action == Action::Write {
+        state.reads.repository_on_primary(name).await?
+    } else {
+        state.reads.repository(name, position).await?
+    };
+    let repo = repo.ok_or_else(|| Failure::NoSuchRepository(name.to_owned()))?;
     if repo.default_branch != at.r#ref {
         return Err(at.no_such_ref());
     }

@@ -4,9 +4,20 @@
 use crate::failure::Failure;
 use crate::input;
 
-/// Parameter `name`, `""` when absent.
+/// Parameter `name`, `""` when absent: a path or a part of one (a
+/// listing's `prefix`, `after` or `delimiter`), so held to a path's rule
+/// (at most [`input::MAX_PATH_BYTES`], no NUL), but it may be empty.
+///
+/// # Errors
+///
+/// `invalid_query` when it is not decoded, `invalid_path` when it breaks
+/// the rule: Postgres refuses a NUL in text, and nothing longer can match.
 pub(super) fn text(raw: Option<&str>, name: &str) -> Result<String, Failure> {
-    Ok(input::query_param(raw, name)?.unwrap_or_default())
+    let value = input::query_param(raw, name)?.unwrap_or_default();
+    if !value.is_empty() {
+        input::object_path(&value, &format!("query parameter `{name}`"))?;
+    }
+    Ok(value)
 }
 
 /// Boolean parameter `name`, `default` when absent.
@@ -63,5 +74,23 @@ mod tests {
         assert_eq!(integer(Some("amount=-1"), "amount").unwrap(), Some(-1));
         assert_eq!(integer(Some("x=1"), "amount").unwrap(), None);
         assert!(integer(Some("amount=ten"), "amount").is_err());
+    }
+
+    #[test]
+    fn text_is_held_to_a_paths_rule() {
+        for q in ["prefix=a%00b", "after=%00", "delimiter=%00"] {
+            let name = q.split('=').next().unwrap();
+            match text(Some(q), name) {
+                Err(Failure::Invalid { code, message }) => {
+                    assert_eq!(code, "invalid_path", "{q}");
+                    assert!(message.contains(name), "{q}: {message}");
+                }
+                other => panic!("{q}: {other:?}"),
+            }
+        }
+        let long = format!("prefix={}", "a".repeat(input::MAX_PATH_BYTES + 1));
+        assert!(text(Some(&long), "prefix").is_err());
+        let longest = format!("prefix={}", "a".repeat(input::MAX_PATH_BYTES));
+        assert!(text(Some(&longest), "prefix").is_ok());
     }
 }
