@@ -3,7 +3,7 @@
 //! the database.
 //!
 //! It runs the installed `pgbouncer` (Debian's package:
-//! `scripts/ensure-postgres.sh` installs it), in the foreground, as the same
+//! `scripts/ensure-pgbouncer.sh` installs it), in the foreground, as the same
 //! OS user as the cluster (PgBouncer refuses to run as root), under the
 //! same supervisor as the cluster: it stops when its owner drops it or
 //! dies.
@@ -58,6 +58,24 @@ child=$!
 { cat >/dev/null <&3; kill -TERM "$child" 2>/dev/null; } &
 wait "$child"
 "#;
+
+/// Whether `binary` is PgBouncer 1.21 or later, which has
+/// `max_prepared_statements`.
+fn tracks_prepared_statements(binary: &Path) -> bool {
+    let Ok(out) = Command::new(binary).arg("--version").output() else {
+        return false;
+    };
+    // "PgBouncer 1.18.0" on its first line.
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version = text
+        .lines()
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or_default();
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (1, 21)
+}
 
 /// Where Debian's package puts the binary.
 const BINARY: &str = "/usr/sbin/pgbouncer";
@@ -114,7 +132,17 @@ impl PgBouncer {
              pool_mode = {mode}\n\
              max_client_conn = 1000\n\
              default_pool_size = {server_connections}\n\
-             ignore_startup_parameters = extra_float_digits\n",
+             ignore_startup_parameters = extra_float_digits\n\
+             {prepared}",
+            // From 1.21 PgBouncer can carry named statements across server
+            // connections, and from 1.24 does by default: these tests want
+            // a pooler that does not, as the ones managed Postgres fronts
+            // with mostly do (1.18 refuses the setting it does not know).
+            prepared = if tracks_prepared_statements(&binary) {
+                "max_prepared_statements = 0\n"
+            } else {
+                ""
+            },
             socket = cluster.socket_dir().display(),
             cluster_port = cluster.port(),
             users = users.display(),

@@ -126,9 +126,10 @@ impl From<Failure> for AppError {
             cause: match failure {
                 Failure::Unavailable(cause) => Some(cause),
                 Failure::SessionStateLost(cause) => Some(cause.context(
-                    "DATABASE_URL goes through a transaction-mode connection pooler: start the \
-                     service with --pooler transaction (PGBATCH_POOLER=transaction), or \
-                     --pooler auto to find out",
+                    "DATABASE_URL goes through a connection pooler the service is not set up \
+                     for: behind a transaction-mode pooler start it with --pooler transaction \
+                     (PGBATCH_POOLER=transaction), behind a session-mode one that refuses \
+                     startup options with --pooler session; --pooler auto finds out",
                 )),
                 _ => None,
             },

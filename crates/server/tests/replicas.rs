@@ -270,7 +270,9 @@ async fn caches_never_refill_from_a_replica_behind_an_invalidation() {
     // Objects 9 and up, each read once (7 and 8 are the test's).
     let mut unread = 9..=SEEDED;
     while replica_reads(&b) == 0 {
-        let i = unread.next().expect("b never filled its cache from the replica");
+        let i = unread
+            .next()
+            .expect("b never filled its cache from the replica");
         assert!(address(&b, &object_path(i), None).await.is_some());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -43,6 +43,19 @@ async fn open(url: String) -> anyhow::Result<(Database, Postgres)> {
     Ok((database, target))
 }
 
+/// Why a connection to `url` is refused: opening the database connects
+/// (to find out whether a pooler is in between, `--pooler auto`), so the
+/// refusal comes from there, or else from the first connection after.
+async fn refusal(url: String) -> String {
+    match open(url).await {
+        Err(err) => format!("{err:#} {err:?}"),
+        Ok((_, target)) => {
+            let err = target.connect().await.unwrap_err();
+            format!("{err:#} {err:?}")
+        }
+    }
+}
+
 /// Whether the session of `client` is encrypted.
 async fn encrypted(client: &tokio_postgres::Client) -> bool {
     client
@@ -124,11 +137,7 @@ async fn each_sslmode_connects_or_refuses_as_libpq_would() {
     );
 
     // A certificate from another CA is refused, with a clear error.
-    let (_, other) = open(url("localhost", &with_ca(&other_ca_file, "verify-full")))
-        .await
-        .unwrap();
-    let err = other.connect().await.unwrap_err();
-    let text = format!("{err:#} {err:?}");
+    let text = refusal(url("localhost", &with_ca(&other_ca_file, "verify-full"))).await;
     assert!(
         text.contains("UnknownIssuer") || text.contains("certificate"),
         "{text}"
@@ -136,12 +145,11 @@ async fn each_sslmode_connects_or_refuses_as_libpq_would() {
 
     // The certificate names `localhost`, not 127.0.0.1: verify-full
     // refuses the name, verify-ca only checks the chain.
-    let (_, by_ip) = open(url("127.0.0.1", &with_ca(&ca_file, "verify-full")))
-        .await
-        .unwrap();
-    let err = by_ip.connect().await.unwrap_err();
-    let text = format!("{err:#} {err:?}");
-    assert!(text.contains("NotValidForName"), "{text}");
+    let text = refusal(url("127.0.0.1", &with_ca(&ca_file, "verify-full"))).await;
+    assert!(
+        text.contains("NotValidForName") || text.contains("not valid for name"),
+        "{text}"
+    );
     let (_, chain_only) = open(url("127.0.0.1", &with_ca(&ca_file, "verify-ca")))
         .await
         .unwrap();
