@@ -31,10 +31,14 @@
 //! A hill climb with memory:
 //! - every limit tried keeps a smoothed score;
 //! - from the current limit ("home") a probe tries a neighbour, half as
-//!   many again or a third fewer (at least one away), for one window. If it
-//!   scores better by more than the noise home's own windows show (and at
-//!   least 2%), it becomes home and the climb goes on in that direction,
-//!   each step twice the last, so a long gentle slope takes a few windows;
+//!   many again or a third fewer (at least one away), for one window. A
+//!   probe that scores better by more than the noise home's own windows
+//!   show (and at least 2%) becomes home, and so does a probe one step
+//!   down that scores no worse (fewer loads win ties: bigger batches cost
+//!   the database less per key). The climb then goes on in that
+//!   direction, each step up twice the last, so a long gentle slope takes
+//!   a few windows (down, a third of home each time: a short way, where an
+//!   overshoot on a lucky window lands on the steep side);
 //!   otherwise the limit returns home, and soon tries one step that way
 //!   (the next probe that way after that is coarse again);
 //! - home's neighbours are probed again from time to time, one side at a
@@ -286,7 +290,10 @@ impl AutoLimit {
         let faster = 1usize << self.streak.min(4);
         match dir {
             Direction::Down => {
-                let step = if fine { 1 } else { (home / 3).max(1) * faster };
+                // Not faster: down is a short way (a third of home is
+                // already most of it), where an overshoot on a lucky
+                // window lands on the steep side.
+                let step = if fine { 1 } else { (home / 3).max(1) };
                 Some(home.saturating_sub(step).max(self.min)).filter(|&n| n < home)
             }
             Direction::Up => {
@@ -382,7 +389,20 @@ impl AutoLimit {
         let probe = self.limit;
         let margin = MARGIN.max(self.noise.exp_m1());
         let better = match (self.score(probe), self.score(self.home)) {
-            (Some(p), Some(h)) => p > h * (1.0 + margin),
+            // A move must beat home by more than the noise, but one step
+            // down wins a tie: bigger batches cost the database less per
+            // key and leave it room for other work, and on a flat top this
+            // keeps the limit from staying up where lucky windows took it.
+            // Only one step: a coarse move down on a tie, again and again,
+            // walks off the top's far edge faster than noisy probes up can
+            // climb back.
+            (Some(p), Some(h)) => {
+                if dir == Direction::Down && probe.abs_diff(self.home) == 1 {
+                    p >= h
+                } else {
+                    p > h * (1.0 + margin)
+                }
+            }
             (Some(_), None) => true,
             _ => false,
         };
