@@ -452,7 +452,8 @@ fn plot_sweep(path: &Path, args: &Args, samples: &Samples) -> anyhow::Result<()>
                 .configure_mesh()
                 .x_desc("fixed concurrency")
                 .y_desc("reads/s")
-                .y_label_formatter(&|v| format!("{:.0}k", v / 1e3))
+                .x_label_formatter(&|v| format!("{v:.0}"))
+                .y_label_formatter(&reads_label)
                 .draw()
                 .map_err(plot_err)?;
             chart
@@ -768,6 +769,16 @@ fn plot_timeline(
     }
     root.present().map_err(plot_err)?;
     Ok(())
+}
+
+/// A reads/s axis label: thousands (`12k`) from 10,000 up, the plain number
+/// below, where an axis spans less (one initiator at 5 ms).
+fn reads_label(v: &f64) -> String {
+    if v.abs() >= 10_000.0 || *v == 0.0 {
+        format!("{:.0}k", v / 1e3)
+    } else {
+        format!("{v:.0}")
+    }
 }
 
 #[cfg(test)]
