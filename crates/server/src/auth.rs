@@ -253,6 +253,42 @@ impl Authenticator {
         Ok(())
     }
 
+    /// A new token for `user`, made as `caller` asks: for themselves, or for
+    /// anyone when `caller` may write everything (an admin). Only its
+    /// digest is stored; the token is returned this once. Its id
+    /// ([`token_id`]) is the access key id of lakeFS's Basic credentials,
+    /// the token their secret.
+    ///
+    /// # Errors
+    ///
+    /// [`Failure::Forbidden`] for another user's token without the right
+    /// (whether that user exists is not told); [`Failure::NoSuchUser`];
+    /// else as the database fails.
+    pub async fn create_token(
+        &self,
+        caller: &Principal,
+        user: &str,
+        description: &str,
+    ) -> Result<String, Failure> {
+        if caller.user != user && !caller.may(Action::Write, "*") {
+            return Err(Failure::Forbidden(format!(
+                "user `{}` may not create credentials for user `{user}`",
+                caller.user
+            )));
+        }
+        let token = new_token().map_err(Failure::Unavailable)?;
+        let client = self.router.primary().get().await.map_err(PgError::from)?;
+        let stored = sql::insert_token(&**client, &digest(&token), user, description, None)
+            .await
+            .map_err(PgError::from)?;
+        // Nothing inserted: a new random token collides with none, so
+        // there is no such user.
+        if !stored {
+            return Err(Failure::NoSuchUser(user.to_owned()));
+        }
+        Ok(token)
+    }
+
     /// Drops every cached principal (after a user or policy change).
     pub fn forget_all(&self) {
         // Also without a cache: uncached lookups follow the fill rule.

@@ -104,6 +104,7 @@ impl From<Failure> for AppError {
             Failure::NoSuchRef { .. } => (StatusCode::NOT_FOUND, "ref_not_found"),
             Failure::NoSuchRow(_) => (StatusCode::NOT_FOUND, "row_not_found"),
             Failure::NoSuchToken(_) => (StatusCode::NOT_FOUND, "token_not_found"),
+            Failure::NoSuchUser(_) => (StatusCode::NOT_FOUND, "user_not_found"),
             Failure::RepositoryExists(_) => (StatusCode::CONFLICT, "repository_exists"),
             Failure::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             // Input that passed the checks here and broke a rule of the

@@ -56,6 +56,9 @@ pub enum Failure {
     /// The caller has no token with this id.
     #[error("no token with id `{0}`")]
     NoSuchToken(String),
+    /// No user has this name.
+    #[error("no user named `{0}`")]
+    NoSuchUser(String),
     /// No `random_read_test` row has this key.
     #[error("no row with key `{0}`")]
     NoSuchRow(String),

@@ -2,7 +2,8 @@
 //! without the clients (see `lakefs_clients.rs` for those): both mount
 //! points, Basic credentials, exact statuses, a bodiless HEAD, booleans as
 //! Python spells them, listing bounds and byte order, one branch per
-//! repository, read-only repositories, errors with a top-level `message`.
+//! repository, read-only repositories, errors with a top-level `message`,
+//! credentials made through the API.
 
 mod support;
 
@@ -349,4 +350,58 @@ async fn a_read_only_repository_refuses_writes_through_either_api() {
     // Deleting it is allowed.
     let (status, _) = call(r, Method::DELETE, "/lakefs/repositories/lk-frozen", None).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
+}
+
+/// `POST /auth/users/{userId}/credentials` as `authorization`.
+async fn create_credentials(
+    router: &axum::Router,
+    authorization: &str,
+    user: &str,
+) -> (StatusCode, Value) {
+    let req = Request::post(format!("/lakefs/auth/users/{user}/credentials"))
+        .header("authorization", authorization)
+        .body(Body::empty())
+        .unwrap();
+    support::send(router, req).await
+}
+
+#[tokio::test]
+async fn credentials_from_the_api_for_oneself_or_as_an_admin() {
+    let app = support::setup(&Settings::default()).await;
+    let r = &app.router;
+    let alice = support::user_with_token(&app.config, "alice").await;
+    let alice_basic = basic(&server::auth::token_id(&alice), &alice);
+
+    // Alice makes a pair for herself: the secret is a new token, the
+    // access key id its id, and it works at once.
+    let (status, body) = create_credentials(r, &alice_basic, "alice").await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let secret = body["secret_access_key"].as_str().unwrap();
+    let id = body["access_key_id"].as_str().unwrap();
+    assert_ne!(secret, alice);
+    assert_eq!(id, server::auth::token_id(secret));
+    assert!(body["creation_date"].as_i64().unwrap() > 1_700_000_000);
+    let req = Request::get("/lakefs/user")
+        .header("authorization", basic(id, secret))
+        .body(Body::empty())
+        .unwrap();
+    let (status, user) = support::send(r, req).await;
+    assert_eq!(status, StatusCode::OK, "{user}");
+    assert_eq!(user["user"]["id"], "alice");
+
+    // Not for someone else, whether or not they exist; an admin may.
+    for other in ["admin", "nobody"] {
+        let (status, body) = create_credentials(r, &alice_basic, other).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{other}: {body}");
+        assert!(body["message"].as_str().is_some(), "{body}");
+    }
+    let (status, body) = create_credentials(r, &admin_basic(), "alice").await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = create_credentials(r, &admin_basic(), "nobody").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(body["error"]["code"], "user_not_found");
+    let (status, body) = create_credentials(r, &admin_basic(), "bad%20name").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, _) = create_credentials(r, "Basic bm9wZTpub3Bl", "alice").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
 }

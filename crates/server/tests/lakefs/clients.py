@@ -166,6 +166,21 @@ except UnauthorizedException as e:
 bearer = lakefs.Client(host=HOST, access_token=SK)
 check("bearer user", bearer.sdk_client.auth_api.get_current_user().user.id, "admin")
 
+# A new pair from the API (createCredentials, what `lakectl auth users
+# credentials create` calls): it works at once, and another user's pair is
+# the admin's to make, not a user's.
+creds = sdk.auth_api.create_credentials("admin")
+check("access key id is the token's id", len(creds.access_key_id), 16)
+fresh = lakefs.Client(
+    host=HOST, username=creds.access_key_id, password=creds.secret_access_key
+)
+check("new pair's user", fresh.sdk_client.auth_api.get_current_user().user.id, "admin")
+try:
+    sdk.auth_api.create_credentials("nobody-here")
+    raise AssertionError("credentials for a user who does not exist")
+except NotFoundException as e:
+    check("no such user", e.status, 404)
+
 # Deletes: one, several, then the repository.
 branch.object("c").delete()
 assert not branch.object("c").exists()

@@ -12,7 +12,8 @@
 //!   no commits, so reading a branch shows its writes at once.
 //! - Credentials: `Authorization: Bearer <token>`, or Basic with a token's
 //!   id (`token list` shows it) as the access key id and the token as the
-//!   secret, which is what lakeFS's clients send.
+//!   secret, which is what lakeFS's clients send. A new pair comes from
+//!   the CLI (`token create`) or from lakeFS's `createCredentials`.
 //! - Errors carry lakeFS's `{"message"}` (beside this service's `error`
 //!   object); a `HEAD` answers with its status alone.
 //! - Objects carry metadata only: there is no upload or download of data.
@@ -37,6 +38,10 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/config/version", get(setup::version))
         .route("/config/storage", get(setup::storage))
         .route("/user", get(setup::current_user))
+        .route(
+            "/auth/users/{userId}/credentials",
+            post(setup::create_credentials),
+        )
         .route("/statistics", post(setup::statistics))
         .route(
             "/repositories",

@@ -5,8 +5,13 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde_json::{json, Value};
 
+use axum::extract::State;
+
 use super::shapes::{CurrentUser, User};
-use crate::extract::Caller;
+use crate::error::AppError;
+use crate::extract::{Caller, PathParams};
+use crate::failure::Failure;
+use crate::state::AppState;
 
 /// The storage this service describes to lakeFS's clients: any namespace
 /// the service stores, no pre-signed URLs (no data moves through it), no
@@ -64,6 +69,59 @@ pub(crate) async fn current_user(Caller(caller): Caller) -> Json<CurrentUser> {
             creation_date: caller.user_created_at,
         },
     })
+}
+
+/// `{userId}` of a path.
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct UserPath {
+    #[serde(rename = "userId")]
+    user_id: String,
+}
+
+/// lakeFS's `CredentialsWithSecret`.
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct CredentialsWithSecret {
+    access_key_id: String,
+    secret_access_key: String,
+    creation_date: i64,
+}
+
+/// `POST /auth/users/{userId}/credentials` (createCredentials): a new
+/// access key id and secret for the user, the caller themselves or, for an
+/// admin, anyone: a new token (the secret, shown this once; only its
+/// digest is stored) and its id (the access key id). 201.
+pub(crate) async fn create_credentials(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    PathParams(path): PathParams<UserPath>,
+) -> Result<(StatusCode, Json<CredentialsWithSecret>), AppError> {
+    let user = path.user_id;
+    let valid = (1..=64).contains(&user.len())
+        && user
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if !valid {
+        return Err(Failure::invalid(
+            "invalid_user_name",
+            "a user name is 1 to 64 characters of A-Z, a-z, 0-9, '.', '_' and '-'",
+        )
+        .into());
+    }
+    let token = state
+        .auth
+        .create_token(&caller, &user, "lakeFS credentials (createCredentials)")
+        .await?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    Ok((
+        StatusCode::CREATED,
+        Json(CredentialsWithSecret {
+            access_key_id: crate::auth::token_id(&token),
+            secret_access_key: token,
+            creation_date: now,
+        }),
+    ))
 }
 
 /// `POST /statistics` (what lakectl sends before each command): taken and
