@@ -254,16 +254,19 @@ impl Authenticator {
     }
 
     /// A new token for `user`, made as `caller` asks: for themselves, or for
-    /// anyone when `caller` may write everything (an admin). Only its
-    /// digest is stored; the token is returned this once. Its id
+    /// anyone when `caller` may write everything (an admin). It expires when
+    /// the caller's own token does, if that one expires: a short-lived
+    /// token (or whoever took it) cannot mint one that outlives it. Only
+    /// its digest is stored; the token is returned this once. Its id
     /// ([`token_id`]) is the access key id of lakeFS's Basic credentials,
     /// the token their secret.
     ///
     /// # Errors
     ///
     /// [`Failure::Forbidden`] for another user's token without the right
-    /// (whether that user exists is not told); [`Failure::NoSuchUser`];
-    /// else as the database fails.
+    /// (whether that user exists is not told), or when the caller's token
+    /// has just expired; [`Failure::NoSuchUser`]; else as the database
+    /// fails.
     pub async fn create_token(
         &self,
         caller: &Principal,
@@ -276,9 +279,25 @@ impl Authenticator {
                 caller.user
             )));
         }
+        let expires_in = match caller.expires_at_ms {
+            None => None,
+            Some(at) => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+                let left = u64::try_from(at.saturating_sub(now)).unwrap_or(0);
+                if left == 0 {
+                    return Err(Failure::Forbidden(format!(
+                        "the token of user `{}` has expired",
+                        caller.user
+                    )));
+                }
+                Some(std::time::Duration::from_millis(left))
+            }
+        };
         let token = new_token().map_err(Failure::Unavailable)?;
         let client = self.router.primary().get().await.map_err(PgError::from)?;
-        let stored = sql::insert_token(&**client, &digest(&token), user, description, None)
+        let stored = sql::insert_token(&**client, &digest(&token), user, description, expires_in)
             .await
             .map_err(PgError::from)?;
         // Nothing inserted: a new random token collides with none, so

@@ -13,6 +13,7 @@ use base64::Engine as _;
 use http_body_util::BodyExt as _;
 use serde_json::{json, Value};
 use server::settings::Settings;
+use std::time::Duration;
 use support::ADMIN_TOKEN;
 use tower::ServiceExt as _;
 
@@ -404,4 +405,45 @@ async fn credentials_from_the_api_for_oneself_or_as_an_admin() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     let (status, _) = create_credentials(r, "Basic bm9wZTpub3Bl", "alice").await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    // A pair made with a token that expires expires with it: a short-lived
+    // token cannot mint a lasting one.
+    let short = server::auth::new_token().unwrap();
+    let c = support::client(&app.config).await;
+    server::auth::add_expiring_token(
+        &c,
+        "alice",
+        &short,
+        "short",
+        Some(Duration::from_secs(3600)),
+    )
+    .await
+    .unwrap();
+    let short_basic = basic(&server::auth::token_id(&short), &short);
+    let (status, body) = create_credentials(r, &short_basic, "alice").await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let minted = body["access_key_id"].as_str().unwrap().to_owned();
+    let req = Request::get("/api/v1/user/tokens")
+        .header("authorization", format!("Bearer {alice}"))
+        .body(Body::empty())
+        .unwrap();
+    let (status, body) = support::send(r, req).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let expiry = |id: &str| {
+        body["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["id"] == id)
+            .unwrap_or_else(|| panic!("no token {id}: {body}"))["expires_at"]
+            .as_i64()
+    };
+    let (minted_at, short_at) = (expiry(&minted), expiry(&server::auth::token_id(&short)));
+    assert!(short_at.is_some(), "{body}");
+    // The same expiry, to the second (the server computes the time left,
+    // the database adds it to its own clock a moment later).
+    assert!(
+        minted_at.is_some_and(|m| m <= short_at.unwrap() + 1),
+        "minted {minted_at:?}, its maker {short_at:?}"
+    );
 }
