@@ -176,7 +176,7 @@ impl Database {
         settings: &DbSettings,
         customize: impl FnOnce(ClusterOptions) -> ClusterOptions,
     ) -> anyhow::Result<Self> {
-        let replicas = settings
+        let mut replicas = settings
             .replica_urls
             .iter()
             .enumerate()
@@ -207,6 +207,12 @@ impl Database {
                 tls,
                 pooler,
             } = target;
+            // Replicas are reached as the primary is (a managed offering
+            // fronts both with the same kind of pooler), and the read
+            // router sends one kind of statement to all of them.
+            for replica in &mut replicas {
+                replica.pooler = pooler;
+            }
             return Ok(Self {
                 config,
                 tls,

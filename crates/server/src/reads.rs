@@ -194,17 +194,12 @@ impl Reads {
                 let set_timeout = set_timeout.as_deref();
                 async move {
                     let mut client = pools[i].get().await?;
+                    let Some(set) = set_timeout else {
+                        return Ok(list_on(&**client, repository, request).await?);
+                    };
                     let tx = client.transaction().await?;
-                    if let Some(set) = set_timeout {
-                        tx.batch_execute(set).await?;
-                    }
-                    let page = listing::list(request, |from, below, limit| {
-                        let tx = &tx;
-                        async move {
-                            objects::list(&**tx, repository, &from, below.as_deref(), limit).await
-                        }
-                    })
-                    .await?;
+                    tx.batch_execute(set).await?;
+                    let page = list_on(&*tx, repository, request).await?;
                     tx.commit().await?;
                     Ok::<_, PgError>(page)
                 }
@@ -216,4 +211,17 @@ impl Reads {
     pub fn router(&self) -> &ReadRouter {
         &self.router
     }
+}
+
+/// A page of `repository`'s objects as `request` asks, by range scans on
+/// `client`.
+async fn list_on<C: tokio_postgres::GenericClient + Sync>(
+    client: &C,
+    repository: &str,
+    request: &ListRequest,
+) -> Result<Listing, tokio_postgres::Error> {
+    listing::list(request, |from, below, limit| async move {
+        objects::list(client, repository, &from, below.as_deref(), limit).await
+    })
+    .await
 }
