@@ -39,7 +39,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let users: Batcher<u64, String> = Batcher::builder()
         .name("users")
         .max_batch_size(128)
-        .max_concurrent_batches(4)
         .timeout(Duration::from_secs(1))
         .build(loader)?;
 

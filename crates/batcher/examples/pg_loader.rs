@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use pgbatch::pg::{self, BatchQuery, Params, PgLoader, PoolOptions};
-use pgbatch::Batcher;
+use pgbatch::{Batcher, Concurrency};
 use tokio_postgres::Row;
 
 /// Users by id: how to look up many ids with one statement, and one.
@@ -66,7 +66,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let users: Batcher<i64, String> = Batcher::builder()
         .name("users")
-        .max_concurrent_batches(8) // about the pool size
+        // Loads at once: found by measurement, never more than the pool's
+        // 8 connections.
+        .concurrency(Concurrency::Auto { max: 8 })
         .timeout(Duration::from_millis(500))
         .build(PgLoader::new(pool.clone(), UsersById))?;
 
