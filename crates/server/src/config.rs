@@ -61,7 +61,7 @@ pub fn parse_lag(text: &str) -> Result<Duration, String> {
 /// A whole number followed by one of `units` (each with its length in
 /// milliseconds), within `range` milliseconds. Hand-written: the flags
 /// take a few units in one form, and a parser crate (humantime) would
-/// accept far more forms than the README documents.
+/// accept far more forms than docs/configuration.md documents.
 ///
 /// # Errors
 ///

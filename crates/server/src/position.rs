@@ -56,7 +56,7 @@ impl<S: Send + Sync> FromRequestParts<S> for ReadPosition {
 /// `enforce` left in the extensions: not a `GET`, nor a batch stat, which
 /// is a `POST` that reads). A write whose position cannot be read is still answered,
 /// without the header: it is committed, and the client can read from the
-/// primary's side of the consistency model (see the README) without it.
+/// primary's side of the consistency model (see docs/instances.md) without it.
 pub async fn stamp_writes(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let wrote = req.extensions().get::<Work>() == Some(&Work::Write);
     let mut response = next.run(req).await;
