@@ -159,6 +159,32 @@ pub const MAX_FIELD_BYTES: usize = 2048;
 /// Most entries in an object's user metadata.
 pub const MAX_METADATA_ENTRIES: usize = 64;
 
+/// A JSON integer, as JSON Schema counts them: `2516154.0` is one too (a
+/// number whose fraction is zero), which serde's `i64` refuses but a
+/// client generated from the OpenAPI document (`type: integer`) may send.
+///
+/// # Errors
+///
+/// When the value is not a number, has a fraction, or is out of `i64`'s
+/// range.
+pub fn json_integer<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    use serde::de::Error as _;
+    let n = <serde_json::Number as serde::Deserialize>::deserialize(d)?;
+    if let Some(i) = n.as_i64() {
+        return Ok(i);
+    }
+    // i64::MAX as f64 rounds up to 2^63, which is out of range.
+    const BOUND: f64 = 9_223_372_036_854_775_808.0;
+    match n.as_f64() {
+        Some(f) if f.fract() == 0.0 && (-BOUND..BOUND).contains(&f) => Ok(f as i64),
+        _ => Err(D::Error::custom(format!(
+            "invalid value: `{n}`, expected an integer from {} to {}",
+            i64::MIN,
+            i64::MAX
+        ))),
+    }
+}
+
 /// An object's fields as a client sends them: the body of `PUT
 /// .../objects?path=P`, or one line of an import (which also names the
 /// `path`).
@@ -171,6 +197,7 @@ pub struct ObjectBody {
     /// Where the object's data is stored.
     pub physical_address: String,
     /// Size of the data in bytes, at least 0.
+    #[serde(deserialize_with = "json_integer")]
     pub size_bytes: i64,
     /// The data's checksum.
     pub checksum: String,
@@ -340,6 +367,25 @@ fn decode_component(raw: &str) -> Result<String, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn integers_as_json_schema_counts_them() {
+        let size = |v: &str| {
+            serde_json::from_str::<ObjectBody>(&format!(
+                r#"{{"physical_address": "a", "checksum": "c", "size_bytes": {v}}}"#
+            ))
+            .map(|b| b.size_bytes)
+            .map_err(|e| e.to_string())
+        };
+        assert_eq!(size("7"), Ok(7));
+        assert_eq!(size("2516154.0"), Ok(2_516_154));
+        assert_eq!(size("-0.0"), Ok(0));
+        assert_eq!(size("9223372036854775807"), Ok(i64::MAX));
+        assert_eq!(size("1e3"), Ok(1000));
+        for bad in ["1.5", "1e19", "9223372036854775808", "\"7\"", "null"] {
+            assert!(size(bad).is_err(), "{bad}: {:?}", size(bad));
+        }
+    }
 
     fn param(q: &str) -> Result<Option<String>, String> {
         query_param(Some(q), "path").map_err(|e| match e {

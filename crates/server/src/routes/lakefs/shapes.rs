@@ -191,6 +191,7 @@ pub(crate) struct CurrentUser {
 pub(crate) struct ObjectStageCreation {
     pub(crate) physical_address: String,
     pub(crate) checksum: String,
+    #[serde(deserialize_with = "crate::input::json_integer")]
     pub(crate) size_bytes: i64,
     #[serde(default)]
     pub(crate) metadata: Option<serde_json::Map<String, serde_json::Value>>,
@@ -213,6 +214,7 @@ pub(crate) struct StagingLocation {
 pub(crate) struct StagingMetadata {
     pub(crate) staging: StagingLocation,
     pub(crate) checksum: String,
+    #[serde(deserialize_with = "crate::input::json_integer")]
     pub(crate) size_bytes: i64,
     #[serde(default)]
     pub(crate) user_metadata: Option<serde_json::Map<String, serde_json::Value>>,
