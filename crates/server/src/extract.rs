@@ -134,7 +134,7 @@ const MAX_TOKEN_BYTES: usize = 256;
 /// 401 for a missing, malformed or unknown token; 503 when the token cannot
 /// be looked up.
 pub async fn require_token(
-    State(auth): State<Authenticator>,
+    State(auth): State<Arc<Authenticator>>,
     mut req: Request,
     next: Next,
 ) -> Result<Response, AppError> {

@@ -144,8 +144,11 @@ pub fn app(state: AppState) -> Router {
 fn protected(routes: Router<AppState>, state: &AppState) -> Router<AppState> {
     routes
         .route_layer(from_fn_with_state(state.clone(), position::stamp_writes))
+        // Behind an Arc: axum clones a middleware's state for every
+        // request, and an `Authenticator` is several handles (BENCHMARKS.md
+        // §7, the bare route's profile).
         .route_layer(from_fn_with_state(
-            state.auth.clone(),
+            std::sync::Arc::new(state.auth.clone()),
             extract::require_token,
         ))
         .route_layer(from_fn_with_state(
