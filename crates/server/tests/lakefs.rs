@@ -66,6 +66,16 @@ async fn json_call(
     )
 }
 
+/// The paths of a listing's page, in order.
+fn paths(page: &Value) -> Vec<&str> {
+    page["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["path"].as_str().unwrap())
+        .collect()
+}
+
 async fn stage(router: &axum::Router, repo: &str, branch: &str, path: &str) -> StatusCode {
     let uri = format!(
         "/lakefs/repositories/{repo}/branches/{branch}/objects?path={}",
@@ -257,13 +267,7 @@ async fn listings_page_in_byte_order_within_bounds() {
     let ls = |q: &str| format!("/lakefs/repositories/lk-list/refs/main/objects/ls?{q}");
     let (status, body) = json_call(r, Method::GET, &ls("amount=0"), None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let paths: Vec<&str> = body["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| o["path"].as_str().unwrap())
-        .collect();
-    assert_eq!(paths, ["B", "a", "b/1", "b/2", "é"]);
+    assert_eq!(paths(&body), ["B", "a", "b/1", "b/2", "é"]);
     assert_eq!(body["pagination"]["has_more"], false);
     assert_eq!(body["pagination"]["next_offset"], "");
     assert_eq!(body["pagination"]["max_per_page"], 1000);
@@ -286,13 +290,7 @@ async fn listings_page_in_byte_order_within_bounds() {
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let paths: Vec<&str> = body["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| o["path"].as_str().unwrap())
-        .collect();
-    assert_eq!(paths, ["b/1", "b/2"], "{body}");
+    assert_eq!(paths(&body), ["b/1", "b/2"], "{body}");
     // Text Postgres cannot hold, or longer than any path: 400, naming it.
     for q in ["prefix=%00", "after=a%00", "delimiter=%00"] {
         let (status, body) = json_call(r, Method::GET, &ls(q), None).await;

@@ -9,44 +9,19 @@
 mod support;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
-use server::serve::{serve, EdgeSettings};
 use server::settings::Settings;
-use support::ADMIN_TOKEN;
-use tokio::net::TcpListener;
-
-/// The virtual environment's python, made (once) by the project's script.
-fn python() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = Command::new(root.join("scripts/ensure-lakefs-clients.sh"))
-        .current_dir(&root)
-        .output()
-        .expect("run scripts/ensure-lakefs-clients.sh");
-    assert!(
-        out.status.success(),
-        "scripts/ensure-lakefs-clients.sh failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
+use support::{LiveServer, ADMIN_TOKEN};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lakefs_clients_work_unchanged() {
-    let python = tokio::task::spawn_blocking(python).await.unwrap();
+    let python = tokio::task::spawn_blocking(|| support::venv_python("ensure-lakefs-clients.sh"))
+        .await
+        .unwrap();
     let app = support::setup(&Settings::default()).await;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(
-        listener,
-        app.router.clone(),
-        EdgeSettings::default(),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let live = LiveServer::start(app.router.clone()).await;
+    let addr = live.addr;
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/lakefs/clients.py");
     let run = tokio::process::Command::new(&python)
         .arg(&script)
@@ -59,8 +34,7 @@ async fn lakefs_clients_work_unchanged() {
         .await
         .expect("the client script finishes within 2 minutes")
         .unwrap();
-    let _ = stop.send(());
-    let _ = server.await;
+    live.stop().await;
     assert!(
         out.status.success(),
         "lakeFS's clients failed:\n{}\n{}",

@@ -11,28 +11,10 @@
 mod support;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
-use server::serve::{serve, EdgeSettings};
 use server::settings::Settings;
-use support::ADMIN_TOKEN;
-use tokio::net::TcpListener;
-
-/// The virtual environment's python, made (once) by the project's script.
-fn python() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = Command::new(root.join("scripts/ensure-schemathesis.sh"))
-        .current_dir(&root)
-        .output()
-        .expect("run scripts/ensure-schemathesis.sh");
-    assert!(
-        out.status.success(),
-        "scripts/ensure-schemathesis.sh failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
+use support::{LiveServer, ADMIN_TOKEN};
 
 /// Examples per operation: 30 (about a minute), or
 /// `PGBATCH_FUZZ_EXAMPLES` for a longer run by hand.
@@ -42,19 +24,12 @@ fn examples() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_nothing_against_the_document() {
-    let python = tokio::task::spawn_blocking(python).await.unwrap();
+    let python = tokio::task::spawn_blocking(|| support::venv_python("ensure-schemathesis.sh"))
+        .await
+        .unwrap();
     let app = support::setup(&Settings::default()).await;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(
-        listener,
-        app.router.clone(),
-        EdgeSettings::default(),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let live = LiveServer::start(app.router.clone()).await;
+    let addr = live.addr;
     let hooks = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openapi");
     // Its working directory takes its report directory and nothing else.
     let scratch = tempfile::tempdir().unwrap();
@@ -83,8 +58,7 @@ async fn schemathesis_finds_nothing_against_the_document() {
         .await
         .expect("schemathesis finishes within 10 minutes")
         .unwrap();
-    let _ = stop.send(());
-    let _ = server.await;
+    live.stop().await;
     let report = format!(
         "{}\n{}",
         String::from_utf8_lossy(&out.stdout),

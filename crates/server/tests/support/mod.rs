@@ -191,3 +191,50 @@ pub async fn metrics_text(router: &Router) -> String {
     let bytes = res.into_body().collect().await.unwrap().to_bytes();
     String::from_utf8(bytes.to_vec()).unwrap()
 }
+
+/// The python of a tool's private virtual environment, made (once) by the
+/// project's script `scripts/<script>`, which prints it.
+pub fn venv_python(script: &str) -> std::path::PathBuf {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = std::process::Command::new(root.join("scripts").join(script))
+        .current_dir(&root)
+        .output()
+        .unwrap_or_else(|e| panic!("run scripts/{script}: {e}"));
+    assert!(
+        out.status.success(),
+        "scripts/{script} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::path::PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// `router` served on a loopback port through the service's own HTTP
+/// edge, for clients in other processes, until [`stop`](Self::stop).
+pub struct LiveServer {
+    pub addr: std::net::SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl LiveServer {
+    pub async fn start(router: Router) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(server::serve::serve(
+            listener,
+            router,
+            server::serve::EdgeSettings::default(),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        Self { addr, stop, task }
+    }
+
+    /// Stops serving, after the requests in flight.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
+}
