@@ -2,7 +2,7 @@
 //!
 //! Each handler carries its own `#[utoipa::path]` next to its code; this
 //! module gathers them, and states on every parameter and field the rule
-//! the server enforces on it ([`Constraints`], from the constants of
+//! the server enforces on it (`Constraints`, from the constants of
 //! [`crate::input`], so the document and the checks cannot drift), and on
 //! every operation the statuses any request may get (401 without a token,
 //! 503 when overloaded, 504 past its deadline; 400, 408, 413 and 415 for a
