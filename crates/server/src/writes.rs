@@ -31,6 +31,34 @@ fn failed(e: impl Into<PgError>) -> Failure {
     Failure::from_pg(e.into(), Work::Write)
 }
 
+/// `$work`, an expression awaiting one query on the client `$c`, on a
+/// connection of `$writes`' pool, its errors classified. Behind a pooler,
+/// whose connections carry no statement timeout, in a transaction that
+/// sets the write deadline as one, so the server gives up with us.
+/// (A macro, not a function: `$work` runs on a client or on a transaction,
+/// two types, and borrows either.)
+macro_rules! on_write_connection {
+    ($writes:expr, |$c:ident| $work:expr) => {{
+        let mut client = $writes.pool.get().await.map_err(failed)?;
+        match &$writes.set_timeout {
+            None => {
+                let $c = &**client;
+                $work.map_err(failed)?
+            }
+            Some(set) => {
+                let tx = client.transaction().await.map_err(failed)?;
+                tx.batch_execute(set).await.map_err(failed)?;
+                let out = {
+                    let $c = &*tx;
+                    $work.map_err(failed)?
+                };
+                tx.commit().await.map_err(failed)?;
+                out
+            }
+        }
+    }};
+}
+
 /// Writes objects and repositories. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Writes {
@@ -45,6 +73,9 @@ pub struct Writes {
     /// How imports set their statement timeout (per transaction behind a
     /// pooler).
     import_statements: Statements,
+    /// `SET LOCAL statement_timeout = ...` of the write deadline, where the
+    /// connections do not carry it (behind a pooler).
+    set_timeout: Option<Arc<str>>,
     reads: Reads,
     /// The primary's WAL position after a write, for its response: one
     /// statement for all the writes that ask at once.
@@ -98,6 +129,10 @@ impl Writes {
             pool,
             import_pool,
             import_statements: pooler.statements(import.timeout),
+            set_timeout: pooler
+                .statements(settings.timeout)
+                .timeout()
+                .map(|t| format!("SET LOCAL statement_timeout = {}", t.as_millis().max(1)).into()),
             imports: Arc::new(Semaphore::new(import.concurrency)),
             import: *import,
             reads,
@@ -153,8 +188,7 @@ impl Writes {
     /// [`Failure::NoSuchObject`] if there was none, or as the database
     /// fails.
     pub async fn delete(&self, key: &ObjectKey) -> Result<(), Failure> {
-        let client = self.pool.get().await.map_err(failed)?;
-        let deleted = objects::delete(&**client, key).await.map_err(failed)?;
+        let deleted = on_write_connection!(self, |c| objects::delete(c, key).await);
         self.reads.object_stat.invalidate(key).await;
         if deleted {
             Ok(())
@@ -238,16 +272,14 @@ impl Writes {
         default_branch: &str,
         read_only: bool,
     ) -> Result<Repository, Failure> {
-        let client = self.pool.get().await.map_err(failed)?;
-        let created = repositories::insert_with(
-            &**client,
+        let created = on_write_connection!(self, |c| repositories::insert_with(
+            c,
             name,
             storage_namespace,
             default_branch,
             read_only,
         )
-        .await
-        .map_err(failed)?
+        .await)
         .ok_or_else(|| Failure::RepositoryExists(name.to_owned()))?;
         // Lookups of this name may have cached "no such repository".
         self.reads.object_stat.invalidate_all();
@@ -261,10 +293,7 @@ impl Writes {
     /// [`Failure::NoSuchRepository`] if there was none, or as the database
     /// fails.
     pub async fn delete_repository(&self, name: &str) -> Result<(), Failure> {
-        let client = self.pool.get().await.map_err(failed)?;
-        let deleted = repositories::delete(&**client, name)
-            .await
-            .map_err(failed)?;
+        let deleted = on_write_connection!(self, |c| repositories::delete(c, name).await);
         self.reads.object_stat.invalidate_all();
         if deleted {
             Ok(())

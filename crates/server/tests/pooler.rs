@@ -352,3 +352,80 @@ async fn a_session_mode_pooler_is_found_and_works() {
     drop(bouncer);
     cluster.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_the_pooler_a_write_gives_up_in_postgres_too() {
+    let (cluster, bouncer) = behind(PoolMode::Transaction).await;
+    let settings = Settings {
+        write: server::settings::WriteSettings {
+            timeout: Duration::from_millis(300),
+            ..Default::default()
+        },
+        ..Settings::default()
+    };
+    let direct = url_of(&cluster.config("postgres"));
+    let (_db, state, router) = instance(
+        &url_of(&bouncer.config("postgres")),
+        Some(&direct),
+        Pooler::Transaction,
+        &settings,
+    )
+    .await;
+    let create = authed(
+        Method::POST,
+        "/api/v1/repositories",
+        Body::from(json!({"name": "locked", "storage_namespace": "s3://l/"}).to_string()),
+    );
+    assert_eq!(send(&router, create).await.0, StatusCode::CREATED);
+
+    // Another session holds the repository's row, so its delete waits.
+    let (mut locker, conn) = cluster
+        .config("postgres")
+        .connect(tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let tx = locker.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM repositories WHERE name = 'locked' FOR UPDATE",
+        &[],
+    )
+    .await
+    .unwrap();
+    let delete = authed(Method::DELETE, "/api/v1/repositories/locked", Body::empty());
+    let (status, body) = send(&router, delete).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");
+
+    // The pooler's connections carry no statement timeout: the one set in
+    // the delete's transaction makes Postgres give up as well, instead of
+    // waiting for the lock (and holding a server connection) for good.
+    let (watcher, conn) = cluster
+        .config("postgres")
+        .connect(tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let waiting = || async {
+        watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE wait_event_type = 'Lock' AND query LIKE 'DELETE FROM repositories%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let start = Instant::now();
+    while waiting().await > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the delete still waits in Postgres after its request's deadline"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tx.rollback().await.unwrap();
+    state.shutdown().await;
+    drop(bouncer);
+    cluster.stop().await;
+}
