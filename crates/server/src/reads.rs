@@ -183,26 +183,19 @@ impl Reads {
         let needs = position.map_or(Needs::Any, Needs::Position);
         // Behind a pooler the connections carry no statement timeout: the
         // page's scans run in one transaction that sets it.
-        let set_timeout = self
-            .router
-            .statements()
-            .timeout()
-            .map(|t| format!("SET LOCAL statement_timeout = {}", t.as_millis().max(1)));
+        let statements = self.router.statements();
         Ok(self
             .router
-            .read(needs, |i| {
-                let set_timeout = set_timeout.as_deref();
-                async move {
-                    let mut client = pools[i].get().await?;
-                    let Some(set) = set_timeout else {
-                        return Ok(list_on(&**client, repository, request).await?);
-                    };
-                    let tx = client.transaction().await?;
-                    tx.batch_execute(set).await?;
-                    let page = list_on(&*tx, repository, request).await?;
-                    tx.commit().await?;
-                    Ok::<_, PgError>(page)
+            .read(needs, |i| async move {
+                let mut client = pools[i].get().await?;
+                if statements.timeout().is_none() {
+                    return Ok(list_on(&**client, repository, request).await?);
                 }
+                let tx = client.transaction().await?;
+                statements.begin(&tx).await?;
+                let page = list_on(&*tx, repository, request).await?;
+                tx.commit().await?;
+                Ok::<_, PgError>(page)
             })
             .await?)
     }

@@ -40,21 +40,18 @@ fn failed(e: impl Into<PgError>) -> Failure {
 macro_rules! on_write_connection {
     ($writes:expr, |$c:ident| $work:expr) => {{
         let mut client = $writes.pool.get().await.map_err(failed)?;
-        match &$writes.set_timeout {
-            None => {
-                let $c = &**client;
+        if $writes.statements.timeout().is_none() {
+            let $c = &**client;
+            $work.map_err(failed)?
+        } else {
+            let tx = client.transaction().await.map_err(failed)?;
+            $writes.statements.begin(&tx).await.map_err(failed)?;
+            let out = {
+                let $c = &*tx;
                 $work.map_err(failed)?
-            }
-            Some(set) => {
-                let tx = client.transaction().await.map_err(failed)?;
-                tx.batch_execute(set).await.map_err(failed)?;
-                let out = {
-                    let $c = &*tx;
-                    $work.map_err(failed)?
-                };
-                tx.commit().await.map_err(failed)?;
-                out
-            }
+            };
+            tx.commit().await.map_err(failed)?;
+            out
         }
     }};
 }
@@ -73,9 +70,9 @@ pub struct Writes {
     /// How imports set their statement timeout (per transaction behind a
     /// pooler).
     import_statements: Statements,
-    /// `SET LOCAL statement_timeout = ...` of the write deadline, where the
-    /// connections do not carry it (behind a pooler).
-    set_timeout: Option<Arc<str>>,
+    /// How writes send statements and set the write deadline as their
+    /// statement timeout (per transaction behind a pooler).
+    statements: Statements,
     reads: Reads,
     /// The primary's WAL position after a write, for its response: one
     /// statement for all the writes that ask at once.
@@ -99,6 +96,7 @@ impl Writes {
         pooler: Pooler,
     ) -> Result<Self, BuildError> {
         let builder = settings.batch.builder("object_write", settings.timeout);
+        let statements = pooler.statements(settings.timeout);
         let position_pool = pool.clone();
         // Never joins a statement already running: one that started before
         // a write committed could return a position before its commit.
@@ -120,19 +118,11 @@ impl Writes {
             }))?;
         Ok(Self {
             positions,
-            writer: Writer::with_statements(
-                pool.clone(),
-                ObjectUpsert,
-                pooler.statements(settings.timeout),
-                builder,
-            )?,
+            writer: Writer::with_statements(pool.clone(), ObjectUpsert, statements, builder)?,
             pool,
             import_pool,
             import_statements: pooler.statements(import.timeout),
-            set_timeout: pooler
-                .statements(settings.timeout)
-                .timeout()
-                .map(|t| format!("SET LOCAL statement_timeout = {}", t.as_millis().max(1)).into()),
+            statements,
             imports: Arc::new(Semaphore::new(import.concurrency)),
             import: *import,
             reads,

@@ -90,8 +90,15 @@ impl Statements {
             .map(|t| format!("SET LOCAL statement_timeout = {}", t.as_millis().max(1)))
     }
 
-    /// Sets the statement timeout in `tx`, if there is one.
-    pub(crate) async fn begin(
+    /// Sets the statement timeout in `tx`, if there is one: for statements
+    /// of your own, in a transaction, on connections that cannot carry the
+    /// timeout as a session setting (behind a pooler), as the loader, the
+    /// writer and the import do with theirs.
+    ///
+    /// # Errors
+    ///
+    /// When the `SET LOCAL` fails.
+    pub async fn begin(
         &self,
         tx: &tokio_postgres::Transaction<'_>,
     ) -> Result<(), tokio_postgres::Error> {
