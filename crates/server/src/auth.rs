@@ -58,6 +58,12 @@ pub fn new_token() -> anyhow::Result<String> {
     Ok(format!("pgb_{}", hex::encode(bytes)))
 }
 
+/// `t` in Unix milliseconds, as token expiries are kept.
+fn unix_millis(t: std::time::SystemTime) -> i64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 /// What a user may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -88,10 +94,7 @@ impl Principal {
         let Some(at) = self.expires_at_ms else {
             return false;
         };
-        let now = now
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        now >= at
+        unix_millis(now) >= at
     }
 
     /// Whether the user may do `action` in `repository` (`*`: the
@@ -282,9 +285,7 @@ impl Authenticator {
         let expires_in = match caller.expires_at_ms {
             None => None,
             Some(at) => {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+                let now = unix_millis(std::time::SystemTime::now());
                 let left = u64::try_from(at.saturating_sub(now)).unwrap_or(0);
                 if left == 0 {
                     return Err(Failure::Forbidden(format!(

@@ -43,6 +43,26 @@ pub fn repository(name: &str) -> Result<(), Failure> {
     }
 }
 
+/// Checks a user name: 1 to 64 characters of `A-Z`, `a-z`, `0-9`, `.`,
+/// `_` and `-`, starting with a letter or digit (the rule of the `users`
+/// table).
+pub fn user_name(name: &str) -> Result<(), Failure> {
+    let bytes = name.as_bytes();
+    let ok = (1..=64).contains(&bytes.len())
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        return Ok(());
+    }
+    Err(Failure::invalid(
+        "invalid_user_name",
+        "a user name is 1 to 64 characters of A-Z, a-z, 0-9, '.', '_' and '-', \
+         starting with a letter or digit",
+    ))
+}
+
 /// Checks an object path; `what` names it in the message (`path`,
 /// `paths[3]`).
 pub fn object_path(path: &str, what: &str) -> Result<(), Failure> {
@@ -367,6 +387,16 @@ fn decode_component(raw: &str) -> Result<String, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn user_names_as_the_users_table_has_them() {
+        for ok in ["a", "Alice.B_c-1", &"x".repeat(64)] {
+            assert!(user_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", ".a", "-a", "_a", "a b", "é", &"x".repeat(65)] {
+            assert!(user_name(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn integers_as_json_schema_counts_them() {

@@ -31,6 +31,13 @@ use axum::Router;
 
 use crate::state::AppState;
 
+/// Now in Unix seconds, as lakeFS's shapes give times.
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
 /// The routes that need credentials, relative to the mount point.
 pub(crate) fn routes() -> Router<AppState> {
     Router::new()

@@ -198,7 +198,7 @@ async fn write(
         physical_address: row.physical_address.clone(),
         checksum: row.checksum.clone(),
         size_bytes: row.size_bytes,
-        mtime: unix_now(),
+        mtime: super::unix_now(),
         content_type: row.content_type.clone(),
         metadata: row.metadata.clone(),
     };
@@ -212,12 +212,6 @@ fn fresh_id() -> String {
         .into_uuid()
         .simple()
         .to_string()
-}
-
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// `PUT .../branches/{branch}/objects?path=P` (the deprecated stageObject):

@@ -1,16 +1,14 @@
 //! What lakeFS's clients ask before anything else: the server's
 //! configuration and version, who they are, and health.
 
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use serde_json::{json, Value};
 
-use axum::extract::State;
-
 use super::shapes::{CurrentUser, User};
 use crate::error::AppError;
 use crate::extract::{Caller, PathParams};
-use crate::failure::Failure;
 use crate::state::AppState;
 
 /// The storage this service describes to lakeFS's clients: any namespace
@@ -96,30 +94,17 @@ pub(crate) async fn create_credentials(
     PathParams(path): PathParams<UserPath>,
 ) -> Result<(StatusCode, Json<CredentialsWithSecret>), AppError> {
     let user = path.user_id;
-    let valid = (1..=64).contains(&user.len())
-        && user
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if !valid {
-        return Err(Failure::invalid(
-            "invalid_user_name",
-            "a user name is 1 to 64 characters of A-Z, a-z, 0-9, '.', '_' and '-'",
-        )
-        .into());
-    }
+    crate::input::user_name(&user)?;
     let token = state
         .auth
         .create_token(&caller, &user, "lakeFS credentials (createCredentials)")
         .await?;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
     Ok((
         StatusCode::CREATED,
         Json(CredentialsWithSecret {
             access_key_id: crate::auth::token_id(&token),
             secret_access_key: token,
-            creation_date: now,
+            creation_date: super::unix_now(),
         }),
     ))
 }
