@@ -90,6 +90,19 @@ pub fn upper_bound(prefix: &str) -> Option<String> {
     None
 }
 
+/// The common prefix `path` folds into: `prefix` and what follows it up to
+/// the first `delimiter` after it, that included. `None` with no delimiter
+/// there, or none given: then `path` is an object's (a cursor equal to
+/// `prefix` is the object at that path, a "directory marker").
+fn common_prefix(path: &str, prefix: &str, delimiter: &str) -> Option<String> {
+    if delimiter.is_empty() {
+        return None;
+    }
+    let rest = path.strip_prefix(prefix)?;
+    let at = rest.find(delimiter)?;
+    Some(format!("{prefix}{}", &rest[..at + delimiter.len()]))
+}
+
 /// One page for `request`, from range scans by `scan(from, below, limit)`:
 /// the objects with `from <= path < below` (no upper bound with `None`) in
 /// path order, at most `limit` of them.
@@ -108,19 +121,9 @@ where
     let want = request.amount.clamp(1, MAX_AMOUNT) + 1;
     // Where the next scan starts, and a path at its start to skip (the
     // cursor itself: entries come strictly after it).
-    // The common prefix the cursor is in or is, if any: the delimiter's
-    // first occurrence after `prefix` (not in `prefix` itself: a cursor
-    // equal to the prefix is the object at that path, a "directory
-    // marker").
-    let folded = request
-        .after
-        .strip_prefix(prefix)
-        .filter(|_| !delimiter.is_empty())
-        .and_then(|rest| rest.find(delimiter).map(|at| &rest[..at + delimiter.len()]))
-        .map(|dir| format!("{prefix}{dir}"));
     let (mut from, mut skip) = if request.after.as_str() < prefix {
         (prefix.to_owned(), None)
-    } else if let Some(common) = folded {
+    } else if let Some(common) = common_prefix(&request.after, prefix, delimiter) {
         // Everything under it was listed with it, at or before the cursor.
         match upper_bound(&common) {
             Some(past) => (past, None),
@@ -152,24 +155,20 @@ where
             if skip.as_deref() == Some(row.path.as_str()) {
                 continue;
             }
-            if !delimiter.is_empty() {
-                let rest = row.path.get(prefix.len()..).unwrap_or_default();
-                if let Some(at) = rest.find(delimiter) {
-                    let common = format!("{prefix}{}", &rest[..at + delimiter.len()]);
-                    // Past its subtree: the next scan starts there.
-                    match upper_bound(&common) {
-                        Some(past) => {
-                            from = past;
-                            skip = None;
-                        }
-                        None => {
-                            entries.push(Entry::CommonPrefix(common));
-                            break 'scans;
-                        }
+            if let Some(common) = common_prefix(&row.path, prefix, delimiter) {
+                // Past its subtree: the next scan starts there.
+                match upper_bound(&common) {
+                    Some(past) => {
+                        from = past;
+                        skip = None;
                     }
-                    entries.push(Entry::CommonPrefix(common));
-                    continue 'scans;
+                    None => {
+                        entries.push(Entry::CommonPrefix(common));
+                        break 'scans;
+                    }
                 }
+                entries.push(Entry::CommonPrefix(common));
+                continue 'scans;
             }
             last = Some(row.path.clone());
             entries.push(Entry::Object(row));
