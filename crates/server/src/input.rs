@@ -122,16 +122,28 @@ pub fn stat_paths(paths: &[String], max: usize) -> Result<(), Failure> {
 ///
 /// `invalid_policy`, or as [`query_param`].
 pub fn conflict_policy(raw_query: Option<&str>) -> Result<ConflictPolicy, Failure> {
-    match query_param(raw_query, "policy")?.as_deref() {
-        None | Some("skip") => Ok(ConflictPolicy::Skip),
-        Some("overwrite") => Ok(ConflictPolicy::Overwrite),
-        Some("fail") => Ok(ConflictPolicy::Fail),
-        Some(other) => Err(Failure::invalid(
-            "invalid_policy",
-            format!("`policy` is skip, overwrite or fail, not `{other}`"),
-        )),
-    }
+    let Some(given) = query_param(raw_query, "policy")? else {
+        return Ok(ConflictPolicy::Skip);
+    };
+    CONFLICT_POLICIES
+        .iter()
+        .find(|(name, _)| *name == given)
+        .map(|&(_, policy)| policy)
+        .ok_or_else(|| {
+            Failure::invalid(
+                "invalid_policy",
+                format!("`policy` is skip, overwrite or fail, not `{given}`"),
+            )
+        })
 }
+
+/// An import's `policy` values as the query string spells them (also the
+/// OpenAPI document's enum); none given is `skip`.
+pub const CONFLICT_POLICIES: [(&str, ConflictPolicy); 3] = [
+    ("skip", ConflictPolicy::Skip),
+    ("overwrite", ConflictPolicy::Overwrite),
+    ("fail", ConflictPolicy::Fail),
+];
 
 /// Checks a `random_read_test` key.
 pub fn pk(pk: &str) -> Result<(), Failure> {

@@ -31,8 +31,8 @@ use utoipa::{Modify, OpenApi};
 
 use crate::error::{ErrorBody, ErrorDetail};
 use crate::input::{
-    KEY_PATTERN, MAX_FIELD_BYTES, MAX_METADATA_ENTRIES, MAX_PATH_BYTES, MAX_PK_BYTES,
-    NO_NUL_PATTERN, REPOSITORY_NAME_PATTERN, TOKEN_ID_PATTERN,
+    CONFLICT_POLICIES, KEY_PATTERN, MAX_FIELD_BYTES, MAX_METADATA_ENTRIES, MAX_PATH_BYTES,
+    MAX_PK_BYTES, NO_NUL_PATTERN, REPOSITORY_NAME_PATTERN, TOKEN_ID_PATTERN,
 };
 use crate::replicas::POSITION_PATTERN;
 use crate::routes::{health, kv, objects, repositories, user};
@@ -174,7 +174,7 @@ impl Constraints {
                     1,
                     MAX_PK_BYTES,
                     KEY_PATTERN,
-                    "1 to 256 bytes, no control characters",
+                    &format!("1 to {MAX_PK_BYTES} bytes, no control characters"),
                 ),
                 (ParameterIn::Path, "id") => pattern(
                     16,
@@ -190,7 +190,7 @@ impl Constraints {
                 ),
                 (ParameterIn::Query, "policy") => ObjectBuilder::new()
                     .schema_type(Type::String)
-                    .enum_values(Some(["skip", "overwrite", "fail"]))
+                    .enum_values(Some(CONFLICT_POLICIES.map(|(name, _)| name)))
                     .build()
                     .into(),
                 _ => continue,
