@@ -3,14 +3,73 @@
 
 mod support;
 
+use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pgbatch::cache::{Admission, Cache, CacheBuilder};
-use pgbatch::{Batcher, Error};
+use pgbatch::{loader_fn, Batcher, Error};
 use support::{value_of, TestLoader};
 use tokio::sync::Semaphore;
+
+/// Where a cache's misses go: the guarantees hold for both.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Via {
+    /// `build(load)`: the cache's own flights coalesce misses.
+    Flights,
+    /// `build_with_batcher`: the batcher keeps one load per key and fills
+    /// the cache from its completions.
+    Batcher,
+}
+
+const VIAS: [Via; 2] = [Via::Flights, Via::Batcher];
+
+/// A cache built by `builder` whose misses load each key with `load`:
+/// directly, or through a batcher whose batches call it for each key.
+fn build_via<V, F, Fut>(via: Via, builder: CacheBuilder<u64, V>, load: F) -> Cache<u64, V>
+where
+    V: Clone + Send + Sync + 'static,
+    F: Fn(u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Option<V>, Error>> + Send + 'static,
+{
+    match via {
+        Via::Flights => builder.build(load).unwrap(),
+        Via::Batcher => {
+            let load = Arc::new(load);
+            let batcher = Batcher::builder()
+                .build(loader_fn(move |keys: Vec<u64>| {
+                    // Called here, so a panic before the future is the
+                    // batch's, as a real loader's would be.
+                    let loads: Vec<_> = keys.iter().map(|&k| (k, load(k))).collect();
+                    async move {
+                        let mut out = HashMap::new();
+                        for (k, value) in loads {
+                            if let Some(v) = value.await? {
+                                out.insert(k, v);
+                            }
+                        }
+                        Ok::<_, Error>(out)
+                    }
+                }))
+                .unwrap();
+            builder.build_with_batcher(batcher).unwrap()
+        }
+    }
+}
+
+/// Whether `err` or one of its sources says `text`.
+fn says(err: &Error, text: &str) -> bool {
+    let mut next: Option<&dyn std::error::Error> = Some(err);
+    while let Some(e) = next {
+        if e.to_string().contains(text) {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
 
 /// Counts loads; holds them behind a gate when asked to.
 #[derive(Default)]
@@ -40,25 +99,37 @@ impl Loads {
     }
 }
 
-fn counting_cache(loads: &Arc<Loads>) -> Cache<u64, String> {
-    counting_cache_with(loads, Cache::builder())
+fn counting_cache(via: Via, loads: &Arc<Loads>) -> Cache<u64, String> {
+    counting_cache_with(via, loads, Cache::builder())
 }
 
-/// A cache built by `builder` whose loads go through `loads`.
+/// A cache built by `builder` whose loads of a key go through `loads`.
 fn counting_cache_with(
+    via: Via,
     loads: &Arc<Loads>,
     builder: CacheBuilder<u64, String>,
 ) -> Cache<u64, String> {
     let loads = Arc::clone(loads);
-    builder
-        .build(move |k: u64| {
-            let loads = Arc::clone(&loads);
-            async move {
-                loads.pass().await;
-                Ok(Some(value_of(k)))
-            }
-        })
-        .unwrap()
+    build_via(via, builder, move |k: u64| {
+        let loads = Arc::clone(&loads);
+        async move {
+            loads.pass().await;
+            Ok(Some(value_of(k)))
+        }
+    })
+}
+
+/// Waits until `n` lookups have missed, and a little longer for their
+/// requests to reach a batcher's worker. With flights, a load is counted
+/// as it starts and the others as they join it; over a batcher, every
+/// waiting lookup counts as coalesced until its load ends.
+async fn all_missed<V: Clone + Send + Sync + 'static>(cache: &Cache<u64, V>, n: u64) {
+    eventually("every lookup missed", || {
+        let s = cache.stats();
+        s.misses + s.coalesced == n
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
 }
 
 /// Polls `cond` until it holds (bounded, so a bug fails instead of hanging).
@@ -72,23 +143,29 @@ async fn eventually(what: &str, cond: impl Fn() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_concurrent_gets_of_one_cold_key_cause_one_load() {
+    for via in VIAS {
+        one_cold_key_one_load(via).await;
+    }
+}
+
+async fn one_cold_key_one_load(via: Via) {
     let loads = Loads::gated();
-    let cache = counting_cache(&loads);
+    let cache = counting_cache(via, &loads);
     let gets: Vec<_> = (0..1000)
         .map(|_| {
             let cache = cache.clone();
             tokio::spawn(async move { cache.get(42).await })
         })
         .collect();
-    eventually("all callers waiting", || cache.stats().coalesced == 999).await;
+    all_missed(&cache, 1000).await;
     loads.gate.as_ref().unwrap().add_permits(1);
     for g in gets {
-        assert_eq!(g.await.unwrap().unwrap(), Some(value_of(42)));
+        assert_eq!(g.await.unwrap().unwrap(), Some(value_of(42)), "{via:?}");
     }
-    assert_eq!(loads.calls(), 1);
+    assert_eq!(loads.calls(), 1, "{via:?}");
     assert_eq!(cache.get(42).await.unwrap(), Some(value_of(42)));
     let s = cache.stats();
-    assert_eq!((s.misses, s.coalesced, s.hits), (1, 999, 1));
+    assert_eq!((s.misses, s.coalesced, s.hits), (1, 999, 1), "{via:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -130,8 +207,14 @@ async fn a_thousand_gets_over_a_hundred_keys_through_a_batcher_make_few_batches(
 
 #[tokio::test]
 async fn the_first_callers_cancellation_does_not_affect_the_others() {
+    for via in VIAS {
+        first_callers_cancellation(via).await;
+    }
+}
+
+async fn first_callers_cancellation(via: Via) {
     let loads = Loads::gated();
-    let cache = counting_cache(&loads);
+    let cache = counting_cache(via, &loads);
     let first = tokio::spawn({
         let cache = cache.clone();
         async move { cache.get(7).await }
@@ -141,7 +224,7 @@ async fn the_first_callers_cancellation_does_not_affect_the_others() {
         let cache = cache.clone();
         async move { cache.get(7).await }
     });
-    eventually("second caller waiting", || cache.stats().coalesced == 1).await;
+    all_missed(&cache, 2).await;
 
     first.abort();
     assert!(first.await.unwrap_err().is_cancelled());
@@ -159,39 +242,37 @@ async fn the_first_callers_cancellation_does_not_affect_the_others() {
 /// A cache built by `builder` whose first `failures` loads fail with
 /// "database down" and later ones find their key; counts its loads.
 fn failing_first(
+    via: Via,
     failures: usize,
     builder: CacheBuilder<u64, String>,
 ) -> (Cache<u64, String>, Arc<AtomicUsize>) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let cache = builder
-        .build({
-            let calls = Arc::clone(&calls);
-            move |k: u64| {
-                let n = calls.fetch_add(1, SeqCst);
-                async move {
-                    if n < failures {
-                        Err(Error::load(std::io::Error::other("database down")))
-                    } else {
-                        Ok(Some(value_of(k)))
-                    }
+    let cache = build_via(via, builder, {
+        let calls = Arc::clone(&calls);
+        move |k: u64| {
+            let n = calls.fetch_add(1, SeqCst);
+            async move {
+                if n < failures {
+                    Err(Error::load(std::io::Error::other("database down")))
+                } else {
+                    Ok(Some(value_of(k)))
                 }
             }
-        })
-        .unwrap();
+        }
+    });
     (cache, calls)
 }
 
 #[tokio::test]
 async fn errors_are_not_cached() {
-    let (cache, calls) = failing_first(1, Cache::builder());
-    let err = cache.get(1).await.unwrap_err();
-    assert_eq!(
-        err.load_error::<std::io::Error>().unwrap().to_string(),
-        "database down"
-    );
-    assert_eq!(cache.get(1).await.unwrap(), Some(value_of(1)));
-    assert_eq!(calls.load(SeqCst), 2);
-    assert_eq!(cache.stats().load_errors, 1);
+    for via in VIAS {
+        let (cache, calls) = failing_first(via, 1, Cache::builder());
+        let err = cache.get(1).await.unwrap_err();
+        assert!(says(&err, "database down"), "{via:?}: {err:?}");
+        assert_eq!(cache.get(1).await.unwrap(), Some(value_of(1)));
+        assert_eq!(calls.load(SeqCst), 2, "{via:?}");
+        assert_eq!(cache.stats().load_errors, 1, "{via:?}");
+    }
 }
 
 /// Where [`first_call_panics`]'s loader panics.
@@ -205,32 +286,41 @@ enum Panic {
 
 /// A cache whose loader panics on its first call, at `at`, and loads
 /// normally after.
-fn first_call_panics(at: Panic) -> Cache<u64, String> {
+fn first_call_panics(via: Via, at: Panic) -> Cache<u64, String> {
     let calls = AtomicUsize::new(0);
-    Cache::builder()
-        .build(move |k: u64| {
-            let first = calls.fetch_add(1, SeqCst) == 0;
-            assert!(
-                !(first && at == Panic::BeforeFuture),
-                "the first call panics before making its future"
-            );
-            async move {
-                assert!(!first, "first load panics on purpose");
-                Ok(Some(value_of(k)))
-            }
-        })
-        .unwrap()
+    build_via(via, Cache::builder(), move |k: u64| {
+        let first = calls.fetch_add(1, SeqCst) == 0;
+        assert!(
+            !(first && at == Panic::BeforeFuture),
+            "the first call panics before making its future"
+        );
+        async move {
+            assert!(!first, "first load panics on purpose");
+            Ok(Some(value_of(k)))
+        }
+    })
 }
 
 #[tokio::test]
 async fn a_panicking_load_fails_its_waiters_and_is_not_sticky() {
-    let cache = first_call_panics(Panic::InFuture);
-    assert!(matches!(cache.get(3).await, Err(Error::LoaderPanicked(_))));
-    assert_eq!(cache.get(3).await.unwrap(), Some(value_of(3)));
+    for via in VIAS {
+        let cache = first_call_panics(via, Panic::InFuture);
+        assert!(
+            matches!(cache.get(3).await, Err(Error::LoaderPanicked(_))),
+            "{via:?}"
+        );
+        assert_eq!(cache.get(3).await.unwrap(), Some(value_of(3)));
+    }
 }
 
 #[tokio::test]
 async fn not_found_is_cached_only_with_a_negative_ttl_and_for_that_long() {
+    for via in VIAS {
+        not_found_cached_with_negative_ttl(via).await;
+    }
+}
+
+async fn not_found_cached_with_negative_ttl(via: Via) {
     let calls = Arc::new(AtomicUsize::new(0));
     let build = |negative: Option<Duration>| {
         let calls = Arc::clone(&calls);
@@ -238,11 +328,10 @@ async fn not_found_is_cached_only_with_a_negative_ttl_and_for_that_long() {
         if let Some(ttl) = negative {
             b = b.negative_ttl(ttl);
         }
-        b.build(move |_k| {
+        build_via(via, b, move |_k| {
             calls.fetch_add(1, SeqCst);
             async { Ok(None) }
         })
-        .unwrap()
     };
 
     let plain = build(None);
@@ -268,6 +357,7 @@ async fn not_found_is_cached_only_with_a_negative_ttl_and_for_that_long() {
 async fn entries_expire_spread_over_the_jitter() {
     let loads = Arc::new(Loads::default());
     let cache: Cache<u64, String> = counting_cache_with(
+        Via::Flights,
         &loads,
         Cache::builder()
             .time_to_live(Duration::from_millis(200))
@@ -306,15 +396,19 @@ async fn entries_expire_spread_over_the_jitter() {
 
 #[tokio::test]
 async fn invalidation_wins_over_a_load_already_running() {
+    for via in VIAS {
+        invalidation_wins(via).await;
+    }
+}
+
+async fn invalidation_wins(via: Via) {
     let loads = Loads::gated();
     let cache: Cache<u64, usize> = {
         let loads = Arc::clone(&loads);
-        Cache::builder()
-            .build(move |_k: u64| {
-                let loads = Arc::clone(&loads);
-                async move { Ok(Some(loads.pass().await)) }
-            })
-            .unwrap()
+        build_via(via, Cache::builder(), move |_k: u64| {
+            let loads = Arc::clone(&loads);
+            async move { Ok(Some(loads.pass().await)) }
+        })
     };
     let early = tokio::spawn({
         let cache = cache.clone();
@@ -345,7 +439,7 @@ async fn invalidation_wins_over_a_load_already_running() {
 #[tokio::test]
 async fn capacity_is_bounded_by_count_or_by_weight() {
     let loads = Arc::new(Loads::default());
-    let by_count = counting_cache_with(&loads, Cache::builder().max_capacity(100));
+    let by_count = counting_cache_with(Via::Batcher, &loads, Cache::builder().max_capacity(100));
     for k in 0..1000 {
         by_count.get(k).await.unwrap();
     }
@@ -381,22 +475,31 @@ fn invalid_settings_are_rejected() {
 
 #[tokio::test]
 async fn a_lone_callers_abandoned_load_still_fills_the_cache() {
-    let loads = Loads::gated();
-    let cache = counting_cache(&loads);
-    let gave_up = tokio::time::timeout(Duration::from_millis(20), cache.get(9)).await;
-    assert!(gave_up.is_err(), "the load is held at the gate");
-    loads.gate.as_ref().unwrap().add_permits(1);
-    // Joins the handed-over load or finds its value: either way no second
-    // load.
-    assert_eq!(cache.get(9).await.unwrap(), Some(value_of(9)));
-    assert_eq!(cache.get(9).await.unwrap(), Some(value_of(9)));
-    assert_eq!(loads.calls(), 1);
+    for via in VIAS {
+        let loads = Loads::gated();
+        let cache = counting_cache(via, &loads);
+        let gave_up = tokio::time::timeout(Duration::from_millis(20), cache.get(9)).await;
+        assert!(gave_up.is_err(), "the load is held at the gate");
+        loads.gate.as_ref().unwrap().add_permits(1);
+        // The load ends with nobody waiting for it, and still fills.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(cache.get(9).await.unwrap(), Some(value_of(9)));
+        assert_eq!(cache.get(9).await.unwrap(), Some(value_of(9)));
+        assert_eq!(loads.calls(), 1, "{via:?}");
+    }
 }
 
 #[tokio::test]
 async fn with_second_miss_admission_a_key_is_stored_from_its_second_miss() {
+    for via in VIAS {
+        second_miss_admission(via).await;
+    }
+}
+
+async fn second_miss_admission(via: Via) {
     let loads = Arc::new(Loads::default());
     let cache = counting_cache_with(
+        via,
         &loads,
         Cache::builder()
             .admission(Admission::SecondMiss)
@@ -420,22 +523,31 @@ async fn with_second_miss_admission_a_key_is_stored_from_its_second_miss() {
 
 #[tokio::test]
 async fn with_second_miss_admission_errors_are_still_not_cached() {
-    let (cache, calls) = failing_first(2, Cache::builder().admission(Admission::SecondMiss));
-    assert!(cache.get(1).await.is_err());
-    assert!(cache.get(1).await.is_err());
-    assert_eq!(cache.get(1).await.unwrap(), Some(value_of(1)));
-    assert_eq!(cache.get(1).await.unwrap(), Some(value_of(1)));
-    assert_eq!(
-        calls.load(SeqCst),
-        4,
-        "errors are neither stored nor count as misses seen"
-    );
+    for via in VIAS {
+        let builder = Cache::builder().admission(Admission::SecondMiss);
+        let (cache, calls) = failing_first(via, 2, builder);
+        assert!(cache.get(1).await.is_err());
+        assert!(cache.get(1).await.is_err());
+        assert_eq!(cache.get(1).await.unwrap(), Some(value_of(1)));
+        assert_eq!(cache.get(1).await.unwrap(), Some(value_of(1)));
+        assert_eq!(
+            calls.load(SeqCst),
+            4,
+            "{via:?}: errors are neither stored nor count as misses seen"
+        );
+    }
 }
 
 #[tokio::test]
 async fn a_first_caller_that_stops_polling_holds_nobody_up() {
+    for via in VIAS {
+        first_caller_not_polled(via).await;
+    }
+}
+
+async fn first_caller_not_polled(via: Via) {
     let loads = Loads::gated();
-    let cache = counting_cache(&loads);
+    let cache = counting_cache(via, &loads);
     // The first caller starts the load, then is neither polled nor
     // dropped (a future parked in a `select!` loop, say).
     let mut first = Box::pin(cache.get(4));
@@ -450,7 +562,7 @@ async fn a_first_caller_that_stops_polling_holds_nobody_up() {
         let cache = cache.clone();
         async move { cache.get(4).await }
     });
-    eventually("second caller waiting", || cache.stats().coalesced == 1).await;
+    all_missed(&cache, 2).await;
     loads.gate.as_ref().unwrap().add_permits(1);
     let answer = tokio::time::timeout(Duration::from_secs(10), second)
         .await
@@ -462,7 +574,118 @@ async fn a_first_caller_that_stops_polling_holds_nobody_up() {
 
 #[tokio::test]
 async fn a_loader_panicking_before_its_future_fails_its_waiters_not_the_caller() {
-    let cache = first_call_panics(Panic::BeforeFuture);
-    assert!(matches!(cache.get(3).await, Err(Error::LoaderPanicked(_))));
-    assert_eq!(cache.get(3).await.unwrap(), Some(value_of(3)));
+    for via in VIAS {
+        let cache = first_call_panics(via, Panic::BeforeFuture);
+        assert!(
+            matches!(cache.get(3).await, Err(Error::LoaderPanicked(_))),
+            "{via:?}"
+        );
+        assert_eq!(cache.get(3).await.unwrap(), Some(value_of(3)));
+    }
+}
+
+#[tokio::test]
+async fn a_lookup_after_an_invalidation_does_not_join_the_load_before_it() {
+    for via in VIAS {
+        let loads = Loads::gated();
+        let cache: Cache<u64, usize> = {
+            let loads = Arc::clone(&loads);
+            build_via(via, Cache::builder(), move |_k: u64| {
+                let loads = Arc::clone(&loads);
+                async move { Ok(Some(loads.pass().await)) }
+            })
+        };
+        let before = tokio::spawn({
+            let cache = cache.clone();
+            async move { cache.get(1).await }
+        });
+        eventually("load 1 running", || loads.calls() == 1).await;
+        // A write commits and invalidates: load 1 may have read the old row.
+        cache.invalidate(&1).await;
+        let after = tokio::spawn({
+            let cache = cache.clone();
+            async move { cache.get(1).await }
+        });
+        eventually("load 2 running", || loads.calls() == 2).await;
+        loads.gate.as_ref().unwrap().add_permits(2);
+        assert_eq!(before.await.unwrap().unwrap(), Some(1), "{via:?}");
+        assert_eq!(
+            after.await.unwrap().unwrap(),
+            Some(2),
+            "{via:?}: the later lookup got its own load"
+        );
+        assert_eq!(cache.get(1).await.unwrap(), Some(2), "{via:?}");
+        assert_eq!(loads.calls(), 2, "{via:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_second_cache_over_the_same_batcher_still_coalesces_and_fills() {
+    let loader = TestLoader::new();
+    let batcher: Batcher<u64, String> = Batcher::builder().build(loader.clone()).unwrap();
+    let first = Cache::builder()
+        .build_with_batcher(batcher.clone())
+        .unwrap();
+    let second = Cache::builder()
+        .build_with_batcher(batcher.clone())
+        .unwrap();
+    for cache in [&first, &second] {
+        assert_eq!(cache.get(3).await.unwrap(), Some(value_of(3)));
+        assert_eq!(cache.get(3).await.unwrap(), Some(value_of(3)));
+    }
+    assert_eq!(loader.calls().len(), 2, "one load per cache, then hits");
+    assert_eq!(first.stats().hits + second.stats().hits, 2);
+    // Plain loads still go through, uncached.
+    assert_eq!(batcher.load(3).await.unwrap(), Some(value_of(3)));
+    assert_eq!(loader.calls().len(), 3);
+}
+
+#[tokio::test]
+async fn a_dropped_cache_lets_its_batchers_worker_stop() {
+    let (batcher, worker) = Batcher::<u64, String>::builder()
+        .build_pair(TestLoader::new())
+        .unwrap();
+    let worker = tokio::spawn(worker.run());
+    let cache = Cache::builder().build_with_batcher(batcher).unwrap();
+    assert_eq!(cache.get(1).await.unwrap(), Some(value_of(1)));
+    drop(cache);
+    tokio::time::timeout(Duration::from_secs(10), worker)
+        .await
+        .expect("the worker stops with its last handle: the cache's fill holds none")
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_misses_over_a_batcher_load_each_key_once_and_fill() {
+    let loader = TestLoader::gated();
+    let batcher: Batcher<u64, String> = Batcher::builder()
+        .max_batch_size(8)
+        .build(loader.clone())
+        .unwrap();
+    let cache = Cache::builder()
+        .build_with_batcher(batcher.clone())
+        .unwrap();
+    let gets: Vec<_> = (0..400u64)
+        .map(|i| {
+            let cache = cache.clone();
+            tokio::spawn(async move { (i % 40, cache.get(i % 40).await) })
+        })
+        .collect();
+    all_missed(&cache, 400).await;
+    loader.open(1000);
+    for g in gets {
+        let (key, value) = g.await.unwrap();
+        assert_eq!(value.unwrap(), Some(value_of(key)), "key {key}");
+    }
+    let mut loaded: Vec<u64> = loader.calls().into_iter().flatten().collect();
+    loaded.sort_unstable();
+    let before = loaded.len();
+    loaded.dedup();
+    assert_eq!(before, 40, "each key loaded once: {loaded:?}");
+    for k in 0..40 {
+        assert_eq!(cache.get(k).await.unwrap(), Some(value_of(k)));
+    }
+    assert_eq!(loader.calls().iter().map(Vec::len).sum::<usize>(), 40, "all hits");
+    let s = cache.stats();
+    assert_eq!((s.misses, s.coalesced, s.hits), (40, 360, 40), "{s:?}");
 }

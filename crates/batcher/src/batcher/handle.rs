@@ -11,6 +11,9 @@ use tracing::Instrument as _;
 
 use super::builder::BatcherBuilder;
 use super::config::{Config, Overflow};
+#[cfg(feature = "cache")]
+use super::fill::FillFn;
+use super::fill::{FillSlot, Stamp};
 use super::loader::Loader;
 use super::message::{Message, Reply, Rx};
 use super::policy;
@@ -69,6 +72,9 @@ struct Inner<K, V> {
     shared: Arc<Shared>,
     /// For direct loads (see [`BatcherBuilder::direct_when_idle`]).
     load: LoadFn<K, V>,
+    /// The cache built over this batcher, if any (see [`super::fill`]).
+    #[cfg_attr(not(feature = "cache"), allow(dead_code))]
+    fill: FillSlot<K, V>,
 }
 
 impl<K, V> Clone for Batcher<K, V> {
@@ -97,8 +103,19 @@ where
     let (tx, rx) = mpsc::channel(config.channel_capacity);
     let shared = Arc::new(Shared::new(config));
     let load = load_fn(loader);
-    let worker = Worker::new(rx, Arc::clone(&load), Arc::clone(&shared));
-    let inner = Arc::new(Inner { tx, shared, load });
+    let fill = FillSlot::default();
+    let worker = Worker::new(
+        rx,
+        Arc::clone(&load),
+        Arc::clone(&shared),
+        Arc::clone(&fill),
+    );
+    let inner = Arc::new(Inner {
+        tx,
+        shared,
+        load,
+        fill,
+    });
     (Batcher { inner }, worker)
 }
 
@@ -163,8 +180,28 @@ where
                 return self.load_direct(key, now, deadline, slot).await;
             }
         }
-        let rx = self.enqueue(key, now, deadline).await?;
+        let rx = self.enqueue(key, now, deadline, None).await?;
         self.wait(rx, deadline).await
+    }
+
+    /// A cache miss's [`load`](Self::load): `stamp` is the cache's epoch
+    /// for `key` when it missed (see [`super::fill`]). Always through the
+    /// worker, which alone knows which loads are running, so concurrent
+    /// misses of a key share one load.
+    #[cfg(feature = "cache")]
+    pub(crate) async fn load_stamped(&self, key: K, stamp: Stamp) -> Result<Option<V>, Error> {
+        let now = Instant::now();
+        let deadline = self.inner.shared.config.deadline(now);
+        let _request = self.inner.shared.start_request();
+        let rx = self.enqueue(key, now, deadline, Some(stamp)).await?;
+        self.wait(rx, deadline).await
+    }
+
+    /// Makes `fill` the receiver of every load's stamped keys; `false` if
+    /// another cache already is.
+    #[cfg(feature = "cache")]
+    pub(crate) fn install_fill(&self, fill: FillFn<K, V>) -> bool {
+        self.inner.fill.set(fill).is_ok()
     }
 
     /// Looks up several keys, returning one result per key in the order
@@ -188,7 +225,7 @@ where
         let keys = keys.into_iter();
         let mut queued = Vec::with_capacity(keys.size_hint().0);
         for key in keys {
-            queued.push(self.enqueue(key, now, deadline).await);
+            queued.push(self.enqueue(key, now, deadline, None).await);
         }
         let mut out = Vec::with_capacity(queued.len());
         for rx in queued {
@@ -280,6 +317,7 @@ where
         key: K,
         now: Instant,
         deadline: Option<Instant>,
+        stamp: Option<Stamp>,
     ) -> Result<Rx<V>, Error> {
         let (tx, rx) = oneshot::channel();
         let msg = Message {
@@ -287,6 +325,7 @@ where
             tx,
             enqueued_at: now,
             span: tracing::Span::current(),
+            stamp,
         };
         match self.inner.shared.config.overflow {
             Overflow::Reject => self.inner.tx.try_send(msg).map_err(|e| match e {

@@ -3,6 +3,7 @@
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::fill::Stamp;
 use crate::Error;
 
 /// What one caller eventually receives: the value, "not found", or why not.
@@ -22,6 +23,8 @@ pub(crate) struct Message<K, V> {
     /// The caller's span, linked from the batch span so a trace shows which
     /// requests a batch served.
     pub(crate) span: tracing::Span,
+    /// Set by a cache miss (see [`super::fill`]); `None` for a plain load.
+    pub(crate) stamp: Option<Stamp>,
 }
 
 /// Who waits for one key: almost always one caller, kept inline.
@@ -33,6 +36,7 @@ pub(crate) struct Waiter<V> {
     pub(crate) tx: Tx<V>,
     pub(crate) enqueued_at: Instant,
     pub(crate) span: tracing::Span,
+    pub(crate) stamp: Option<Stamp>,
 }
 
 impl<V> Waiter<V> {

@@ -40,12 +40,14 @@
 //! limit     the automatic concurrency limit: the search, as arithmetic
 //! shared    state of the handles and the worker; the LoadSlot guard
 //! message   what travels from a handle to the worker
+//! fill      what a load hands the cache built over the batcher
 //! config    the validated settings and their defaults
 //! loader    the Loader trait and loader_fn
 //! ```
 
 mod builder;
 mod config;
+mod fill;
 mod handle;
 mod limit;
 mod loader;
@@ -57,6 +59,8 @@ mod worker;
 
 pub use builder::{BatcherBuilder, Pair};
 pub use config::{defaults, Concurrency, FlushPolicy, Overflow};
+#[cfg(feature = "cache")]
+pub(crate) use fill::{FillFn, Filled, Stamp};
 pub use handle::Batcher;
 pub use loader::{loader_fn, Loader, LoaderFn};
 pub use worker::Worker;

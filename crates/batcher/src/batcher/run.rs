@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt as _;
 
+use super::fill::{Filled, Stamp};
 use super::loader::Loader;
 use crate::error::SharedError;
 use crate::stats::Stats;
@@ -94,6 +95,15 @@ pub(crate) async fn run<K, V>(load: Load<K, V>, load_timeout: Option<Duration>) 
 }
 
 impl<K, V> Outcome<K, V> {
+    /// What a cache built over the batcher is offered of this load: the
+    /// values of the `stamped` keys (its misses), or that they failed.
+    pub(crate) fn filled(&self, stamped: Vec<(K, Stamp)>) -> Filled<'_, K, V> {
+        match self {
+            Outcome::Loaded(values) => Filled::Loaded { stamped, values },
+            _ => Filled::Failed(stamped.len()),
+        }
+    }
+
     /// The values of a successful load, or the error every waiter of a
     /// failed one receives. A failure is counted and logged here, once per
     /// batch of `keys` distinct keys; a success is counted by the caller,

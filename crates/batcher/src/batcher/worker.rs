@@ -10,11 +10,13 @@ use std::collections::HashMap;
 use std::fmt;
 use std::hash::Hash;
 use std::mem;
+use std::panic::AssertUnwindSafe;
 use std::pin::{pin, Pin};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
 use tokio::sync::mpsc;
 use tokio::task::{self, JoinError, JoinSet};
 use tokio::time::{Instant, Sleep};
@@ -22,6 +24,7 @@ use tokio_util::sync::DropGuard;
 use tracing::Instrument;
 
 use super::config::Config;
+use super::fill::{FillSlot, Stamp};
 use super::limit::AutoLimit;
 use super::message::{Message, Reply, Waiter, Waiters};
 use super::policy::{self, Pending};
@@ -45,6 +48,7 @@ pub struct Worker<K, V> {
     rx: mpsc::Receiver<Message<K, V>>,
     load: LoadFn<K, V>,
     shared: Arc<Shared>,
+    fill: FillSlot<K, V>,
     done: DropGuard,
 }
 
@@ -65,12 +69,14 @@ where
         rx: mpsc::Receiver<Message<K, V>>,
         load: LoadFn<K, V>,
         shared: Arc<Shared>,
+        fill: FillSlot<K, V>,
     ) -> Self {
         let done = shared.done.clone().drop_guard();
         Self {
             rx,
             load,
             shared,
+            fill,
             done,
         }
     }
@@ -169,8 +175,12 @@ struct State<K, V> {
     expiry_armed: Option<Instant>,
     in_flight: JoinSet<Outcome<K, V>>,
     running: HashMap<task::Id, Running<K, V>>,
-    /// Which running load has each key, kept only with `join_in_flight`.
-    in_flight_keys: HashMap<K, task::Id>,
+    /// Which running load has each key, and the latest stamp of its
+    /// cache misses; kept only with `join_in_flight` or a cache's fill
+    /// (see [`State::tracks_in_flight`]).
+    in_flight_keys: HashMap<K, (task::Id, Option<Stamp>)>,
+    /// The cache built over this batcher, if any.
+    fill: FillSlot<K, V>,
     /// With `FixedDelay` and `Adaptive`: fires `max_delay` after the pending batch's first
     /// key. Only polled while armed, so an idle worker never wakes up.
     timer: Pin<Box<Sleep>>,
@@ -220,12 +230,20 @@ where
             rx: worker.rx,
             load: worker.load,
             shared: worker.shared,
+            fill: worker.fill,
             _done: worker.done,
         }
     }
 
     fn config(&self) -> &Config {
         &self.shared.config
+    }
+
+    /// Whether running loads are looked up by key: to join plain requests
+    /// to them (`join_in_flight`), or a cache's misses, so that a key has
+    /// one load at a time however many callers miss it.
+    fn tracks_in_flight(&self) -> bool {
+        self.shared.config.join_in_flight || self.fill.get().is_some()
     }
 
     /// How many messages to take in the next receive: up to a batch; none
@@ -271,10 +289,18 @@ where
             tx: msg.tx,
             enqueued_at: msg.enqueued_at,
             span: msg.span,
+            stamp: msg.stamp,
         };
         let deadline = self.deadline_of(&waiter);
+        let join_plain = config.join_in_flight;
         self.held += 1;
-        if let Some(id) = self.in_flight_keys.get(&msg.key) {
+        let joinable = |&(_, load_stamp): &(task::Id, Option<Stamp>)| match msg.stamp {
+            // A cache miss joins a load that started after every
+            // invalidation its caller had seen, and that fills the cache.
+            Some(stamp) => load_stamp.is_some_and(|s| s >= stamp),
+            None => join_plain,
+        };
+        if let Some((id, _)) = self.in_flight_keys.get(&msg.key).filter(|e| joinable(e)) {
             let joined = self.running.get_mut(id).and_then(|run| {
                 run.expiry = earliest(run.expiry, deadline);
                 run.waiters.get_mut(&msg.key)
@@ -390,11 +416,41 @@ where
         stats.batch_size.record(batch.len() as u64);
 
         let keys: Vec<K> = batch.keys().cloned().collect();
-        let task = run::run(self.load.start(keys), self.shared.config.load_timeout);
+        let load = run::run(self.load.start(keys), self.shared.config.load_timeout);
+        // A cache's misses: their keys and stamps go with the load, so the
+        // cache is filled in the load's task, before the worker answers.
+        let fill = self.fill.get().cloned();
+        let stamped: Vec<(K, Stamp)> = match fill {
+            Some(_) => batch
+                .iter()
+                .filter_map(|(k, ws)| latest_stamp(ws).map(|s| (k.clone(), s)))
+                .collect(),
+            None => Vec::new(),
+        };
+        let task = async move {
+            let outcome = load.await;
+            if let Some(fill) = fill.filter(|_| !stamped.is_empty()) {
+                // The cache's weigher is the caller's code: a panic there
+                // must not fail the load that its waiters are owed.
+                let stores = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    fill(outcome.filled(stamped))
+                }));
+                let stored = match stores {
+                    Ok(Some(stores)) => AssertUnwindSafe(stores).catch_unwind().await.is_ok(),
+                    Ok(None) => true,
+                    Err(_) => false,
+                };
+                if !stored {
+                    tracing::error!("filling the cache panicked; the load's values are not stored");
+                }
+            }
+            outcome
+        };
         let id = self.in_flight.spawn(task.instrument(span.clone())).id();
-        if self.shared.config.join_in_flight {
-            for key in batch.keys() {
-                self.in_flight_keys.insert(key.clone(), id);
+        if self.tracks_in_flight() {
+            for (key, waiters) in &batch {
+                self.in_flight_keys
+                    .insert(key.clone(), (id, latest_stamp(waiters)));
             }
         }
         self.running.insert(
@@ -417,9 +473,9 @@ where
         let Some(run) = self.running.remove(&id) else {
             return;
         };
-        if self.shared.config.join_in_flight {
+        if self.tracks_in_flight() {
             for key in run.waiters.keys() {
-                if self.in_flight_keys.get(key) == Some(&id) {
+                if self.in_flight_keys.get(key).is_some_and(|(i, _)| *i == id) {
                     self.in_flight_keys.remove(key);
                 }
             }
@@ -583,6 +639,11 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
+}
+
+/// The latest stamp among a key's cache misses, if any waiter is one.
+fn latest_stamp<V>(waiters: &Waiters<V>) -> Option<Stamp> {
+    waiters.iter().filter_map(|w| w.stamp).max()
 }
 
 /// Sends `reply` to every waiter, cloning for all but the last.

@@ -10,8 +10,6 @@
 //! doorkeeper, a Bloom filter of the keys seen once, lets those keys pass
 //! without touching moka at all.
 
-use std::collections::hash_map::RandomState;
-use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use fastbloom::AtomicBloomFilter;
@@ -37,7 +35,7 @@ pub enum Admission {
 
 /// The keys seen once in the current window.
 pub(super) struct Doorkeeper {
-    seen: AtomicBloomFilter<RandomState>,
+    seen: AtomicBloomFilter,
     /// First sightings in this window; at `window` the filter is cleared,
     /// so a key read once long ago is a first miss again.
     first_sightings: AtomicU64,
@@ -59,20 +57,19 @@ impl Doorkeeper {
         let window = capacity.clamp(MIN_WINDOW, MAX_WINDOW);
         let bits = usize::try_from(window * BITS_PER_KEY).unwrap_or(usize::MAX);
         Self {
-            // A random seed per cache: keys chosen to collide in one
-            // process's filter do not collide in another's.
-            seen: AtomicBloomFilter::with_num_bits(bits)
-                .hasher(RandomState::new())
-                .hashes(HASHES),
+            // Fed the cache's own hashes, whose seed is random per cache:
+            // keys chosen to collide in one process's filter do not
+            // collide in another's.
+            seen: AtomicBloomFilter::with_num_bits(bits).hashes(HASHES),
             first_sightings: AtomicU64::new(0),
             window,
         }
     }
 
-    /// Whether `key`'s value may be stored: it was seen before in this
-    /// window. Otherwise it is marked as seen.
-    pub(super) fn admit<K: Hash>(&self, key: &K) -> bool {
-        if self.seen.insert(key) {
+    /// Whether the value of the key hashed `hash` may be stored: it was
+    /// seen before in this window. Otherwise it is marked as seen.
+    pub(super) fn admit(&self, hash: u64) -> bool {
+        if self.seen.insert_hash(hash) {
             return true;
         }
         // Racing clears only cost a few keys one extra miss.
@@ -86,27 +83,36 @@ impl Doorkeeper {
 
 #[cfg(test)]
 mod tests {
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::LazyLock;
+
     use super::*;
+
+    /// A key's hash, as a cache computes it.
+    fn h(key: u64) -> u64 {
+        static HASHER: LazyLock<RandomState> = LazyLock::new(RandomState::new);
+        HASHER.hash_one(key)
+    }
 
     #[test]
     fn a_key_is_admitted_on_its_second_miss() {
         let d = Doorkeeper::new(10_000);
-        assert!(!d.admit(&1u64));
-        assert!(d.admit(&1u64));
-        assert!(d.admit(&1u64));
-        assert!(!d.admit(&2u64));
+        assert!(!d.admit(h(1)));
+        assert!(d.admit(h(1)));
+        assert!(d.admit(h(1)));
+        assert!(!d.admit(h(2)));
     }
 
     #[test]
     fn the_window_forgets_keys_seen_once() {
         let d = Doorkeeper::new(0); // the smallest window
         assert_eq!(d.window, MIN_WINDOW);
-        assert!(!d.admit(&u64::MAX));
+        assert!(!d.admit(h(u64::MAX)));
         // Other first sightings until the window ends and the filter is
         // cleared (a few are false positives and do not count).
         let mut k = 0u64;
         loop {
-            d.admit(&k);
+            d.admit(h(k));
             k += 1;
             if d.first_sightings.load(Relaxed) == 0 {
                 break;
@@ -114,7 +120,7 @@ mod tests {
             assert!(k < 4 * MIN_WINDOW, "the window never ended");
         }
         assert!(
-            !d.admit(&u64::MAX),
+            !d.admit(h(u64::MAX)),
             "a key seen once before the window ended is a first miss again"
         );
     }
@@ -124,9 +130,9 @@ mod tests {
         let d = Doorkeeper::new(100_000);
         // Fill most of a window, then count false admissions of new keys.
         for k in 0..90_000u64 {
-            d.admit(&k);
+            d.admit(h(k));
         }
-        let passed = (1_000_000..1_010_000u64).filter(|k| d.admit(k)).count();
+        let passed = (1_000_000..1_010_000u64).filter(|&k| d.admit(h(k))).count();
         assert!(passed < 600, "{passed} of 10,000 new keys admitted");
     }
 }

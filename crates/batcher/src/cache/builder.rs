@@ -11,7 +11,7 @@ use std::time::Duration;
 use moka::notification::RemovalCause;
 
 use super::admission::{Admission, Doorkeeper};
-use super::coalescing::{Cache, Cached, Counters, LoadFn};
+use super::coalescing::{Cache, Cached, Counters, LoadFn, Source};
 use super::expiry::JitteredExpiry;
 use crate::{Batcher, BuildError, Error};
 
@@ -163,8 +163,31 @@ where
         F: Fn(K) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<V>, Error>> + Send + 'static,
     {
-        self.validate()?;
         let load: LoadFn<K, V> = Arc::new(move |k| Box::pin(load(k)));
+        self.build_over(Source::Load(load))
+    }
+
+    /// A cache in front of `batcher`: concurrent misses for different keys
+    /// go out together in the batcher's batches.
+    ///
+    /// The batcher's worker keeps one load per key for the cache's misses
+    /// (joining a miss to a running load of its key unless an invalidation
+    /// came between them), and the cache is filled in the load's task from
+    /// its result, before the callers are answered: a miss costs little
+    /// more than the batched load. One cache per batcher fills this way;
+    /// a second cache over the same batcher coalesces its misses itself,
+    /// as [`build`](Self::build) does. The batcher's other callers are not
+    /// affected.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError`] names the first invalid setting.
+    pub fn build_with_batcher(self, batcher: Batcher<K, V>) -> Result<Cache<K, V>, BuildError> {
+        self.build_over(Source::Batcher(batcher))
+    }
+
+    fn build_over(self, source: Source<K, V>) -> Result<Cache<K, V>, BuildError> {
+        self.validate()?;
         let counters = Arc::new(Counters::default());
         let listener_counters = Arc::clone(&counters);
         let mut store = moka::future::Cache::builder()
@@ -198,23 +221,10 @@ where
         };
         Ok(Cache::new(
             store.build(),
-            load,
+            source,
             self.negative_ttl.is_some(),
             doorkeeper,
             counters,
         ))
-    }
-
-    /// A cache in front of `batcher`: concurrent misses for different keys
-    /// go out together in the batcher's batches.
-    ///
-    /// # Errors
-    ///
-    /// [`BuildError`] names the first invalid setting.
-    pub fn build_with_batcher(self, batcher: Batcher<K, V>) -> Result<Cache<K, V>, BuildError> {
-        self.build(move |key| {
-            let batcher = batcher.clone();
-            async move { batcher.load(key).await }
-        })
     }
 }

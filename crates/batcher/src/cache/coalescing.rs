@@ -1,5 +1,8 @@
-//! The [`Cache`] itself: moka as the store, and the flights (one running
-//! load per key) that coalesce concurrent misses.
+//! The [`Cache`] itself: moka as the store, and where misses go. Over a
+//! [`Batcher`] (the fast path), each miss is a stamped request to the
+//! batcher, whose worker keeps one load per key and fills the store from
+//! the load's completion (see [`Cache::fill`]); over any other loader, the
+//! flights here (one running load per key) coalesce concurrent misses.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -8,15 +11,17 @@ use std::hash::Hash;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use futures_util::future::Shared;
 use futures_util::FutureExt as _;
 use moka::ops::compute::Op;
 
 use super::admission::Doorkeeper;
+use super::epochs::Epochs;
 use super::CacheBuilder;
-use crate::Error;
+use crate::batcher::{FillFn, Filled, Stamp};
+use crate::{Batcher, Error};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 pub(super) type LoadFn<K, V> = Arc<dyn Fn(K) -> BoxFuture<Result<Option<V>, Error>> + Send + Sync>;
@@ -50,11 +55,23 @@ struct FlightState {
     epoch: u64,
 }
 
+/// Where misses go.
+pub(super) enum Source<K, V> {
+    /// A batcher that fills the store itself (see [`Cache::fill`]).
+    Batcher(Batcher<K, V>),
+    /// Any loader, coalesced by the flights.
+    Load(LoadFn<K, V>),
+}
+
 struct Inner<K, V> {
     store: moka::future::Cache<K, Cached<V>>,
     /// std Mutex: held only for map operations, never across an await.
+    /// Only [`Source::Load`] has flights.
     flights: Mutex<HashMap<K, Flight<V>>>,
-    load: LoadFn<K, V>,
+    source: Source<K, V>,
+    /// With [`Source::Batcher`]: what tells a fill whether an invalidation
+    /// came after its callers missed.
+    epochs: Epochs,
     cache_not_found: bool,
     /// With [`Admission::SecondMiss`](super::Admission::SecondMiss).
     doorkeeper: Option<Doorkeeper>,
@@ -66,11 +83,25 @@ struct Inner<K, V> {
     epoch: AtomicU64,
 }
 
+impl<K, V> Inner<K, V> {
+    fn load_fn(&self) -> &LoadFn<K, V> {
+        match &self.source {
+            Source::Load(load) => load,
+            // Only flights call it, and only `Source::Load` starts them.
+            Source::Batcher(_) => unreachable!("a batcher's cache has no flights"),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub(super) struct Counters {
     hits: AtomicU64,
     misses: AtomicU64,
     coalesced: AtomicU64,
+    /// With [`Source::Batcher`]: lookups that missed the store. The
+    /// batcher, not the cache, knows which of them shared a load, so
+    /// `coalesced` is these less the loads' keys.
+    missed_lookups: AtomicU64,
     load_errors: AtomicU64,
     not_admitted: AtomicU64,
     pub(super) evictions: AtomicU64,
@@ -86,7 +117,9 @@ pub struct CacheStats {
     pub hits: u64,
     /// Lookups that started a load (one per load).
     pub misses: u64,
-    /// Lookups that waited for a load another lookup had started.
+    /// Lookups that waited for a load another lookup had started. For a
+    /// cache over a batcher, also those that gave up before their load
+    /// started.
     pub coalesced: u64,
     /// Loads that failed (their errors are not cached).
     pub load_errors: u64,
@@ -138,22 +171,43 @@ where
     /// A cache over a configured moka `store`; [`CacheBuilder`] makes both.
     pub(super) fn new(
         store: moka::future::Cache<K, Cached<V>>,
-        load: LoadFn<K, V>,
+        source: Source<K, V>,
         cache_not_found: bool,
         doorkeeper: Option<Doorkeeper>,
         counters: Arc<Counters>,
     ) -> Self {
-        Self {
-            inner: Arc::new(Inner {
+        let inner = Arc::new_cyclic(|weak: &Weak<Inner<K, V>>| {
+            let source = match source {
+                Source::Batcher(batcher) => {
+                    // Weak: the batcher holds its fill, and the cache holds
+                    // the batcher.
+                    let weak = weak.clone();
+                    let fill: FillFn<K, V> = Arc::new(move |filled| fill(&weak, filled));
+                    if batcher.install_fill(fill) {
+                        Source::Batcher(batcher)
+                    } else {
+                        // Another cache fills from this batcher: this one
+                        // coalesces its misses itself, in flights.
+                        Source::Load(Arc::new(move |key| {
+                            let batcher = batcher.clone();
+                            Box::pin(async move { batcher.load(key).await })
+                        }))
+                    }
+                }
+                load @ Source::Load(_) => load,
+            };
+            Inner {
                 store,
                 flights: Mutex::new(HashMap::new()),
-                load,
+                source,
+                epochs: Epochs::new(),
                 cache_not_found,
                 doorkeeper,
                 counters,
                 epoch: AtomicU64::new(0),
-            }),
-        }
+            }
+        });
+        Self { inner }
     }
 
     /// The value for `key`: from the cache, or loaded (once, however many
@@ -182,6 +236,11 @@ where
                 Cached::NotFound => None,
             });
         }
+        if let Source::Batcher(batcher) = &inner.source {
+            inner.counters.missed_lookups.fetch_add(1, Relaxed);
+            let stamp = inner.epochs.stamp(inner.epochs.hash(&key));
+            return batcher.load_stamped(key, stamp).await;
+        }
         let load = self.join_or_start(key);
         let mut waiting = Waiting(Some(load));
         let answer = match waiting.0.as_mut() {
@@ -197,6 +256,8 @@ where
     /// Removes `key`. A load for it already running still answers its
     /// callers but does not store its result, so later lookups load afresh.
     pub async fn invalidate(&self, key: &K) {
+        // Before the store's remove: see `Epochs::invalidate`.
+        self.inner.epochs.invalidate(self.inner.epochs.hash(key));
         let flight = self.lock_flights().remove(key);
         if let Some(flight) = flight {
             flight.state.stale.store(true, Relaxed);
@@ -215,6 +276,7 @@ where
     pub fn invalidate_all(&self) {
         // Before the store is cleared: see `Inner::epoch`.
         self.inner.epoch.fetch_add(1, SeqCst);
+        self.inner.epochs.invalidate_all();
         for (_, flight) in self.lock_flights().drain() {
             flight.state.stale.store(true, Relaxed);
         }
@@ -228,7 +290,10 @@ where
         CacheStats {
             hits: c.hits.load(Relaxed),
             misses: c.misses.load(Relaxed),
-            coalesced: c.coalesced.load(Relaxed),
+            coalesced: c.coalesced.load(Relaxed)
+                + c.missed_lookups
+                    .load(Relaxed)
+                    .saturating_sub(c.misses.load(Relaxed)),
             load_errors: c.load_errors.load(Relaxed),
             not_admitted: c.not_admitted.load(Relaxed),
             evictions: c.evictions.load(Relaxed),
@@ -370,24 +435,16 @@ where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
 {
-    let result = (inner.load)(key.clone()).await;
-    let to_store = match &result {
-        Ok(Some(v)) => Some(Cached::Found(v.clone())),
-        Ok(None) if inner.cache_not_found => Some(Cached::NotFound),
-        Ok(None) => None,
-        Err(_) => {
-            inner.counters.load_errors.fetch_add(1, Relaxed);
-            None
-        }
-    };
-    let to_store = to_store.filter(|_| {
-        let admitted = inner.doorkeeper.as_ref().is_none_or(|d| d.admit(key));
-        if !admitted {
-            inner.counters.not_admitted.fetch_add(1, Relaxed);
-        }
-        admitted
-    });
-    if let Some(value) = to_store {
+    let result = (inner.load_fn())(key.clone()).await;
+    if result.is_err() {
+        inner.counters.load_errors.fetch_add(1, Relaxed);
+    }
+    let hash = inner.epochs.hash(key);
+    let value = result
+        .as_ref()
+        .ok()
+        .and_then(|v| inner.to_store(hash, v.as_ref()));
+    if let Some(value) = value {
         // Boxed: moka's compute future is large, and inline it would make
         // every miss's future a large allocation, filled or not.
         Box::pin(store(inner, key, state, value)).await;
@@ -427,4 +484,66 @@ where
     {
         inner.store.invalidate(key).await;
     }
+}
+
+impl<K: Hash, V: Clone> Inner<K, V> {
+    /// What the store keeps of a loaded `value` for the key hashed
+    /// `hash`, if anything: "not found" only with a negative TTL, and
+    /// nothing the doorkeeper turns away (whose values are not cloned).
+    fn to_store(&self, hash: u64, value: Option<&V>) -> Option<Cached<V>> {
+        if value.is_none() && !self.cache_not_found {
+            return None;
+        }
+        if self.doorkeeper.as_ref().is_some_and(|d| !d.admit(hash)) {
+            self.counters.not_admitted.fetch_add(1, Relaxed);
+            return None;
+        }
+        Some(value.map_or(Cached::NotFound, |v| Cached::Found(v.clone())))
+    }
+}
+
+/// Takes what a batcher's load returned for a cache's misses (see
+/// [`crate::batcher::Filled`]) and returns the stores to make, which the
+/// load's task awaits before its callers are answered: a caller that got
+/// its answer and asks again finds it here. A key is stored only while
+/// its stamp is current, so a load that began before an invalidation
+/// never stores, and a put that raced with one is taken back.
+fn fill<K, V>(cache: &Weak<Inner<K, V>>, filled: Filled<'_, K, V>) -> Option<BoxFuture<()>>
+where
+    K: Clone + Eq + Hash + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    let inner = cache.upgrade()?; // None: the cache is gone
+    let c = &inner.counters;
+    let (stamped, values) = match filled {
+        Filled::Loaded { stamped, values } => (stamped, values),
+        Filled::Failed(keys) => {
+            c.misses.fetch_add(keys as u64, Relaxed);
+            c.load_errors.fetch_add(keys as u64, Relaxed);
+            return None;
+        }
+    };
+    c.misses.fetch_add(stamped.len() as u64, Relaxed);
+    let puts: Vec<(K, Stamp, Cached<V>)> = stamped
+        .into_iter()
+        .filter(|(_, stamp)| inner.epochs.is_current(*stamp))
+        .filter_map(|(key, stamp)| {
+            let value = inner.to_store(stamp.hash, values.get(&key))?;
+            Some((key, stamp, value))
+        })
+        .collect();
+    if puts.is_empty() {
+        return None;
+    }
+    Some(Box::pin(async move {
+        for (key, stamp, value) in puts {
+            inner.store.insert(key.clone(), value).await;
+            // An invalidation between the check and the insert may have
+            // cleared the store before the insert landed (see
+            // `Epochs::invalidate`).
+            if !inner.epochs.is_current(stamp) {
+                inner.store.invalidate(&key).await;
+            }
+        }
+    }))
 }

@@ -2,13 +2,21 @@
 //! [`Batcher`](crate::Batcher).
 //!
 //! - **One load per key at a time.** Concurrent misses for a key share one
-//!   load, and every caller gets its result. Every waiting caller polls
-//!   the shared load, so whichever runs drives it; a caller that gives up
-//!   (an HTTP client disconnecting) hands it to a task of its own, so it
-//!   cannot make the others fail, retry or hang. moka's own `get_with`
-//!   runs the load inside the first caller's future alone, which is that
-//!   hazard (moka issues #59 and #240), so the coalescing is done here and
-//!   moka only stores.
+//!   load, and every caller gets its result.
+//!   - Over a [`Batcher`](crate::Batcher)
+//!     ([`build_with_batcher`](CacheBuilder::build_with_batcher)), the
+//!     batcher's worker, which already knows every running load, joins a
+//!     miss to its key's load, and the load's own task fills the cache
+//!     from the batch's result before the callers are answered. A miss
+//!     then costs a stamp and a channel send, not a map entry, a lock and
+//!     a shared future of its own.
+//!   - Over any other loader ([`build`](CacheBuilder::build)), every
+//!     waiting caller polls the shared load, so whichever runs drives it;
+//!     a caller that gives up (an HTTP client disconnecting) hands it to a
+//!     task of its own, so it cannot make the others fail, retry or hang.
+//!     moka's own `get_with` runs the load inside the first caller's
+//!     future alone, which is that hazard (moka issues #59 and #240), so
+//!     the coalescing is done here and moka only stores.
 //! - **Jittered expiry.** Each entry lives its TTL plus a random part of
 //!   the jitter, so entries loaded together, or by several instances after a
 //!   deploy, do not all expire at the same moment.
@@ -16,7 +24,10 @@
 //!   [`negative_ttl`](CacheBuilder::negative_ttl).
 //! - **Invalidation wins over running loads.** After
 //!   [`invalidate`](Cache::invalidate) returns, no load that started
-//!   before it can put its (possibly stale) value into the cache.
+//!   before it can put its (possibly stale) value into the cache, and no
+//!   later miss joins such a load. Each miss carries its key's
+//!   invalidation epoch (`epochs`), and a value is stored only while that
+//!   epoch is still current.
 //! - **Bounded.** Capacity by entry count or by weight, with moka's
 //!   TinyLFU eviction.
 //! - **Admission.** With [`Admission::SecondMiss`], a key's value is
@@ -26,6 +37,7 @@
 mod admission;
 mod builder;
 mod coalescing;
+mod epochs;
 mod expiry;
 
 pub use admission::Admission;
