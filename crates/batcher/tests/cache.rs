@@ -685,7 +685,11 @@ async fn concurrent_misses_over_a_batcher_load_each_key_once_and_fill() {
     for k in 0..40 {
         assert_eq!(cache.get(k).await.unwrap(), Some(value_of(k)));
     }
-    assert_eq!(loader.calls().iter().map(Vec::len).sum::<usize>(), 40, "all hits");
+    assert_eq!(
+        loader.calls().iter().map(Vec::len).sum::<usize>(),
+        40,
+        "all hits"
+    );
     let s = cache.stats();
     assert_eq!((s.misses, s.coalesced, s.hits), (40, 360, 40), "{s:?}");
 }

@@ -524,10 +524,10 @@ pub struct ServeArgs {
         help_heading = "Caches"
     )]
     pub cache_negative_ttl_ms: u64,
-    /// Which loaded values the cache stores: `always`, or `second-miss`
-    /// (a key's value from its second miss within a window on) for lookups
-    /// spread over many more keys than the cache holds.
-    #[arg(long, env = "PGBATCH_CACHE_ADMISSION", value_enum, default_value_t = AdmissionArg::Always, help_heading = "Caches")]
+    /// Which loaded values the cache stores: `second-miss` (a key's value
+    /// from its second miss within a window on; keys read once never
+    /// displace the hot ones, nor cost an insert), or `always`.
+    #[arg(long, env = "PGBATCH_CACHE_ADMISSION", value_enum, default_value_t = AdmissionArg::SecondMiss, help_heading = "Caches")]
     pub cache_admission: AdmissionArg,
     /// Cache resolved tokens (`off`: look every token up, for comparison).
     #[arg(long, env = "PGBATCH_AUTH_CACHE", value_enum, default_value_t = OnOff::from(AuthSettings::default().cache.is_some()), help_heading = "Authentication")]
@@ -874,7 +874,7 @@ mod tests {
         assert_eq!(s.read.batch, batch);
         assert_eq!(s.read.timeout, Duration::from_millis(1500));
         assert_eq!(s.read.cache.negative_ttl, Some(Duration::from_millis(40)));
-        assert_eq!(s.read.cache.admission, Admission::Always);
+        assert_eq!(s.read.cache.admission, Admission::SecondMiss);
         assert_eq!(s.auth.cache, None);
         // The writer batches with its own size and concurrency, and the
         // shared policy, delay and queue.
@@ -901,14 +901,14 @@ mod tests {
         std::env::set_var("PGBATCH_CACHE_TTL_MS", "1234");
         std::env::set_var("PGBATCH_AUTH_CACHE_JITTER_MS", "0");
         std::env::set_var("PGBATCH_READ_PATH", "naive");
-        std::env::set_var("PGBATCH_CACHE_ADMISSION", "second-miss");
+        std::env::set_var("PGBATCH_CACHE_ADMISSION", "always");
         let s = parse(&[]).serve.settings();
         std::env::remove_var("PGBATCH_CACHE_TTL_MS");
         std::env::remove_var("PGBATCH_AUTH_CACHE_JITTER_MS");
         std::env::remove_var("PGBATCH_READ_PATH");
         std::env::remove_var("PGBATCH_CACHE_ADMISSION");
         assert_eq!(s.read.cache.ttl, Duration::from_millis(1234));
-        assert_eq!(s.read.cache.admission, Admission::SecondMiss);
+        assert_eq!(s.read.cache.admission, Admission::Always);
         // The token cache's keys are few and hot: always stored.
         assert_eq!(s.auth.cache.map(|c| c.admission), Some(Admission::Always));
         assert_eq!(s.auth.cache.map(|c| c.jitter), Some(Duration::ZERO));

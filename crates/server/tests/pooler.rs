@@ -17,7 +17,7 @@ use embedded_pg::Cluster;
 use serde_json::json;
 use server::db::Database;
 use server::seed::object_path;
-use server::settings::{DbSettings, Pooler, ReadPath, ReadSettings, Settings};
+use server::settings::{DbSettings, Pooler, ReadPath, Settings};
 use server::{app, AppState};
 use support::{get, get_as, put_object, send, stat_uri, ADMIN_TOKEN};
 
@@ -75,13 +75,7 @@ async fn instance(
 }
 
 fn cached() -> Settings {
-    Settings {
-        read: ReadSettings {
-            path: ReadPath::Cached,
-            ..ReadSettings::default()
-        },
-        ..Settings::default()
-    }
+    support::read_path(ReadPath::Cached)
 }
 
 /// Polls `done` every 5 ms; panics after 10 s.

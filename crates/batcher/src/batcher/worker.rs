@@ -432,9 +432,8 @@ where
             if let Some(fill) = fill.filter(|_| !stamped.is_empty()) {
                 // The cache's weigher is the caller's code: a panic there
                 // must not fail the load that its waiters are owed.
-                let stores = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    fill(outcome.filled(stamped))
-                }));
+                let stores =
+                    std::panic::catch_unwind(AssertUnwindSafe(|| fill(outcome.filled(stamped))));
                 let stored = match stores {
                     Ok(Some(stores)) => AssertUnwindSafe(stores).catch_unwind().await.is_ok(),
                     Ok(None) => true,

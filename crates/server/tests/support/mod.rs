@@ -5,7 +5,7 @@ use axum::body::Body;
 use axum::http::{Request, Response, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
-use server::settings::{ReadPath, ReadSettings, Settings};
+use server::settings::{CacheSettings, ReadPath, ReadSettings, Settings};
 use server::{app, AppState};
 use tower::ServiceExt;
 
@@ -48,6 +48,12 @@ pub fn read_path(path: ReadPath) -> Settings {
     Settings {
         read: ReadSettings {
             path,
+            // The tests prime a cache with one read, to see what a stored
+            // value does next; the default (second miss) is tested apart.
+            cache: CacheSettings {
+                admission: pgbatch::cache::Admission::Always,
+                ..CacheSettings::default()
+            },
             ..ReadSettings::default()
         },
         ..Settings::default()
