@@ -119,16 +119,11 @@ fn counting_cache_with(
     })
 }
 
-/// Waits until `n` lookups have missed, and a little longer for their
-/// requests to reach a batcher's worker. With flights, a load is counted
-/// as it starts and the others as they join it; over a batcher, every
-/// waiting lookup counts as coalesced until its load ends.
-async fn all_missed<V: Clone + Send + Sync + 'static>(cache: &Cache<u64, V>, n: u64) {
-    eventually("every lookup missed", || {
-        let s = cache.stats();
-        s.misses + s.coalesced == n
-    })
-    .await;
+/// Waits until `n` lookups wait for a load another lookup started (the
+/// flights count a join as it happens, a batcher's worker as it takes
+/// the request), and a little longer.
+async fn coalesced<V: Clone + Send + Sync + 'static>(cache: &Cache<u64, V>, n: u64) {
+    eventually("lookups joining a load", || cache.stats().coalesced == n).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
 }
 
@@ -157,7 +152,7 @@ async fn one_cold_key_one_load(via: Via) {
             tokio::spawn(async move { cache.get(42).await })
         })
         .collect();
-    all_missed(&cache, 1000).await;
+    coalesced(&cache, 999).await;
     loads.gate.as_ref().unwrap().add_permits(1);
     for g in gets {
         assert_eq!(g.await.unwrap().unwrap(), Some(value_of(42)), "{via:?}");
@@ -189,11 +184,8 @@ async fn a_thousand_gets_over_a_hundred_keys_through_a_batcher_make_few_batches(
             tokio::spawn(async move { (i % 100, cache.get(i % 100).await) })
         })
         .collect();
-    eventually("every get waiting", || {
-        let s = cache.stats();
-        s.misses + s.coalesced == 1000
-    })
-    .await;
+    // 100 keys: the other 900 gets join a key's pending or running load.
+    coalesced(&cache, 900).await;
     loader.open(1000);
     for g in gets {
         let (key, value) = g.await.unwrap();
@@ -224,7 +216,7 @@ async fn first_callers_cancellation(via: Via) {
         let cache = cache.clone();
         async move { cache.get(7).await }
     });
-    all_missed(&cache, 2).await;
+    coalesced(&cache, 1).await;
 
     first.abort();
     assert!(first.await.unwrap_err().is_cancelled());
@@ -562,7 +554,7 @@ async fn first_caller_not_polled(via: Via) {
         let cache = cache.clone();
         async move { cache.get(4).await }
     });
-    all_missed(&cache, 2).await;
+    coalesced(&cache, 1).await;
     loads.gate.as_ref().unwrap().add_permits(1);
     let answer = tokio::time::timeout(Duration::from_secs(10), second)
         .await
@@ -671,7 +663,7 @@ async fn concurrent_misses_over_a_batcher_load_each_key_once_and_fill() {
             tokio::spawn(async move { (i % 40, cache.get(i % 40).await) })
         })
         .collect();
-    all_missed(&cache, 400).await;
+    coalesced(&cache, 360).await;
     loader.open(1000);
     for g in gets {
         let (key, value) = g.await.unwrap();
@@ -692,4 +684,64 @@ async fn concurrent_misses_over_a_batcher_load_each_key_once_and_fill() {
     );
     let s = cache.stats();
     assert_eq!((s.misses, s.coalesced, s.hits), (40, 360, 40), "{s:?}");
+}
+
+#[tokio::test]
+async fn invalidating_everything_wins_over_a_load_already_running() {
+    for via in VIAS {
+        let loads = Loads::gated();
+        let cache: Cache<u64, usize> = {
+            let loads = Arc::clone(&loads);
+            build_via(via, Cache::builder(), move |_k: u64| {
+                let loads = Arc::clone(&loads);
+                async move { Ok(Some(loads.pass().await)) }
+            })
+        };
+        let early = tokio::spawn({
+            let cache = cache.clone();
+            async move { cache.get(1).await }
+        });
+        eventually("load 1 running", || loads.calls() == 1).await;
+        cache.invalidate_all();
+        loads.gate.as_ref().unwrap().add_permits(2);
+        assert_eq!(early.await.unwrap().unwrap(), Some(1), "{via:?}");
+        assert_eq!(
+            cache.get(1).await.unwrap(),
+            Some(2),
+            "{via:?}: load 1 began before invalidate_all and was not stored"
+        );
+        assert_eq!(cache.get(1).await.unwrap(), Some(2), "{via:?}");
+        assert_eq!(loads.calls(), 2, "{via:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_plain_load_beside_a_running_miss_leaves_it_joinable() {
+    let loader = TestLoader::gated();
+    let batcher: Batcher<u64, String> = Batcher::builder().build(loader.clone()).unwrap();
+    let cache = Cache::builder()
+        .build_with_batcher(batcher.clone())
+        .unwrap();
+    let miss = tokio::spawn({
+        let cache = cache.clone();
+        async move { cache.get(5).await }
+    });
+    eventually("the miss loading", || loader.running() == 1).await;
+    // The cache bypassed (as the server does while its invalidations are
+    // not proved): a plain load of the same key runs beside it.
+    let plain = tokio::spawn({
+        let batcher = batcher.clone();
+        async move { batcher.load(5).await }
+    });
+    eventually("the plain load running", || loader.running() == 2).await;
+    let again = tokio::spawn({
+        let cache = cache.clone();
+        async move { cache.get(5).await }
+    });
+    coalesced(&cache, 1).await;
+    loader.open(10);
+    for answer in [miss.await, plain.await, again.await] {
+        assert_eq!(answer.unwrap().unwrap(), Some(value_of(5)));
+    }
+    assert_eq!(loader.calls().len(), 2, "the second miss joined the first");
 }

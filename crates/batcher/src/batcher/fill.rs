@@ -36,12 +36,21 @@ pub(crate) enum Filled<'a, K, V> {
     Failed(usize),
 }
 
+/// The stores a fill asks its load's task to await.
 pub(crate) type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// The cache's side: decides at once what of a finished load it stores
-/// (cloning only those values), and returns the stores to await, if any.
-pub(crate) type FillFn<K, V> = Arc<dyn Fn(Filled<'_, K, V>) -> Option<BoxFuture> + Send + Sync>;
+/// The cache's side of a batcher it is built over.
+pub(crate) trait Fill<K, V>: Send + Sync {
+    /// Decides at once what of a finished load the cache stores (cloning
+    /// only those values), and returns the stores to await, if any.
+    fn fill(&self, filled: Filled<'_, K, V>) -> Option<BoxFuture>;
+    /// A miss shared a load another miss of its key asked for (it joined
+    /// the key's pending or running load).
+    fn coalesced(&self);
+}
 
-/// Set once, by the one cache built over the batcher; read by the worker
-/// at each dispatch.
+pub(crate) type FillFn<K, V> = Arc<dyn Fill<K, V>>;
+
+/// Set once, by the first cache built over the batcher, for the batcher's
+/// life; read by the worker at each dispatch.
 pub(crate) type FillSlot<K, V> = Arc<OnceLock<FillFn<K, V>>>;

@@ -60,7 +60,7 @@ mod worker;
 pub use builder::{BatcherBuilder, Pair};
 pub use config::{defaults, Concurrency, FlushPolicy, Overflow};
 #[cfg(feature = "cache")]
-pub(crate) use fill::{FillFn, Filled, Stamp};
+pub(crate) use fill::{Fill, FillFn, Filled, Stamp};
 pub use handle::Batcher;
 pub use loader::{loader_fn, Loader, LoaderFn};
 pub use worker::Worker;

@@ -294,6 +294,13 @@ where
         let deadline = self.deadline_of(&waiter);
         let join_plain = config.join_in_flight;
         self.held += 1;
+        // A cache miss that shares another's load, for the cache's count.
+        let fill = self.fill.get().filter(|_| msg.stamp.is_some());
+        let coalesced = || {
+            if let Some(fill) = fill {
+                fill.coalesced();
+            }
+        };
         let joinable = |&(_, load_stamp): &(task::Id, Option<Stamp>)| match msg.stamp {
             // A cache miss joins a load that started after every
             // invalidation its caller had seen, and that fills the cache.
@@ -309,6 +316,7 @@ where
                 Stats::record_duration(&stats.queue_wait, waiter.enqueued_at.elapsed());
                 waiters.push(waiter);
                 Stats::incr(&stats.joined_in_flight, 1);
+                coalesced();
                 return;
             }
         }
@@ -318,6 +326,7 @@ where
             Entry::Occupied(mut e) => {
                 e.get_mut().push(waiter);
                 Stats::incr(&stats.deduplicated, 1);
+                coalesced();
             }
             Entry::Vacant(e) => {
                 let enqueued_at = waiter.enqueued_at;
@@ -432,8 +441,9 @@ where
             if let Some(fill) = fill.filter(|_| !stamped.is_empty()) {
                 // The cache's weigher is the caller's code: a panic there
                 // must not fail the load that its waiters are owed.
-                let stores =
-                    std::panic::catch_unwind(AssertUnwindSafe(|| fill(outcome.filled(stamped))));
+                let stores = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    fill.fill(outcome.filled(stamped))
+                }));
                 let stored = match stores {
                     Ok(Some(stores)) => AssertUnwindSafe(stores).catch_unwind().await.is_ok(),
                     Ok(None) => true,
@@ -448,8 +458,17 @@ where
         let id = self.in_flight.spawn(task.instrument(span.clone())).id();
         if self.tracks_in_flight() {
             for (key, waiters) in &batch {
-                self.in_flight_keys
-                    .insert(key.clone(), (id, latest_stamp(waiters)));
+                let stamp = latest_stamp(waiters);
+                match self.in_flight_keys.entry(key.clone()) {
+                    // A plain load beside a cache miss's running load (the
+                    // cache bypassed meanwhile) leaves the miss's load
+                    // joinable: `None` orders first.
+                    Entry::Occupied(e) if e.get().1 > stamp => {}
+                    Entry::Occupied(mut e) => *e.get_mut() = (id, stamp),
+                    Entry::Vacant(e) => {
+                        e.insert((id, stamp));
+                    }
+                }
             }
         }
         self.running.insert(

@@ -174,9 +174,14 @@ where
     /// (joining a miss to a running load of its key unless an invalidation
     /// came between them), and the cache is filled in the load's task from
     /// its result, before the callers are answered: a miss costs little
-    /// more than the batched load. One cache per batcher fills this way;
-    /// a second cache over the same batcher coalesces its misses itself,
-    /// as [`build`](Self::build) does. The batcher's other callers are not
+    /// more than the batched load. A miss always goes through the worker
+    /// (never a direct load when idle), and the fill runs in the load's
+    /// task, in its slot, before its callers are answered.
+    ///
+    /// The first cache built over a batcher fills from it for the
+    /// batcher's life; another cache over the same batcher (or one built
+    /// after the first was dropped) coalesces its misses itself, as
+    /// [`build`](Self::build) does. The batcher's other callers are not
     /// affected.
     ///
     /// # Errors

@@ -1,7 +1,7 @@
 //! The [`Cache`] itself: moka as the store, and where misses go. Over a
 //! [`Batcher`] (the fast path), each miss is a stamped request to the
 //! batcher, whose worker keeps one load per key and fills the store from
-//! the load's completion (see [`Cache::fill`]); over any other loader, the
+//! the load's completion (see `FillFrom`); over any other loader, the
 //! flights here (one running load per key) coalesce concurrent misses.
 
 use std::collections::HashMap;
@@ -20,7 +20,7 @@ use moka::ops::compute::Op;
 use super::admission::Doorkeeper;
 use super::epochs::Epochs;
 use super::CacheBuilder;
-use crate::batcher::{FillFn, Filled, Stamp};
+use crate::batcher::{Fill, FillFn, Filled, Stamp};
 use crate::{Batcher, Error};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -57,7 +57,7 @@ struct FlightState {
 
 /// Where misses go.
 pub(super) enum Source<K, V> {
-    /// A batcher that fills the store itself (see [`Cache::fill`]).
+    /// A batcher that fills the store itself (see `FillFrom`).
     Batcher(Batcher<K, V>),
     /// Any loader, coalesced by the flights.
     Load(LoadFn<K, V>),
@@ -98,10 +98,6 @@ pub(super) struct Counters {
     hits: AtomicU64,
     misses: AtomicU64,
     coalesced: AtomicU64,
-    /// With [`Source::Batcher`]: lookups that missed the store. The
-    /// batcher, not the cache, knows which of them shared a load, so
-    /// `coalesced` is these less the loads' keys.
-    missed_lookups: AtomicU64,
     load_errors: AtomicU64,
     not_admitted: AtomicU64,
     pub(super) evictions: AtomicU64,
@@ -117,9 +113,8 @@ pub struct CacheStats {
     pub hits: u64,
     /// Lookups that started a load (one per load).
     pub misses: u64,
-    /// Lookups that waited for a load another lookup had started. For a
-    /// cache over a batcher, also those that gave up before their load
-    /// started.
+    /// Lookups that waited for a load another lookup had started (over a
+    /// batcher: that joined a miss of their key pending or loading).
     pub coalesced: u64,
     /// Loads that failed (their errors are not cached).
     pub load_errors: u64,
@@ -182,7 +177,10 @@ where
                     // Weak: the batcher holds its fill, and the cache holds
                     // the batcher.
                     let weak = weak.clone();
-                    let fill: FillFn<K, V> = Arc::new(move |filled| fill(&weak, filled));
+                    let fill: FillFn<K, V> = Arc::new(FillFrom {
+                        cache: weak,
+                        counters: Arc::clone(&counters),
+                    });
                     if batcher.install_fill(fill) {
                         Source::Batcher(batcher)
                     } else {
@@ -221,12 +219,18 @@ where
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future is safe and affects no other caller. The load is
-    /// a shared future that every waiting caller polls, so no task is
-    /// spawned per miss (that would cost more than the batched load it
-    /// wraps) and a caller that stops polling holds nobody up. A caller
-    /// dropped before the load finishes hands it to a spawned task, which
-    /// still answers the other callers and fills the cache.
+    /// Dropping the future is safe and affects no other caller, and the
+    /// load still fills the cache.
+    ///
+    /// - Over a batcher, the load runs in the batcher's own task; a miss
+    ///   always goes through its worker (never a direct load when idle),
+    ///   which alone knows which loads are running.
+    /// - Over another loader, the load is a shared future that every
+    ///   waiting caller polls, so no task is spawned per miss (that would
+    ///   cost more than the batched load it wraps) and a caller that stops
+    ///   polling holds nobody up. A caller dropped before the load finishes
+    ///   hands it to a spawned task, which still answers the other callers
+    ///   and fills the cache.
     pub async fn get(&self, key: K) -> Result<Option<V>, Error> {
         let inner = &self.inner;
         if let Some(cached) = inner.store.get(&key).await {
@@ -237,7 +241,6 @@ where
             });
         }
         if let Source::Batcher(batcher) = &inner.source {
-            inner.counters.missed_lookups.fetch_add(1, Relaxed);
             let stamp = inner.epochs.stamp(inner.epochs.hash(&key));
             return batcher.load_stamped(key, stamp).await;
         }
@@ -263,8 +266,9 @@ where
             flight.state.stale.store(true, Relaxed);
         }
         self.inner.counters.invalidations.fetch_add(1, Relaxed);
-        // Through the same per-key serialization as the loads' puts, so
-        // a put either sees `stale` or is removed here.
+        // Through the same per-key lock as the loads' puts
+        // (`put_if_current`), so a put either sees `stale` or the new
+        // epoch, or is removed here.
         self.inner
             .store
             .entry(key.clone())
@@ -290,10 +294,7 @@ where
         CacheStats {
             hits: c.hits.load(Relaxed),
             misses: c.misses.load(Relaxed),
-            coalesced: c.coalesced.load(Relaxed)
-                + c.missed_lookups
-                    .load(Relaxed)
-                    .saturating_sub(c.misses.load(Relaxed)),
+            coalesced: c.coalesced.load(Relaxed),
             load_errors: c.load_errors.load(Relaxed),
             not_admitted: c.not_admitted.load(Relaxed),
             evictions: c.evictions.load(Relaxed),
@@ -459,30 +460,40 @@ where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
 {
-    let current = |flight: &FlightState| {
-        !flight.stale.load(Relaxed) && inner.epoch.load(SeqCst) == flight.epoch
-    };
+    let current = || !flight.stale.load(Relaxed) && inner.epoch.load(SeqCst) == flight.epoch;
+    put_if_current(inner, key.clone(), value, current).await;
+}
+
+/// Puts `value` for `key` if `current()` holds, checked under moka's lock
+/// of the key, which `invalidate` takes for its remove too: a put either
+/// comes before that remove or sees the invalidation.
+async fn put_if_current<K, V>(
+    inner: &Inner<K, V>,
+    key: K,
+    value: Cached<V>,
+    current: impl Fn() -> bool,
+) where
+    K: Clone + Eq + Hash + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
     let stored = inner
         .store
         .entry(key.clone())
         .and_compute_with(|_| {
-            let op = if current(flight) {
-                Op::Put(value)
-            } else {
-                Op::Nop
-            };
+            let op = if current() { Op::Put(value) } else { Op::Nop };
             async move { op }
         })
         .await;
-    // An `invalidate_all` between the check and the put: the store may
-    // have been cleared before the put landed (see `Inner::epoch`).
+    // `invalidate_all` clears the store without the key's lock: one that
+    // came between the check and the put may have cleared the store
+    // before the put landed (see `Inner::epoch`).
     if matches!(
         stored,
         moka::ops::compute::CompResult::Inserted(_)
             | moka::ops::compute::CompResult::ReplacedWith(_)
-    ) && !current(flight)
+    ) && !current()
     {
-        inner.store.invalidate(key).await;
+        inner.store.invalidate(&key).await;
     }
 }
 
@@ -502,48 +513,56 @@ impl<K: Hash, V: Clone> Inner<K, V> {
     }
 }
 
-/// Takes what a batcher's load returned for a cache's misses (see
-/// [`crate::batcher::Filled`]) and returns the stores to make, which the
-/// load's task awaits before its callers are answered: a caller that got
-/// its answer and asks again finds it here. A key is stored only while
-/// its stamp is current, so a load that began before an invalidation
-/// never stores, and a put that raced with one is taken back.
-fn fill<K, V>(cache: &Weak<Inner<K, V>>, filled: Filled<'_, K, V>) -> Option<BoxFuture<()>>
+/// A cache's side of the batcher it is built over (see
+/// [`crate::batcher::Filled`]). Weak: the batcher holds it, and the cache
+/// holds the batcher.
+struct FillFrom<K, V> {
+    cache: Weak<Inner<K, V>>,
+    counters: Arc<Counters>,
+}
+
+impl<K, V> Fill<K, V> for FillFrom<K, V>
 where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
 {
-    let inner = cache.upgrade()?; // None: the cache is gone
-    let c = &inner.counters;
-    let (stamped, values) = match filled {
-        Filled::Loaded { stamped, values } => (stamped, values),
-        Filled::Failed(keys) => {
-            c.misses.fetch_add(keys as u64, Relaxed);
-            c.load_errors.fetch_add(keys as u64, Relaxed);
+    /// Takes what a load returned for the cache's misses and returns the
+    /// stores to make, which the load's task awaits before its callers
+    /// are answered: a caller that got its answer and asks again finds it
+    /// here. A key is stored only while its stamp is current, checked
+    /// under moka's lock of the key, which `invalidate` takes too: a load
+    /// that began before an invalidation never stores after it.
+    fn fill(&self, filled: Filled<'_, K, V>) -> Option<BoxFuture<()>> {
+        let inner = self.cache.upgrade()?; // None: the cache is gone
+        let c = &inner.counters;
+        let (stamped, values) = match filled {
+            Filled::Loaded { stamped, values } => (stamped, values),
+            Filled::Failed(keys) => {
+                c.misses.fetch_add(keys as u64, Relaxed);
+                c.load_errors.fetch_add(keys as u64, Relaxed);
+                return None;
+            }
+        };
+        c.misses.fetch_add(stamped.len() as u64, Relaxed);
+        let puts: Vec<(K, Stamp, Cached<V>)> = stamped
+            .into_iter()
+            .filter(|(_, stamp)| inner.epochs.is_current(*stamp))
+            .filter_map(|(key, stamp)| {
+                let value = inner.to_store(stamp.hash, values.get(&key))?;
+                Some((key, stamp, value))
+            })
+            .collect();
+        if puts.is_empty() {
             return None;
         }
-    };
-    c.misses.fetch_add(stamped.len() as u64, Relaxed);
-    let puts: Vec<(K, Stamp, Cached<V>)> = stamped
-        .into_iter()
-        .filter(|(_, stamp)| inner.epochs.is_current(*stamp))
-        .filter_map(|(key, stamp)| {
-            let value = inner.to_store(stamp.hash, values.get(&key))?;
-            Some((key, stamp, value))
-        })
-        .collect();
-    if puts.is_empty() {
-        return None;
-    }
-    Some(Box::pin(async move {
-        for (key, stamp, value) in puts {
-            inner.store.insert(key.clone(), value).await;
-            // An invalidation between the check and the insert may have
-            // cleared the store before the insert landed (see
-            // `Epochs::invalidate`).
-            if !inner.epochs.is_current(stamp) {
-                inner.store.invalidate(&key).await;
+        Some(Box::pin(async move {
+            for (key, stamp, value) in puts {
+                put_if_current(&inner, key, value, || inner.epochs.is_current(stamp)).await;
             }
-        }
-    }))
+        }))
+    }
+
+    fn coalesced(&self) {
+        self.counters.coalesced.fetch_add(1, Relaxed);
+    }
 }
