@@ -28,7 +28,16 @@
 //! failure is found, for at most about three seconds, a cache may serve
 //! what a lost notification would have dropped. The caches' TTL stays as a
 //! last bound.
+//!
+//! A ping is sent while notifications go on being applied, never in their
+//! way: under load the pool's connections may all be busy. A ping that
+//! cannot be sent (no connection in time) is tried again at the next
+//! interval, and does not take the listener down, as long as the last ping
+//! arrived within ten intervals; the kernel's keepalives still watch the
+//! connection meanwhile.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Instant;
 
 use anyhow::{bail, Context as _};
@@ -243,9 +252,15 @@ async fn session(
     if caches.router.has_replicas() {
         settle(&client, &caches.router, caches.router.ticket(), step).await?;
     }
-    let mut ping = Ping::send(sender, step).await?;
+    // The first ping must arrive before the caches are used at all.
+    let mut ping = Some(Ping::send(sender, step).await?);
     let mut proved = false;
+    let mut last_proof = Instant::now();
     let mut next_ping = Instant::now() + settings.ping_every;
+    // Later pings are sent while notifications go on being applied: a
+    // send waits for a connection of the read pool, which may be busy for
+    // as long as `step` under load, and the invalidations must not.
+    let mut sending: Option<Pin<Box<dyn Future<Output = anyhow::Result<Ping>> + Send + '_>>> = None;
     loop {
         tokio::select! {
             n = notifications.recv() => {
@@ -253,6 +268,7 @@ async fn session(
                 if n.channel() == PING_CHANNEL {
                     if ping.as_ref().is_some_and(|p| p.nonce == n.payload()) {
                         ping = None;
+                        last_proof = Instant::now();
                         if !proved {
                             proved = true;
                             coherence.connected();
@@ -274,9 +290,25 @@ async fn session(
             ticket = caches.router.position_wanted() => {
                 settle(&client, &caches.router, ticket, step).await?;
             }
-            () = tokio::time::sleep_until(next_ping.into()), if ping.is_none() => {
-                ping = Ping::send(sender, step).await?;
+            () = tokio::time::sleep_until(next_ping.into()), if ping.is_none() && sending.is_none() => {
+                sending = Some(Box::pin(Ping::send(sender, step)));
                 next_ping = Instant::now() + settings.ping_every;
+            }
+            sent = async { sending.as_mut().expect("polled only while sending").await }, if sending.is_some() => {
+                sending = None;
+                match sent {
+                    Ok(sent) => ping = Some(sent),
+                    // No connection to send from is not a deaf listener:
+                    // the kernel's keepalives still watch this connection,
+                    // and the next ping tries again. Only a listener left
+                    // unproved for long is given up.
+                    Err(e) if last_proof.elapsed() < unproved_limit(settings) => {
+                        tracing::warn!(error = %format!("{e:#}"), "could not send a ping to the invalidation listener; trying again");
+                    }
+                    Err(e) => return Err(e.context(format!(
+                        "no ping reached the listener for {:?}", last_proof.elapsed()
+                    ))),
+                }
             }
             () = tokio::time::sleep_until(ping.as_ref().map_or(next_ping, |p| p.due).into()), if ping.is_some() => {
                 bail!(
@@ -287,6 +319,12 @@ async fn session(
             }
         }
     }
+}
+
+/// How long a proved listener may go without a ping arriving, because
+/// none could be sent, before it is given up: ten intervals.
+fn unproved_limit(settings: &InvalidationSettings) -> std::time::Duration {
+    settings.ping_every * 10 + settings.ping_timeout
 }
 
 /// A ping under way: the payload sent, and when it must have arrived.
@@ -300,7 +338,7 @@ impl Ping {
     /// one of `sender`'s connections: another connection than the
     /// listener's, since a pooler may deliver a client's own notification
     /// to it and nothing else.
-    async fn send(sender: &Pool, step: std::time::Duration) -> anyhow::Result<Option<Self>> {
+    async fn send(sender: &Pool, step: std::time::Duration) -> anyhow::Result<Self> {
         let nonce = format!("{:016x}", rand::random::<u64>());
         let sent = async {
             let client = sender.get().await?;
@@ -311,10 +349,10 @@ impl Ping {
             .await
             .context("sending a ping timed out")?
             .context("sending a ping failed")?;
-        Ok(Some(Self {
+        Ok(Self {
             nonce,
             due: Instant::now() + step,
-        }))
+        })
     }
 }
 

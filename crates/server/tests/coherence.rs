@@ -342,3 +342,61 @@ async fn with_second_miss_admission_a_stored_value_is_still_invalidated_by_the_o
     }
     delivered(&a);
 }
+
+#[tokio::test]
+async fn a_busy_read_pool_neither_delays_invalidations_nor_takes_the_listener_down() {
+    // Pings every 100 ms, each allowed 300 ms: a ping that waits for a
+    // connection in the listener's loop would hold up the notifications
+    // behind it, and one that times out would bring the listener down.
+    let mut settings = read_path(ReadPath::Cached);
+    settings.invalidation = InvalidationSettings {
+        ping_every: Duration::from_millis(100),
+        ping_timeout: Duration::from_millis(300),
+        ..InvalidationSettings::default()
+    };
+    let (a, b) = two_instances_with(settings).await;
+    let path = object_path(13);
+    let before = address_of(&a, &path).await; // cached in a
+    let pool_size = a.state.pool.status().max_size;
+    let hold = || async {
+        let mut held = Vec::new();
+        for _ in 0..pool_size {
+            held.push(a.state.pool.get().await.expect("an idle connection"));
+        }
+        held
+    };
+
+    // Every connection a could ping from is taken, for 600 ms (six pings;
+    // the listener is given up after ten intervals without a proof).
+    let held = hold().await;
+    let received = a.state.coherence.received();
+    let (status, body) = send(
+        &b.router,
+        support::put_object(&path, "s3://moved/while-busy"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let acked = Instant::now();
+    until("a applies b's change", || {
+        a.state.coherence.received() > received
+    })
+    .await;
+    eprintln!("applied {:?} after b's ack", acked.elapsed());
+    tokio::time::sleep(Duration::from_millis(600).saturating_sub(acked.elapsed())).await;
+    assert_eq!(a.state.coherence.failures(), 0, "the listener was given up");
+    assert!(a.state.coherence.caches_usable());
+    drop(held);
+    assert_ne!(before, "s3://moved/while-busy");
+    assert_eq!(address_of(&a, &path).await, "s3://moved/while-busy");
+
+    // Unproved for longer than ten intervals, the listener is given up
+    // (the caches bypassed), and comes back once pings go through again.
+    let held = hold().await;
+    until("a gives its listener up", || {
+        !a.state.coherence.caches_usable()
+    })
+    .await;
+    assert!(a.state.coherence.failures() >= 1);
+    drop(held);
+    until("a listens again", || listening(&a, 2)).await;
+}
