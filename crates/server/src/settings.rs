@@ -373,7 +373,7 @@ pub struct CacheSettings {
     /// (the default for the read caches), or all (the token cache's).
     /// BENCHMARKS.md section 3: with reads spread over far more keys than
     /// the cache holds, storing every value made the cached path read
-    /// 0.56x of the batched one, storing second misses 0.79x; a key read
+    /// 0.56x of the batched one, storing second misses 0.82x; a key read
     /// often pays one extra load to be admitted.
     pub admission: pgbatch::cache::Admission,
 }
