@@ -31,10 +31,13 @@
 //!
 //! A ping is sent while notifications go on being applied, never in their
 //! way: under load the pool's connections may all be busy. A ping that
-//! cannot be sent (no connection in time) is tried again at the next
-//! interval, and does not take the listener down, as long as the last ping
-//! arrived within ten intervals; the kernel's keepalives still watch the
-//! connection meanwhile.
+//! cannot be sent (no connection in time, or the send failed) is tried
+//! again at once or at the next interval, whichever is later, and does
+//! not take the listener down as long as the last ping arrived within ten
+//! intervals; the kernel's keepalives still watch the connection
+//! meanwhile. So while no ping can be sent, a silent failure is found
+//! only after those ten intervals (about 12 s by default), not three
+//! seconds.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -253,14 +256,19 @@ async fn session(
         settle(&client, &caches.router, caches.router.ticket(), step).await?;
     }
     // The first ping must arrive before the caches are used at all.
-    let mut ping = Some(Ping::send(sender, step).await?);
+    let mut ping = Some(Ping::new());
+    if let Some(p) = &mut ping {
+        p.send(sender, step).await?;
+    }
     let mut proved = false;
     let mut last_proof = Instant::now();
     let mut next_ping = Instant::now() + settings.ping_every;
     // Later pings are sent while notifications go on being applied: a
     // send waits for a connection of the read pool, which may be busy for
     // as long as `step` under load, and the invalidations must not.
-    let mut sending: Option<Pin<Box<dyn Future<Output = anyhow::Result<Ping>> + Send + '_>>> = None;
+    // The ping is expected (`ping`) before it is sent: Postgres may signal
+    // the listener before it answers the sender.
+    let mut sending: Option<Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send + '_>>> = None;
     loop {
         tokio::select! {
             n = notifications.recv() => {
@@ -291,18 +299,24 @@ async fn session(
                 settle(&client, &caches.router, ticket, step).await?;
             }
             () = tokio::time::sleep_until(next_ping.into()), if ping.is_none() && sending.is_none() => {
-                sending = Some(Box::pin(Ping::send(sender, step)));
+                let next = Ping::new();
+                sending = Some(Box::pin(Ping::notify(sender, next.nonce.clone(), step)));
+                ping = Some(next);
                 next_ping = Instant::now() + settings.ping_every;
             }
             sent = async { sending.as_mut().expect("polled only while sending").await }, if sending.is_some() => {
                 sending = None;
                 match sent {
-                    Ok(sent) => ping = Some(sent),
+                    // Unless it arrived already.
+                    Ok(()) => if let Some(p) = &mut ping {
+                        p.due = Some(Instant::now() + step);
+                    },
                     // No connection to send from is not a deaf listener:
                     // the kernel's keepalives still watch this connection,
                     // and the next ping tries again. Only a listener left
                     // unproved for long is given up.
                     Err(e) if last_proof.elapsed() < unproved_limit(settings) => {
+                        ping = None;
                         tracing::warn!(error = %format!("{e:#}"), "could not send a ping to the invalidation listener; trying again");
                     }
                     Err(e) => return Err(e.context(format!(
@@ -310,7 +324,7 @@ async fn session(
                     ))),
                 }
             }
-            () = tokio::time::sleep_until(ping.as_ref().map_or(next_ping, |p| p.due).into()), if ping.is_some() => {
+            () = tokio::time::sleep_until(ping.as_ref().and_then(|p| p.due).unwrap_or(next_ping).into()), if ping.as_ref().is_some_and(|p| p.due.is_some()) => {
                 bail!(
                     "a notification sent on {PING_CHANNEL} did not arrive within {step:?}: \
                      the connection does not deliver notifications (is it behind a \
@@ -327,19 +341,32 @@ fn unproved_limit(settings: &InvalidationSettings) -> std::time::Duration {
     settings.ping_every * 10 + settings.ping_timeout
 }
 
-/// A ping under way: the payload sent, and when it must have arrived.
+/// A ping expected: its payload, and once it is sent, when it must have
+/// arrived.
 struct Ping {
     nonce: String,
-    due: Instant,
+    due: Option<Instant>,
 }
 
 impl Ping {
-    /// Sends a notification with a fresh payload on [`PING_CHANNEL`] from
-    /// one of `sender`'s connections: another connection than the
-    /// listener's, since a pooler may deliver a client's own notification
-    /// to it and nothing else.
-    async fn send(sender: &Pool, step: std::time::Duration) -> anyhow::Result<Self> {
-        let nonce = format!("{:016x}", rand::random::<u64>());
+    fn new() -> Self {
+        Self {
+            nonce: format!("{:016x}", rand::random::<u64>()),
+            due: None,
+        }
+    }
+
+    /// Sends it, and sets when it is due.
+    async fn send(&mut self, sender: &Pool, step: std::time::Duration) -> anyhow::Result<()> {
+        Self::notify(sender, self.nonce.clone(), step).await?;
+        self.due = Some(Instant::now() + step);
+        Ok(())
+    }
+
+    /// Sends `nonce` on [`PING_CHANNEL`] from one of `sender`'s
+    /// connections: another connection than the listener's, since a pooler
+    /// may deliver a client's own notification to it and nothing else.
+    async fn notify(sender: &Pool, nonce: String, step: std::time::Duration) -> anyhow::Result<()> {
         let sent = async {
             let client = sender.get().await?;
             database::notify(&**client, PING_CHANNEL, &nonce).await?;
@@ -348,11 +375,7 @@ impl Ping {
         tokio::time::timeout(step, sent)
             .await
             .context("sending a ping timed out")?
-            .context("sending a ping failed")?;
-        Ok(Self {
-            nonce,
-            due: Instant::now() + step,
-        })
+            .context("sending a ping failed")
     }
 }
 

@@ -129,7 +129,9 @@ pub struct InvalidationSettings {
     pub ping_every: Duration,
     /// How long a check, a connection attempt or LISTEN may take. A
     /// connection that died silently is found within `ping_every +
-    /// ping_timeout`; until then the caches are used (and flushed later).
+    /// ping_timeout` (while no ping can be sent for want of a connection,
+    /// within `10 * ping_every + ping_timeout`); until then the caches are
+    /// used (and flushed later).
     pub ping_timeout: Duration,
     /// The first wait before reconnecting; it doubles up to
     /// `reconnect_max`, and starts over once a connection has lasted

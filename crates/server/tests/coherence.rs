@@ -369,6 +369,7 @@ async fn a_busy_read_pool_neither_delays_invalidations_nor_takes_the_listener_do
     // Every connection a could ping from is taken, for 600 ms (six pings;
     // the listener is given up after ten intervals without a proof).
     let held = hold().await;
+    let held_at = Instant::now();
     let received = a.state.coherence.received();
     let (status, body) = send(
         &b.router,
@@ -382,7 +383,7 @@ async fn a_busy_read_pool_neither_delays_invalidations_nor_takes_the_listener_do
     })
     .await;
     eprintln!("applied {:?} after b's ack", acked.elapsed());
-    tokio::time::sleep(Duration::from_millis(600).saturating_sub(acked.elapsed())).await;
+    tokio::time::sleep(Duration::from_millis(600).saturating_sub(held_at.elapsed())).await;
     assert_eq!(a.state.coherence.failures(), 0, "the listener was given up");
     assert!(a.state.coherence.caches_usable());
     drop(held);
