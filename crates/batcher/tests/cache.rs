@@ -99,6 +99,25 @@ impl Loads {
     }
 }
 
+/// A cache whose loads answer their own number (1 for the first load),
+/// through `loads`: which load an answer came from.
+fn numbering_cache(via: Via, loads: &Arc<Loads>) -> Cache<u64, usize> {
+    let loads = Arc::clone(loads);
+    build_via(via, Cache::builder(), move |_k: u64| {
+        let loads = Arc::clone(&loads);
+        async move { Ok(Some(loads.pass().await)) }
+    })
+}
+
+/// `cache.get(key)` in a task of its own.
+fn spawn_get<V: Clone + Send + Sync + 'static>(
+    cache: &Cache<u64, V>,
+    key: u64,
+) -> tokio::task::JoinHandle<Result<Option<V>, Error>> {
+    let cache = cache.clone();
+    tokio::spawn(async move { cache.get(key).await })
+}
+
 fn counting_cache(via: Via, loads: &Arc<Loads>) -> Cache<u64, String> {
     counting_cache_with(via, loads, Cache::builder())
 }
@@ -207,15 +226,9 @@ async fn the_first_callers_cancellation_does_not_affect_the_others() {
 async fn first_callers_cancellation(via: Via) {
     let loads = Loads::gated();
     let cache = counting_cache(via, &loads);
-    let first = tokio::spawn({
-        let cache = cache.clone();
-        async move { cache.get(7).await }
-    });
+    let first = spawn_get(&cache, 7);
     eventually("first caller loading", || loads.calls() == 1).await;
-    let second = tokio::spawn({
-        let cache = cache.clone();
-        async move { cache.get(7).await }
-    });
+    let second = spawn_get(&cache, 7);
     coalesced(&cache, 1).await;
 
     first.abort();
@@ -395,17 +408,8 @@ async fn invalidation_wins_over_a_load_already_running() {
 
 async fn invalidation_wins(via: Via) {
     let loads = Loads::gated();
-    let cache: Cache<u64, usize> = {
-        let loads = Arc::clone(&loads);
-        build_via(via, Cache::builder(), move |_k: u64| {
-            let loads = Arc::clone(&loads);
-            async move { Ok(Some(loads.pass().await)) }
-        })
-    };
-    let early = tokio::spawn({
-        let cache = cache.clone();
-        async move { cache.get(1).await }
-    });
+    let cache = numbering_cache(via, &loads);
+    let early = spawn_get(&cache, 1);
     eventually("load 1 running", || loads.calls() == 1).await;
     // A write happens and invalidates while load 1 (old data) still runs.
     cache.invalidate(&1).await;
@@ -550,10 +554,7 @@ async fn first_caller_not_polled(via: Via) {
         "the load is held at the gate"
     );
     assert_eq!(loads.calls(), 1);
-    let second = tokio::spawn({
-        let cache = cache.clone();
-        async move { cache.get(4).await }
-    });
+    let second = spawn_get(&cache, 4);
     coalesced(&cache, 1).await;
     loads.gate.as_ref().unwrap().add_permits(1);
     let answer = tokio::time::timeout(Duration::from_secs(10), second)
@@ -580,24 +581,12 @@ async fn a_loader_panicking_before_its_future_fails_its_waiters_not_the_caller()
 async fn a_lookup_after_an_invalidation_does_not_join_the_load_before_it() {
     for via in VIAS {
         let loads = Loads::gated();
-        let cache: Cache<u64, usize> = {
-            let loads = Arc::clone(&loads);
-            build_via(via, Cache::builder(), move |_k: u64| {
-                let loads = Arc::clone(&loads);
-                async move { Ok(Some(loads.pass().await)) }
-            })
-        };
-        let before = tokio::spawn({
-            let cache = cache.clone();
-            async move { cache.get(1).await }
-        });
+        let cache = numbering_cache(via, &loads);
+        let before = spawn_get(&cache, 1);
         eventually("load 1 running", || loads.calls() == 1).await;
         // A write commits and invalidates: load 1 may have read the old row.
         cache.invalidate(&1).await;
-        let after = tokio::spawn({
-            let cache = cache.clone();
-            async move { cache.get(1).await }
-        });
+        let after = spawn_get(&cache, 1);
         eventually("load 2 running", || loads.calls() == 2).await;
         loads.gate.as_ref().unwrap().add_permits(2);
         assert_eq!(before.await.unwrap().unwrap(), Some(1), "{via:?}");
@@ -690,17 +679,8 @@ async fn concurrent_misses_over_a_batcher_load_each_key_once_and_fill() {
 async fn invalidating_everything_wins_over_a_load_already_running() {
     for via in VIAS {
         let loads = Loads::gated();
-        let cache: Cache<u64, usize> = {
-            let loads = Arc::clone(&loads);
-            build_via(via, Cache::builder(), move |_k: u64| {
-                let loads = Arc::clone(&loads);
-                async move { Ok(Some(loads.pass().await)) }
-            })
-        };
-        let early = tokio::spawn({
-            let cache = cache.clone();
-            async move { cache.get(1).await }
-        });
+        let cache = numbering_cache(via, &loads);
+        let early = spawn_get(&cache, 1);
         eventually("load 1 running", || loads.calls() == 1).await;
         cache.invalidate_all();
         loads.gate.as_ref().unwrap().add_permits(2);
@@ -722,10 +702,7 @@ async fn a_plain_load_beside_a_running_miss_leaves_it_joinable() {
     let cache = Cache::builder()
         .build_with_batcher(batcher.clone())
         .unwrap();
-    let miss = tokio::spawn({
-        let cache = cache.clone();
-        async move { cache.get(5).await }
-    });
+    let miss = spawn_get(&cache, 5);
     eventually("the miss loading", || loader.running() == 1).await;
     // The cache bypassed (as the server does while its invalidations are
     // not proved): a plain load of the same key runs beside it.
@@ -734,10 +711,7 @@ async fn a_plain_load_beside_a_running_miss_leaves_it_joinable() {
         async move { batcher.load(5).await }
     });
     eventually("the plain load running", || loader.running() == 2).await;
-    let again = tokio::spawn({
-        let cache = cache.clone();
-        async move { cache.get(5).await }
-    });
+    let again = spawn_get(&cache, 5);
     coalesced(&cache, 1).await;
     loader.open(10);
     for answer in [miss.await, plain.await, again.await] {

@@ -324,9 +324,13 @@ where
         let first_key = self.pending.is_empty();
         match self.pending.entry(msg.key) {
             Entry::Occupied(mut e) => {
+                // Joined another miss (a key pending for plain loads only
+                // is this miss's own load, as far as the cache counts).
+                if e.get().iter().any(|w| w.stamp.is_some()) {
+                    coalesced();
+                }
                 e.get_mut().push(waiter);
                 Stats::incr(&stats.deduplicated, 1);
-                coalesced();
             }
             Entry::Vacant(e) => {
                 let enqueued_at = waiter.enqueued_at;
