@@ -393,12 +393,7 @@ async fn behind_the_pooler_a_write_gives_up_in_postgres_too() {
     // The pooler's connections carry no statement timeout: the one set in
     // the delete's transaction makes Postgres give up as well, instead of
     // waiting for the lock (and holding a server connection) for good.
-    let (watcher, conn) = cluster
-        .config("postgres")
-        .connect(tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let watcher = support::client(&cluster.config("postgres")).await;
     let waiting = || async {
         watcher
             .query_one(

@@ -3,11 +3,12 @@
 //! callers read, and the value (or the failure), so the cache is filled
 //! from the batch's completion instead of by each caller.
 //!
-//! The stamp is the cache's invalidation epoch for the key when a caller
-//! read it, opaque here. Only two rules use it in the batcher: a stamped
-//! request joins a running load of its key only if that load's stamp is
-//! at least its own (the load started after every invalidation the caller
-//! had seen), and a pending key's stamp is the latest of its callers'.
+//! The stamp is the cache's hash of the key and the key's invalidation
+//! epoch when a caller read it; the batcher only orders stamps, in two
+//! rules: a stamped request joins a running load of its key only if that
+//! load's stamp is at least its own (the load started after every
+//! invalidation the caller had seen), and a pending key's stamp is the
+//! latest of its callers'.
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -172,11 +172,10 @@ where
     ///
     /// The batcher's worker keeps one load per key for the cache's misses
     /// (joining a miss to a running load of its key unless an invalidation
-    /// came between them), and the cache is filled in the load's task from
-    /// its result, before the callers are answered: a miss costs little
-    /// more than the batched load. A miss always goes through the worker
-    /// (never a direct load when idle), and the fill runs in the load's
-    /// task, in its slot, before its callers are answered.
+    /// came between them), and the cache is filled in the load's task (in
+    /// its slot) from its result, before the callers are answered: a miss
+    /// costs little more than the batched load. A miss always goes
+    /// through the worker, never as a direct load when idle.
     ///
     /// The first cache built over a batcher fills from it for the
     /// batcher's life; another cache over the same batcher (or one built

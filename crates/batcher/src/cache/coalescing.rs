@@ -10,7 +10,7 @@ use std::future::Future;
 use std::hash::Hash;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
 
 use futures_util::future::Shared;
@@ -51,8 +51,8 @@ struct Flight<V> {
 struct FlightState {
     /// Set by invalidation: the load must not store its result.
     stale: AtomicBool,
-    /// [`Inner::epoch`] when the load started.
-    epoch: u64,
+    /// [`Epochs::generation`] when the load started.
+    generation: u64,
 }
 
 /// Where misses go.
@@ -69,18 +69,14 @@ struct Inner<K, V> {
     /// Only [`Source::Load`] has flights.
     flights: Mutex<HashMap<K, Flight<V>>>,
     source: Source<K, V>,
-    /// With [`Source::Batcher`]: what tells a fill whether an invalidation
-    /// came after its callers missed.
+    /// The cache's hash of a key, and what tells a load whether an
+    /// invalidation came after it began: a key's stamp over a batcher,
+    /// the generation for the flights.
     epochs: Epochs,
     cache_not_found: bool,
     /// With [`Admission::SecondMiss`](super::Admission::SecondMiss).
     doorkeeper: Option<Doorkeeper>,
     counters: Arc<Counters>,
-    /// Bumped by `invalidate_all` before it clears the store. moka's
-    /// `invalidate_all` is not serialized with a key's compute, so a load
-    /// that saw no `stale` just before could still store after it; the
-    /// load checks this after storing and removes its value itself.
-    epoch: AtomicU64,
 }
 
 impl<K, V> Inner<K, V> {
@@ -202,7 +198,6 @@ where
                 cache_not_found,
                 doorkeeper,
                 counters,
-                epoch: AtomicU64::new(0),
             }
         });
         Self { inner }
@@ -278,8 +273,7 @@ where
 
     /// Removes every entry; running loads do not store their results.
     pub fn invalidate_all(&self) {
-        // Before the store is cleared: see `Inner::epoch`.
-        self.inner.epoch.fetch_add(1, SeqCst);
+        // Before the store is cleared: see `Epochs::generation`.
         self.inner.epochs.invalidate_all();
         for (_, flight) in self.lock_flights().drain() {
             flight.state.stale.store(true, Relaxed);
@@ -329,7 +323,7 @@ where
         self.inner.counters.misses.fetch_add(1, Relaxed);
         let state = Arc::new(FlightState {
             stale: AtomicBool::new(false),
-            epoch: self.inner.epoch.load(SeqCst),
+            generation: self.inner.epochs.generation(),
         });
         // Made here, not on the first poll, so a load dropped unpolled
         // still leaves the map.
@@ -460,7 +454,7 @@ where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
 {
-    let current = || !flight.stale.load(Relaxed) && inner.epoch.load(SeqCst) == flight.epoch;
+    let current = || !flight.stale.load(Relaxed) && inner.epochs.generation() == flight.generation;
     put_if_current(inner, key.clone(), value, current).await;
 }
 
@@ -486,7 +480,7 @@ async fn put_if_current<K, V>(
         .await;
     // `invalidate_all` clears the store without the key's lock: one that
     // came between the check and the put may have cleared the store
-    // before the put landed (see `Inner::epoch`).
+    // before the put landed (see `Epochs::generation`).
     if matches!(
         stored,
         moka::ops::compute::CompResult::Inserted(_)

@@ -3,12 +3,12 @@
 //! after it, without a per-key lock or map entry for every miss.
 //!
 //! Each key hashes to one of [`STRIPES`] counters. Invalidating a key
-//! bumps its stripe, invalidating everything bumps a counter shared by all,
-//! and a key's stamp is the sum of the two (so it changes when either
-//! does), with the stripe's index in its top bits. A fill stores a value
-//! only while the key's stamp is still the one its callers read before
-//! the load; keys that share a stripe with an invalidated key only lose a
-//! fill, never receive a stale value.
+//! bumps its stripe, invalidating everything bumps the generation shared
+//! by all, and a key's stamp holds its hash and the sum of the two (so it
+//! changes when either does). A fill stores a value only while the key's
+//! stamp is still the one its callers read before the load; keys that
+//! share a stripe with an invalidated key only lose a fill, never receive
+//! a stale value.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hash};
@@ -57,16 +57,26 @@ impl Epochs {
     }
 
     /// Makes every stamp of the key hashed `hash` read before this call
-    /// stale. Called before the store is cleared of the key, so a fill
-    /// that checks after its insert either sees the new epoch or is
-    /// removed by the clear.
+    /// stale. Called before the store's remove of the key, which takes the
+    /// key's lock as a fill's checked put does: the put either sees the
+    /// new epoch or is removed.
     pub(super) fn invalidate(&self, hash: u64) {
         self.stripes[stripe(hash)].fetch_add(1, SeqCst);
     }
 
-    /// Makes every stamp read before this call stale.
+    /// Makes every stamp read before this call stale, and moves the
+    /// generation on.
     pub(super) fn invalidate_all(&self) {
         self.all.fetch_add(1, SeqCst);
+    }
+
+    /// How many times everything was invalidated. Bumped before the store
+    /// is cleared, and moka's clear is not serialized with a key's put, so
+    /// a put that saw the old generation just before may land after the
+    /// clear: a load checks again after storing and removes its value
+    /// itself.
+    pub(super) fn generation(&self) -> u64 {
+        self.all.load(SeqCst)
     }
 
     fn epoch(&self, hash: u64) -> u64 {
