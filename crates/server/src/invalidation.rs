@@ -256,10 +256,9 @@ async fn session(
         settle(&client, &caches.router, caches.router.ticket(), step).await?;
     }
     // The first ping must arrive before the caches are used at all.
-    let mut ping = Some(Ping::new());
-    if let Some(p) = &mut ping {
-        p.send(sender, step).await?;
-    }
+    let mut first = Ping::new();
+    first.send(sender, step).await?;
+    let mut ping = Some(first);
     let mut proved = false;
     let mut last_proof = Instant::now();
     let mut next_ping = Instant::now() + settings.ping_every;
