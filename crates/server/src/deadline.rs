@@ -1,6 +1,7 @@
-//! Every request's deadline: a middleware that answers 504 when a request
-//! (its token lookup included) runs past the deadline of its kind, and
-//! drops the handler so nothing keeps waiting for it.
+//! Every request's deadline: [`Deadlines::enforce`] (run by
+//! [`crate::guard`]) answers 504 when a request (its token lookup
+//! included) runs past the deadline of its kind, and drops the handler so
+//! nothing keeps waiting for it.
 //!
 //! The deadline starts once the request's body has arrived. A body is read
 //! whole first, under its own bounds ([`Upload`]): a pause between two
@@ -17,12 +18,12 @@
 //! not even its own timeout. The statement timeout makes Postgres give up
 //! on the work too, whenever it is alive to do so.
 
+use std::future::Future;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes, HttpBody as _};
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::{MatchedPath, Request};
 use axum::http::Method;
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt as _;
 
@@ -134,30 +135,35 @@ impl Deadlines {
             (self.write, Work::Write)
         }
     }
-}
 
-/// Receives the request's body (but an import's), then runs the request
-/// under its route's deadline; past it, 504 `timeout`. Leaves the
-/// request's kind of [`Work`] in its extensions, for the layers inside
-/// that treat writes apart (see [`crate::position`]).
-pub async fn enforce(State(deadlines): State<Deadlines>, req: Request, next: Next) -> Response {
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("", MatchedPath::as_str);
-    let (limit, work) = deadlines.for_route(req.method(), route);
-    let mut req = if route == IMPORT_ROUTE {
-        req
-    } else {
-        match deadlines.upload.receive(req).await {
-            Ok(req) => req,
-            Err(failure) => return AppError::from(failure).into_response(),
+    /// Receives `req`'s body (but an import's), then runs `inner` on it
+    /// under its route's deadline; past it, 504 `timeout`, and `inner` is
+    /// dropped. Leaves the request's kind of [`Work`] in its extensions,
+    /// for the steps inside that treat writes apart (see
+    /// [`crate::position`]).
+    pub async fn enforce<F, Fut>(&self, req: Request, inner: F) -> Response
+    where
+        F: FnOnce(Request) -> Fut,
+        Fut: Future<Output = Response>,
+    {
+        let route = req
+            .extensions()
+            .get::<MatchedPath>()
+            .map_or("", MatchedPath::as_str);
+        let (limit, work) = self.for_route(req.method(), route);
+        let mut req = if route == IMPORT_ROUTE {
+            req
+        } else {
+            match self.upload.receive(req).await {
+                Ok(req) => req,
+                Err(failure) => return AppError::from(failure).into_response(),
+            }
+        };
+        req.extensions_mut().insert(work);
+        match tokio::time::timeout(limit, inner(req)).await {
+            Ok(response) => response,
+            Err(_) => AppError::from(Failure::Timeout(work)).into_response(),
         }
-    };
-    req.extensions_mut().insert(work);
-    match tokio::time::timeout(limit, next.run(req)).await {
-        Ok(response) => response,
-        Err(_) => AppError::from(Failure::Timeout(work)).into_response(),
     }
 }
 

@@ -3,16 +3,14 @@
 //! object path, a JSON body. Each rejects with an [`AppError`], in the
 //! order the handler lists them.
 //!
-//! Also the `/api` middleware, [`require_token`], which resolves the bearer
-//! token and puts the [`Caller`] into the request.
+//! Also [`authenticate`], which resolves the bearer token and puts the
+//! [`Caller`] into the request (run by [`crate::guard`]).
 
 use std::sync::Arc;
 
-use axum::extract::{FromRequest, FromRequestParts, Path, RawQuery, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Path, RawQuery, Request};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderValue};
-use axum::middleware::Next;
-use axum::response::Response;
 use axum::Json;
 use base64::Engine as _;
 use serde::de::DeserializeOwned;
@@ -23,7 +21,7 @@ use crate::input;
 use crate::position::ReadPosition;
 
 /// The authenticated user of an `/api` request, put there by
-/// [`require_token`].
+/// [`authenticate`].
 #[derive(Debug, Clone)]
 pub struct Caller(pub Arc<Principal>);
 
@@ -33,7 +31,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, AppError> {
         // Missing only on a route outside the middleware: a bug.
         parts.extensions.get::<Caller>().cloned().ok_or_else(|| {
-            tracing::error!("no caller: the route is not behind require_token");
+            tracing::error!("no caller: the route is not behind the guard");
             AppError::internal()
         })
     }
@@ -124,20 +122,17 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 /// The longest token accepted; anything longer is malformed.
 const MAX_TOKEN_BYTES: usize = 256;
 
-/// Middleware for `/api` and `/lakefs`: resolves `Authorization: Bearer
-/// <token>`, or `Basic` with a token's id as the user name and the token as
-/// the password (what lakeFS's clients send as access key id and secret),
-/// and puts the [`Caller`] into the request's extensions.
+/// Resolves `Authorization: Bearer <token>`, or `Basic` with a token's id
+/// as the user name and the token as the password (what lakeFS's clients
+/// send as access key id and secret), and puts the [`Caller`] into the
+/// request's extensions. Run for every `/api` and `/lakefs` request by
+/// [`crate::guard`].
 ///
 /// # Errors
 ///
 /// 401 for a missing, malformed or unknown token; 503 when the token cannot
 /// be looked up.
-pub async fn require_token(
-    State(auth): State<Arc<Authenticator>>,
-    mut req: Request,
-    next: Next,
-) -> Result<Response, AppError> {
+pub async fn authenticate(auth: &Authenticator, mut req: Request) -> Result<Request, AppError> {
     let token = credential(req.headers().get(header::AUTHORIZATION))?;
     let ReadPosition(position) = ReadPosition::of(req.headers())?;
     let principal = auth
@@ -151,7 +146,7 @@ pub async fn require_token(
         ));
     }
     req.extensions_mut().insert(Caller(principal));
-    Ok(next.run(req).await)
+    Ok(req)
 }
 
 /// The token an `Authorization` header carries: a bearer token, or a Basic

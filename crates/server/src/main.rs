@@ -43,8 +43,7 @@ async fn main() -> anyhow::Result<()> {
 /// create alice)` captures the token alone.
 fn init_logging(format: LogFormat) {
     use std::io::IsTerminal as _;
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,tower_http=warn".into());
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -1,19 +1,20 @@
-//! Prometheus metrics: HTTP requests by route and status, and, read at
+//! Prometheus metrics: HTTP requests by route and status (recorded by
+//! [`crate::observe`]), and, read at
 //! scrape time, the batchers' statistics and the connection pool's usage.
 //!
 //! The registry belongs to the application state (no global recorder), so
 //! several apps in one process (tests) keep separate counts.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::Duration;
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::middleware::Next;
-use axum::response::Response;
+use axum::extract::MatchedPath;
 use pgbatch::pg::Pool;
 use pgbatch::stats::HistogramSnapshot;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -30,23 +31,53 @@ use crate::writes::Writes;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
-    method: String,
-    route: String,
+    method: &'static str,
+    route: RouteLabel,
     status: u16,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabels {
-    method: String,
-    route: String,
+    method: &'static str,
+    route: RouteLabel,
+}
+
+/// A route template as a label value: the router's own shared string, so
+/// a request's labels are built without allocating.
+#[derive(Debug, Clone)]
+struct RouteLabel(Option<MatchedPath>);
+
+impl RouteLabel {
+    fn as_str(&self) -> &str {
+        self.0.as_ref().map_or("unmatched", MatchedPath::as_str)
+    }
+}
+
+impl PartialEq for RouteLabel {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for RouteLabel {}
+
+impl std::hash::Hash for RouteLabel {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl EncodeLabelValue for RouteLabel {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
+        EncodeLabelValue::encode(&self.as_str(), encoder)
+    }
 }
 
 /// The service's metrics registry.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    requests: Family<RequestLabels, Counter>,
-    latency: Family<RouteLabels, Histogram>,
+    http: Arc<HttpMetrics>,
 }
 
 impl Metrics {
@@ -62,22 +93,8 @@ impl Metrics {
         router: ReadRouter,
     ) -> Self {
         let mut registry = Registry::default();
-        let requests = Family::<RequestLabels, Counter>::default();
-        registry.register(
-            "http_requests",
-            "HTTP requests by method, route and status",
-            requests.clone(),
-        );
-        let latency = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
-            // 50 µs to about 3.3 s.
-            Histogram::new(exponential_buckets(0.000_05, 2.0, 17))
-        });
-        registry.register_with_unit(
-            "http_request_duration",
-            "HTTP request latency by method and route",
-            Unit::Seconds,
-            latency.clone(),
-        );
+        let http = HttpMetrics::default();
+        http.register(&mut registry);
         // An OpenMetrics info metric: exported as `pgbatch_build_info`.
         registry.register(
             "pgbatch_build",
@@ -95,8 +112,7 @@ impl Metrics {
         }));
         Self {
             registry,
-            requests,
-            latency,
+            http: Arc::new(http),
         }
     }
 
@@ -107,35 +123,73 @@ impl Metrics {
             .expect("writing to a String cannot fail");
         out
     }
+
+    /// The HTTP requests' metrics, for [`crate::observe`] to record into.
+    pub fn http(&self) -> Arc<HttpMetrics> {
+        Arc::clone(&self.http)
+    }
 }
 
-/// Middleware recording every request's count and latency under its route
-/// template (`/api/v1/kv/{pk}`, not the raw path, to bound cardinality).
-pub async fn track(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
-    let start = Instant::now();
-    let method = method_label(req.method()).to_owned();
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("unmatched", MatchedPath::as_str)
-        .to_owned();
-    let response = next.run(req).await;
-    metrics
-        .latency
-        .get_or_create(&RouteLabels {
-            method: method.clone(),
-            route: route.clone(),
-        })
-        .observe(start.elapsed().as_secs_f64());
-    metrics
-        .requests
-        .get_or_create(&RequestLabels {
-            method,
-            route,
-            status: response.status().as_u16(),
-        })
-        .inc();
-    response
+/// HTTP requests: their count by method, route and status, and their
+/// latency by method and route.
+#[derive(Debug, Clone)]
+pub struct HttpMetrics {
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<RouteLabels, Histogram>,
+}
+
+impl Default for HttpMetrics {
+    fn default() -> Self {
+        Self {
+            requests: Family::default(),
+            latency: Family::new_with_constructor(|| {
+                // 50 µs to about 3.3 s.
+                Histogram::new(exponential_buckets(0.000_05, 2.0, 17))
+            }),
+        }
+    }
+}
+
+impl HttpMetrics {
+    /// Adds these metrics to `registry` (as `http_requests` and
+    /// `http_request_duration_seconds`).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "http_requests",
+            "HTTP requests by method, route and status",
+            self.requests.clone(),
+        );
+        registry.register_with_unit(
+            "http_request_duration",
+            "HTTP request latency by method and route",
+            Unit::Seconds,
+            self.latency.clone(),
+        );
+    }
+
+    /// Counts a request and its latency under its route template
+    /// (`/api/v1/kv/{pk}`, not the raw path, to bound cardinality;
+    /// `unmatched` when no route matched).
+    pub fn record(
+        &self,
+        method: &axum::http::Method,
+        route: Option<MatchedPath>,
+        status: axum::http::StatusCode,
+        latency: Duration,
+    ) {
+        let method = method_label(method);
+        let route = RouteLabel(route);
+        self.requests
+            .get_or_create(&RequestLabels {
+                method,
+                route: route.clone(),
+                status: status.as_u16(),
+            })
+            .inc();
+        self.latency
+            .get_or_create(&RouteLabels { method, route })
+            .observe(latency.as_secs_f64());
+    }
 }
 
 /// Reads one counter or gauge out of a batcher's snapshot.

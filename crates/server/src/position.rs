@@ -3,17 +3,16 @@
 //! [`HEADER`]; a read that sends it back is answered by a database that
 //! has replayed that far (see [`crate::replicas`]), never from a cache.
 
-use axum::extract::{FromRequestParts, Request, State};
+use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue};
-use axum::middleware::Next;
 use axum::response::Response;
 use tokio_postgres::types::PgLsn;
 
 use crate::error::AppError;
-use crate::failure::{Failure, Work};
+use crate::failure::Failure;
 use crate::replicas::parse_position;
-use crate::state::AppState;
+use crate::writes::Writes;
 
 /// The header that carries a write's commit position, in Postgres's
 /// notation (`16/B374D848`), and in which a read presents it.
@@ -51,19 +50,18 @@ impl<S: Send + Sync> FromRequestParts<S> for ReadPosition {
     }
 }
 
-/// Middleware for `/api`, inside [`crate::deadline::enforce`]: adds
-/// [`HEADER`] to the successful answer of every write (the request kind
-/// `enforce` left in the extensions: not a `GET`, nor a batch stat, which
-/// is a `POST` that reads). A write whose position cannot be read is still answered,
-/// without the header: it is committed, and the client can read from the
-/// primary's side of the consistency model (see docs/instances.md) without it.
-pub async fn stamp_writes(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let wrote = req.extensions().get::<Work>() == Some(&Work::Write);
-    let mut response = next.run(req).await;
-    if !wrote || !response.status().is_success() {
+/// Adds [`HEADER`] to the successful answer of a write (run by
+/// [`crate::guard`] for requests whose kind of
+/// [`Work`](crate::failure::Work) is a write: not a `GET`, nor a batch
+/// stat, which is a `POST` that reads). A write whose
+/// position cannot be read is still answered, without the header: it is
+/// committed, and the client can read from the primary's side of the
+/// consistency model (see docs/instances.md) without it.
+pub async fn stamp_write(writes: &Writes, mut response: Response) -> Response {
+    if !response.status().is_success() {
         return response;
     }
-    match state.writes.commit_position().await {
+    match writes.commit_position().await {
         Ok(lsn) => {
             if let Ok(value) = HeaderValue::from_str(&lsn.to_string()) {
                 response.headers_mut().insert(HEADER, value);
