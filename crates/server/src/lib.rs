@@ -13,6 +13,7 @@
 //! lib            the route table, layers and fallbacks
 //! openapi        the OpenAPI document, gathered from the handlers' annotations
 //! routes/*       one handler module per resource
+//! observe        every request's id, span, log line, metrics and caught panic
 //! guard          the one middleware of authenticated routes: deadline, token check, write positions
 //! deadline       every request's deadline, by kind (read, write, import)
 //! extract        extractors (caller, repository, object path, JSON) and the token check
@@ -22,7 +23,6 @@
 //!                the listener and the replica poller
 //! invalidation   the LISTEN/NOTIFY listener applying other instances' changes to the caches
 //! testing        a seeded database for tests and benchmarks
-//! observe        every request's id, span, log line, metrics and caught panic
 //! metrics        the registry, the scrape-time collector
 //! process        `process_*` metrics from /proc
 //! writes         upserts, deletes, imports, repositories; invalidates through `reads`
