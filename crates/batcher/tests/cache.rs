@@ -146,6 +146,24 @@ async fn coalesced<V: Clone + Send + Sync + 'static>(cache: &Cache<u64, V>, n: u
     tokio::time::sleep(Duration::from_millis(20)).await;
 }
 
+/// `gets` concurrent gets over `keys` keys (`i % keys`) through `cache`,
+/// whose `loader` is gated: waits until every get beyond the first of each
+/// key has joined a load, then opens the loader and checks each answer.
+async fn gets_over_keys(cache: &Cache<u64, String>, loader: &TestLoader, gets: u64, keys: u64) {
+    let gets: Vec<_> = (0..gets)
+        .map(|i| {
+            let cache = cache.clone();
+            tokio::spawn(async move { (i % keys, cache.get(i % keys).await) })
+        })
+        .collect();
+    coalesced(cache, gets.len() as u64 - keys).await;
+    loader.open(1000);
+    for g in gets {
+        let (key, value) = g.await.unwrap();
+        assert_eq!(value.unwrap(), Some(value_of(key)), "key {key}");
+    }
+}
+
 /// Polls `cond` until it holds (bounded, so a bug fails instead of hanging).
 async fn eventually(what: &str, cond: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -197,19 +215,7 @@ async fn a_thousand_gets_over_a_hundred_keys_through_a_batcher_make_few_batches(
         .build_with_batcher(batcher.clone())
         .unwrap();
 
-    let gets: Vec<_> = (0..1000u64)
-        .map(|i| {
-            let cache = cache.clone();
-            tokio::spawn(async move { (i % 100, cache.get(i % 100).await) })
-        })
-        .collect();
-    // 100 keys: the other 900 gets join a key's pending or running load.
-    coalesced(&cache, 900).await;
-    loader.open(1000);
-    for g in gets {
-        let (key, value) = g.await.unwrap();
-        assert_eq!(value.unwrap(), Some(value_of(key)), "key {key}");
-    }
+    gets_over_keys(&cache, &loader, 1000, 100).await;
     let calls = loader.calls();
     let loaded: usize = calls.iter().map(Vec::len).sum();
     assert!(loaded <= 100 + 10, "keys loaded {loaded} times: {calls:?}");
@@ -646,18 +652,7 @@ async fn concurrent_misses_over_a_batcher_load_each_key_once_and_fill() {
     let cache = Cache::builder()
         .build_with_batcher(batcher.clone())
         .unwrap();
-    let gets: Vec<_> = (0..400u64)
-        .map(|i| {
-            let cache = cache.clone();
-            tokio::spawn(async move { (i % 40, cache.get(i % 40).await) })
-        })
-        .collect();
-    coalesced(&cache, 360).await;
-    loader.open(1000);
-    for g in gets {
-        let (key, value) = g.await.unwrap();
-        assert_eq!(value.unwrap(), Some(value_of(key)), "key {key}");
-    }
+    gets_over_keys(&cache, &loader, 400, 40).await;
     let mut loaded: Vec<u64> = loader.calls().into_iter().flatten().collect();
     loaded.sort_unstable();
     let before = loaded.len();
