@@ -17,7 +17,7 @@ use benches::{runtime, seeded_database, server_app, time_sequential, ADMIN_TOKEN
 use criterion::{black_box, BenchmarkId, Criterion, Throughput};
 use pgbatch::cache::Cache;
 use pgbatch::pg::PgLoader;
-use server::queries::kv::{kv_pk, KvQuery};
+use server::db::queries::kv::{kv_pk, KvQuery};
 use server::settings::{AuthSettings, ReadPath, ReadSettings, Settings};
 use tokio::runtime::Runtime;
 use tower::ServiceExt;
@@ -46,8 +46,8 @@ struct Fixture {
     auth_off: axum::Router,
     /// The token resolvers of the two apps, for the lakeFS comparison:
     /// credentials from the cache versus from Postgres.
-    resolver_on: server::auth::Authenticator,
-    resolver_off: server::auth::Authenticator,
+    resolver_on: server::domain::auth::Authenticator,
+    resolver_off: server::domain::auth::Authenticator,
 }
 
 fn fixture(rt: &Runtime) -> Fixture {
@@ -234,7 +234,7 @@ fn report(rt: &Runtime, cache: &Cache<u64, u64>, fx: &Fixture, smoke: bool) {
         })
     };
     let (on, off) = (request(&fx.auth_on), request(&fx.auth_off));
-    let resolve = |auth: &server::auth::Authenticator| {
+    let resolve = |auth: &server::domain::auth::Authenticator| {
         let auth = auth.clone();
         mean_of(rt, 500 * scale, move |_| {
             let auth = auth.clone();

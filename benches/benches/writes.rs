@@ -22,8 +22,8 @@ use clap::Parser;
 use embedded_pg::{Cluster, ClusterOptions};
 use pgbatch::pg::copy::{self, RowSource, RowValues};
 use pgbatch::pg::{self, Params, PoolOptions, UpsertQuery, Writer};
-use server::queries::objects::{ObjectRow, ObjectUpsert, OBJECT_COLUMNS, OBJECT_TABLE};
-use server::queries::repositories;
+use server::db::queries::objects::{ObjectRow, ObjectUpsert, OBJECT_COLUMNS, OBJECT_TABLE};
+use server::db::queries::repositories;
 use server::settings::{BatchSettings, WriteSettings};
 use tokio_postgres::types::ToSql;
 

@@ -14,11 +14,11 @@ use embedded_pg::ClusterOptions;
 use pgbatch::cache::Admission;
 use pgbatch::pg::copy;
 use pgbatch::pg::{BatchQuery, Pool};
+use server::cluster::replicas::ReadRouter;
+use server::db::queries::database::count_rows;
+use server::db::queries::kv::{kv_pk, KvQuery, KvRows, KV_COLUMNS, KV_TABLE};
 use server::db::Database;
-use server::lookup::Lookup;
-use server::queries::database::count_rows;
-use server::queries::kv::{kv_pk, KvQuery, KvRows, KV_COLUMNS, KV_TABLE};
-use server::replicas::ReadRouter;
+use server::domain::lookup::Lookup;
 use server::settings::{BatchSettings, CacheSettings, DbSettings, ReadPath, ReadSettings};
 use tokio_postgres::NoTls;
 

@@ -38,9 +38,9 @@ use benches::{closed_loop_timeline, KeyStream, Timeline};
 use clap::Parser;
 use pgbatch::pg::{BatchQuery as _, Pool, PoolOptions};
 use pgbatch::Concurrency;
+use server::db::queries::kv::KvQuery;
 use server::db::Database;
-use server::lookup::Lookup;
-use server::queries::kv::KvQuery;
+use server::domain::lookup::Lookup;
 use server::settings::{BatchSettings, ReadPath};
 use tokio_postgres::NoTls;
 

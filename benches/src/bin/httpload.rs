@@ -24,7 +24,7 @@ use anyhow::{bail, Context as _};
 use benches::reads::TableArgs;
 use clap::{Parser, ValueEnum as _};
 use serde_json::Value;
-use server::config::PolicyArg;
+use server::cli::PolicyArg;
 use server::db::Database;
 use server::settings::{defaults, BatchSettings, ReadPath, ReadSettings, Settings};
 
@@ -124,7 +124,7 @@ async fn main() -> anyhow::Result<()> {
 
 async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     // With users present this only makes sure the bench token is an admin's.
-    server::auth::bootstrap_admin(&db.config, Some(benches::ADMIN_TOKEN)).await?;
+    server::domain::auth::bootstrap_admin(&db.config, Some(benches::ADMIN_TOKEN)).await?;
     let script = tempfile::Builder::new()
         .prefix("pgbatch-wrk-")
         .suffix(".lua")

@@ -24,7 +24,7 @@ use benches::RunReport;
 use clap::Parser;
 use pgbatch::pg::PoolOptions;
 use pgbatch::FlushPolicy;
-use server::config::{ConcurrencyArg, PolicyArg};
+use server::cli::{ConcurrencyArg, PolicyArg};
 use server::db::Database;
 use server::settings::BatchSettings;
 

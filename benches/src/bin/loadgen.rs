@@ -28,7 +28,7 @@ use clap::Parser;
 use pgbatch::cache::Admission;
 use pgbatch::pg::PoolOptions;
 use pgbatch::FlushPolicy;
-use server::config::ConcurrencyArg;
+use server::cli::ConcurrencyArg;
 use server::db::Database;
 use server::settings::BatchSettings;
 

@@ -29,11 +29,11 @@ use benches::reads::{self, TableArgs};
 use clap::Parser;
 use embedded_pg::pgbouncer::{PgBouncer, PoolMode};
 use pgbatch::pg::{Pool, PoolOptions, Statements};
-use server::coherence::Coherence;
+use server::cluster::coherence::Coherence;
+use server::cluster::replicas::ReadRouter;
+use server::db::queries::kv::KvQuery;
 use server::db::Database;
-use server::lookup::Lookup;
-use server::queries::kv::KvQuery;
-use server::replicas::ReadRouter;
+use server::domain::lookup::Lookup;
 use server::settings::{BatchSettings, Pooler, ReplicaSettings};
 
 /// Measures batched reads through PgBouncer against a direct connection.

@@ -85,8 +85,8 @@ struct Run {
 }
 
 async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
-    server::auth::bootstrap_admin(&db.config, Some(benches::ADMIN_TOKEN)).await?;
-    let seeded = server::seed::seed(&db.config, args.objects, 0).await?;
+    server::domain::auth::bootstrap_admin(&db.config, Some(benches::ADMIN_TOKEN)).await?;
+    let seeded = server::db::seed::seed(&db.config, args.objects, 0).await?;
     if seeded.objects.rows > 0 {
         eprintln!("seeded {} objects", seeded.objects.rows);
     }
@@ -94,7 +94,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
         .prefix("pgbatch-keys-")
         .tempfile()?;
     for n in 1..=args.objects {
-        writeln!(keys, "{}", server::seed::object_path(n))?;
+        writeln!(keys, "{}", server::db::seed::object_path(n))?;
     }
     keys.flush()?;
     eprintln!("read a total of {} keys from key file", args.objects);
@@ -108,7 +108,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     let basic = format!(
         "Basic {}",
         base64::engine::general_purpose::STANDARD
-            .encode(format!("{}:{token}", server::auth::token_id(token)))
+            .encode(format!("{}:{token}", server::domain::auth::token_id(token)))
     );
     let bearer = format!("Bearer {token}");
     let routes: [(&str, &str, &str); 3] = [
@@ -120,10 +120,10 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serve = tokio::spawn(server::serve::serve(
+    let serve = tokio::spawn(server::http::serve::serve(
         listener,
         router,
-        server::serve::EdgeSettings::default(),
+        server::http::serve::EdgeSettings::default(),
         async {
             let _ = stopped.await;
         },

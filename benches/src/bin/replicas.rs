@@ -34,8 +34,8 @@ use axum::http::{Request, StatusCode};
 use benches::{closed_loop, RunReport, ADMIN_TOKEN};
 use clap::Parser;
 use embedded_pg::Cluster;
+use server::db::seed::object_path;
 use server::db::Postgres;
-use server::seed::object_path;
 use server::settings::{ReadPath, ReadSettings, Settings};
 use server::AppState;
 use tower::ServiceExt as _;
@@ -92,8 +92,8 @@ async fn deployment(objects: u64) -> anyhow::Result<Deployment> {
     let config = primary.config(DB);
     server::db::migrate(&config).await?;
     eprintln!("seeding {objects} objects");
-    server::seed::seed(&config, objects, 0).await?;
-    server::auth::bootstrap_admin(&config, Some(ADMIN_TOKEN)).await?;
+    server::db::seed::seed(&config, objects, 0).await?;
+    server::domain::auth::bootstrap_admin(&config, Some(ADMIN_TOKEN)).await?;
     let replica = Cluster::start(roomy(
         embedded_pg::testing::private_options()?.replica_of(&primary),
     ))

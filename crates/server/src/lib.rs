@@ -2,81 +2,45 @@
 //! through the micro-batcher, so the whole stack can be load-tested end to
 //! end.
 //!
-//! [`app`] builds the router from an [`AppState`]; `main` reads the
+//! [`app()`] builds the router from an [`AppState`]; `main` reads the
 //! configuration, opens the database, and serves it.
 //!
 //! # Layers
 //!
-//! A module imports only from modules below it:
+//! Each folder is a subsystem, and a module imports only from the ones
+//! below it (each folder's `mod.rs` says what it owns):
 //!
 //! ```text
-//! lib            the route table, layers and fallbacks
-//! openapi        the OpenAPI document, gathered from the handlers' annotations
-//! routes/*       one handler module per resource
-//! observe        every request's id, span, log line, metrics and caught panic
-//! guard          the one middleware of authenticated routes: deadline, token check, write positions
-//! deadline       every request's deadline, by kind (read, write, import)
-//! extract        extractors (caller, repository, object path, JSON) and the token check
-//! position       read-your-writes over HTTP: x-pgbatch-lsn on writes' answers, read back from reads
-//! error          AppError: a Failure or rejection as an HTTP response
-//! state          AppState and Pools (read, write, import, replicas), built from Settings; starts
-//!                the listener and the replica poller
-//! invalidation   the LISTEN/NOTIFY listener applying other instances' changes to the caches
-//! testing        a seeded database for tests and benchmarks
-//! metrics        the registry, the scrape-time collector
-//! process        `process_*` metrics from /proc
-//! writes         upserts, deletes, imports, repositories; invalidates through `reads`
-//! import         the NDJSON body as a COPY row source
-//! reads          the registry of lookups, one per query kind
-//! lookup         Lookup<Q>: get / get_many over naive, batched or cached
-//! auth           tokens, principals, grants, the authenticator, user admin
-//! replicas       ReadRouter: which database a read goes to (replicas that keep up, else the primary)
-//! coherence      whether the caches may be used (off while the listener is down)
-//! input          validation and strict query decoding
-//! seed, db       demo data; the database, migrations and pool
-//! config         clap flags to Settings and EdgeSettings (for `main`; benches reuse PolicyArg)
-//! serve          the HTTP/1 edge: header-read timeout, head size, connection cap, graceful shutdown
-//! queries/*      all SQL, one module per table or concern
-//! failure        Failure, the domain error, from one classification
-//! settings       typed settings with their defaults
-//! tls            TLS to Postgres on rustls: libpq's sslmode and sslrootcert
+//! lib        the route table, layers and fallbacks
+//! cli        clap flags and their conversion to Settings (for `main`; benches reuse PolicyArg)
+//! http       the edge: connections (serve), observe, guard, deadlines, extractors, errors as
+//!            responses, write positions, the handlers (routes/*) and the OpenAPI document
+//! service    AppState and Pools, built from Settings; the listener applying other
+//!            instances' changes to the caches (invalidation)
+//! metrics    the registry, HTTP metrics, the scrape-time collector, process_* from /proc
+//! domain     reads (the registry of lookups), lookup (naive, batched, cached), listing,
+//!            writes (which invalidate through reads), import, auth, input validation, Failure
+//! cluster    replicas (which database serves a read) and coherence (whether caches may be used)
+//! db         the database, migrations and pool; queries/* (all SQL), TLS to Postgres, demo data
+//! settings   typed settings with their defaults
+//! testing    a seeded database for tests and benchmarks
 //! ```
 //!
-//! A read goes `routes` → `reads` → [`Lookup`](lookup::Lookup) → a
-//! [`pgbatch::Batcher`] (and cache) or the pool → a [`queries`] statement;
-//! a write goes `routes` → [`Writes`](writes::Writes) → the micro-batched
-//! writer or COPY → `queries`, then invalidates through `reads`.
+//! A read goes `http::routes` → [`Reads`](domain::reads::Reads) →
+//! [`Lookup`](domain::lookup::Lookup) → a [`pgbatch::Batcher`] (and cache)
+//! or the pool → a [`db::queries`] statement; a write goes `http::routes` →
+//! [`Writes`](domain::writes::Writes) → the micro-batched writer or COPY →
+//! `db::queries`, then invalidates through `Reads`.
 
-pub mod auth;
-pub mod coherence;
-pub mod config;
+pub mod cli;
+pub mod cluster;
 pub mod db;
-pub mod deadline;
-pub mod error;
-pub mod extract;
-pub mod failure;
-pub mod guard;
-pub mod import;
-pub mod input;
-pub mod invalidation;
-pub mod listing;
-pub mod lookup;
+pub mod domain;
+pub mod http;
 pub mod metrics;
-pub mod observe;
-pub mod openapi;
-pub mod position;
-pub mod process;
-pub mod queries;
-pub mod reads;
-pub mod replicas;
-mod routes;
-pub mod seed;
-pub mod serve;
+pub mod service;
 pub mod settings;
-pub mod state;
 pub mod testing;
-pub mod tls;
-pub mod writes;
 
 use axum::extract::DefaultBodyLimit;
 use axum::middleware::from_fn_with_state;
@@ -84,11 +48,13 @@ use axum::routing::{delete, get, post, put};
 use axum::Router;
 use tower::ServiceBuilder;
 
-pub use crate::state::AppState;
+use crate::http::{deadline, guard, observe, openapi};
+
+pub use crate::service::state::AppState;
 
 /// The service's router.
 pub fn app(state: AppState) -> Router {
-    use routes::{health, kv, lakefs, objects, repositories, user};
+    use http::routes::{health, kv, lakefs, objects, repositories, user};
     // Every /api route needs a token; health and metrics stay open.
     let api = Router::new()
         .route(

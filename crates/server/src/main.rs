@@ -6,11 +6,11 @@ use std::path::Path;
 
 use anyhow::Context as _;
 use clap::Parser;
-use server::auth;
-use server::config::{Cli, Command, LogFormat, ServeArgs, TokenCommand, UserCommand};
+use server::cli::{Cli, Command, LogFormat, ServeArgs, TokenCommand, UserCommand};
+use server::db::queries::kv::kv_pk;
+use server::db::seed::{self, SeedReport};
 use server::db::{self, Database, Postgres};
-use server::queries::kv::kv_pk;
-use server::seed::{self, SeedReport};
+use server::domain::auth;
 use server::{app, AppState};
 use tracing_subscriber::EnvFilter;
 
@@ -75,7 +75,7 @@ async fn run(cli: &Cli, database: &Database) -> anyhow::Result<()> {
         }
         Some(Command::User(UserCommand::List)) => {
             let client = connect(database).await?;
-            for (name, grants) in server::queries::auth::list_users(&client).await? {
+            for (name, grants) in db::queries::auth::list_users(&client).await? {
                 let grants: Vec<String> = grants
                     .iter()
                     .map(|g| {
@@ -89,7 +89,7 @@ async fn run(cli: &Cli, database: &Database) -> anyhow::Result<()> {
         }
         Some(Command::User(UserCommand::Delete { name })) => {
             let client = connect(database).await?;
-            match server::queries::auth::delete_user(&client, name).await? {
+            match db::queries::auth::delete_user(&client, name).await? {
                 Some(tokens) => {
                     println!("deleted user `{name}` and its {} token(s)", tokens.len());
                     Ok(())
@@ -99,7 +99,7 @@ async fn run(cli: &Cli, database: &Database) -> anyhow::Result<()> {
         }
         Some(Command::Token(TokenCommand::List { user })) => {
             let client = connect(database).await?;
-            for t in server::queries::auth::list_tokens(&client, user.as_deref()).await? {
+            for t in db::queries::auth::list_tokens(&client, user.as_deref()).await? {
                 let expires = t
                     .expires_at
                     .map_or_else(|| "never".to_owned(), |e| e.to_string());
@@ -111,9 +111,9 @@ async fn run(cli: &Cli, database: &Database) -> anyhow::Result<()> {
             Ok(())
         }
         Some(Command::Token(TokenCommand::Revoke { id })) => {
-            server::input::token_id(id)?;
+            server::domain::input::token_id(id)?;
             let client = connect(database).await?;
-            let gone = server::queries::auth::delete_token(&client, id, None).await?;
+            let gone = db::queries::auth::delete_token(&client, id, None).await?;
             anyhow::ensure!(!gone.is_empty(), "no token with id `{id}`");
             println!("revoked token {id}");
             Ok(())
@@ -185,7 +185,7 @@ async fn serve(cli: &Cli, args: &ServeArgs, database: &Database) -> anyhow::Resu
     tracing::info!(%addr, read_path = ?settings.read.path, pooler = ?database.pooler, ?edge, "serving");
     print_try_it(&addr.to_string(), new_admin_token.as_deref(), token_file);
 
-    server::serve::serve(listener, app(state.clone()), edge, shutdown_signal())
+    server::http::serve::serve(listener, app(state.clone()), edge, shutdown_signal())
         .await
         .context("server failed")?;
     tracing::info!("stopped serving HTTP; stopping");

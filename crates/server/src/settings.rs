@@ -11,6 +11,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::bail;
 use pgbatch::pg::{StatementMode, Statements};
 use pgbatch::{Concurrency, FlushPolicy};
 
@@ -99,7 +100,7 @@ pub struct Settings {
     pub replicas: ReplicaSettings,
 }
 
-/// How read replicas are chosen and watched (see [`crate::replicas`]).
+/// How read replicas are chosen and watched (see [`crate::cluster::replicas`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplicaSettings {
     /// A replica lagging more than this is skipped.
@@ -122,7 +123,7 @@ impl Default for ReplicaSettings {
 }
 
 /// The cross-instance invalidation listener's timing (see
-/// [`crate::invalidation`]).
+/// [`crate::service::invalidation`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InvalidationSettings {
     /// How often the listener's connection is checked.
@@ -231,7 +232,7 @@ impl Pooler {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TlsOverrides {
     /// libpq's `sslmode`.
-    pub mode: Option<crate::tls::SslMode>,
+    pub mode: Option<SslMode>,
     /// A PEM file of the CAs to trust.
     pub root_cert: Option<PathBuf>,
 }
@@ -272,7 +273,7 @@ pub struct ReadSettings {
     /// Deadline of one lookup.
     pub timeout: Duration,
     /// Longest wait for room among the keys in flight (see
-    /// [`Lookup`](crate::lookup::Lookup)'s admission) before 503.
+    /// [`Lookup`](crate::domain::lookup::Lookup)'s admission) before 503.
     pub admission_wait: Duration,
     /// The caches (cached path).
     pub cache: CacheSettings,
@@ -504,5 +505,41 @@ impl Default for Limits {
             body_idle_timeout: defaults::BODY_IDLE_TIMEOUT,
             body_timeout: defaults::BODY_TIMEOUT,
         }
+    }
+}
+
+/// libpq's `sslmode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SslMode {
+    /// Never TLS.
+    Disable,
+    /// TLS if the server offers it; the certificate is not checked.
+    #[default]
+    Prefer,
+    /// Always TLS; the certificate is checked only with `sslrootcert`.
+    Require,
+    /// Always TLS, with a certificate chaining to a trusted CA.
+    VerifyCa,
+    /// As `VerifyCa`, and the certificate names the host connected to.
+    VerifyFull,
+}
+
+impl SslMode {
+    /// Parses libpq's names.
+    ///
+    /// # Errors
+    ///
+    /// An unknown name; the message lists the known ones.
+    pub fn parse(name: &str) -> anyhow::Result<Self> {
+        Ok(match name {
+            "disable" => Self::Disable,
+            "allow" | "prefer" => Self::Prefer,
+            "require" => Self::Require,
+            "verify-ca" => Self::VerifyCa,
+            "verify-full" => Self::VerifyFull,
+            other => bail!(
+                "unknown sslmode `{other}` (disable, prefer, require, verify-ca or verify-full)"
+            ),
+        })
     }
 }

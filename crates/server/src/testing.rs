@@ -1,7 +1,8 @@
 //! A database set up the way the service sets up its own, for tests and
 //! benchmarks: fresh, migrated, seeded, with an admin whose token is known.
 
-use crate::{auth, db, seed};
+use crate::db::{self, seed};
+use crate::domain::auth;
 
 /// A fresh database (in a throwaway cluster the calling process starts, or
 /// on `DATABASE_URL` when set), migrated and seeded by the service's own

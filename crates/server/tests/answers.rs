@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use server::serve::{serve, EdgeSettings};
+use server::http::serve::{serve, EdgeSettings};
 use server::settings::{AuthSettings, BatchSettings, Limits, ReadPath, ReadSettings, Settings};
 use support::ADMIN_TOKEN;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -150,7 +150,7 @@ fn head(method: &str, uri: &str, body_len: usize) -> String {
 
 /// A `POST .../objects/stat` of `n` paths, whole.
 fn batch_stat(n: u64) -> Vec<u8> {
-    let paths: Vec<String> = (1..=n).map(server::seed::object_path).collect();
+    let paths: Vec<String> = (1..=n).map(server::db::seed::object_path).collect();
     let body = serde_json::json!({ "paths": paths }).to_string();
     let mut req = head("POST", "/api/v1/repositories/demo/objects/stat", body.len()).into_bytes();
     req.extend_from_slice(body.as_bytes());
@@ -158,7 +158,7 @@ fn batch_stat(n: u64) -> Vec<u8> {
 }
 
 fn stat_get(n: u64) -> Vec<u8> {
-    let uri = support::stat_uri("demo", &server::seed::object_path(n));
+    let uri = support::stat_uri("demo", &server::db::seed::object_path(n));
     format!("GET {uri} HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {ADMIN_TOKEN}\r\n\r\n")
         .into_bytes()
 }
@@ -258,8 +258,8 @@ async fn every_answer_arrives_while_postgres_crashes_and_comes_back() {
     let cluster = embedded_pg::Cluster::start(options.clone()).await.unwrap();
     let config = cluster.config("postgres");
     server::db::migrate(&config).await.unwrap();
-    server::seed::seed(&config, 300, 10).await.unwrap();
-    server::auth::bootstrap_admin(&config, Some(ADMIN_TOKEN))
+    server::db::seed::seed(&config, 300, 10).await.unwrap();
+    server::domain::auth::bootstrap_admin(&config, Some(ADMIN_TOKEN))
         .await
         .unwrap();
     // Every request looks its token up, as an uncached token would: with
@@ -349,7 +349,7 @@ async fn every_answer_arrives_while_postgres_crashes_and_comes_back() {
 async fn a_batch_stat_uploaded_over_two_seconds_is_answered() {
     let app = support::setup(&Settings::default()).await;
     let served = Served::start(app.router.clone(), EdgeSettings::default()).await;
-    let paths: Vec<String> = (1..=50).map(server::seed::object_path).collect();
+    let paths: Vec<String> = (1..=50).map(server::db::seed::object_path).collect();
     let body = serde_json::json!({ "paths": paths }).to_string();
     let mut stream = served.connect().await;
     let uri = "/api/v1/repositories/demo/objects/stat";

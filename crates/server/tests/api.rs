@@ -6,8 +6,8 @@ mod support;
 use axum::http::StatusCode;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
-use server::queries::kv::{kv_payload, kv_pk};
-use server::seed::object_path;
+use server::db::queries::kv::{kv_payload, kv_pk};
+use server::db::seed::object_path;
 use server::settings::{Limits, ReadPath, Settings};
 use support::{get, post_json, read_path, send, send_full, setup, stat_uri, READ_PATHS, SEEDED};
 

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use clap::Parser;
-use server::auth;
-use server::config::{Cli, Command, TokenCommand, UserCommand};
-use server::queries::kv::kv_pk;
-use server::seed::object_path;
+use server::cli::{Cli, Command, TokenCommand, UserCommand};
+use server::db::queries::kv::kv_pk;
+use server::db::seed::object_path;
+use server::domain::auth;
 use server::settings::{AuthSettings, CacheSettings, Settings};
 use support::{client, get, get_as, send, send_full, stat_uri};
 

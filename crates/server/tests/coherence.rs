@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use serde_json::Value;
-use server::seed::object_path;
+use server::db::seed::object_path;
 use server::settings::{InvalidationSettings, ReadPath, Settings};
 use support::{client, get, get_as, read_path, send, stat_uri, TestApp, ADMIN_TOKEN};
 

@@ -6,7 +6,7 @@ mod support;
 use std::collections::BTreeSet;
 
 use axum::http::StatusCode;
-use server::seed::object_path;
+use server::db::seed::object_path;
 use server::settings::ReadPath;
 use support::{get, post_json, read_path, send, setup, stat_uri};
 

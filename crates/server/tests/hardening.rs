@@ -99,7 +99,7 @@ async fn slow_uploads_neither_starve_reads_nor_queue() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut reads = Vec::new();
     for n in 1..=30u64 {
-        let uri = stat_uri("demo", &server::seed::object_path(n));
+        let uri = stat_uri("demo", &server::db::seed::object_path(n));
         reads.push(send(&app.router, get(&uri)).await.0);
     }
     assert!(
@@ -173,16 +173,16 @@ async fn a_frozen_database_bounds_every_request() {
         .expect("a private cluster");
     let config = cluster.config("postgres");
     server::db::migrate(&config).await.unwrap();
-    server::seed::seed(&config, 10, 10).await.unwrap();
-    server::auth::bootstrap_admin(&config, Some(ADMIN_TOKEN))
+    server::db::seed::seed(&config, 10, 10).await.unwrap();
+    server::domain::auth::bootstrap_admin(&config, Some(ADMIN_TOKEN))
         .await
         .unwrap();
     let (mut client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(conn);
-    server::auth::create_user(&mut client, "late", &["*".to_owned()], &[])
+    server::domain::auth::create_user(&mut client, "late", &["*".to_owned()], &[])
         .await
         .unwrap();
-    server::auth::add_token(&client, "late", "not-yet-cached", "test")
+    server::domain::auth::add_token(&client, "late", "not-yet-cached", "test")
         .await
         .unwrap();
     drop(client);
@@ -208,7 +208,7 @@ async fn a_frozen_database_bounds_every_request() {
     )
     .await;
     // Warm the pool and the admin token's cache entry.
-    let stat = stat_uri("demo", &server::seed::object_path(1));
+    let stat = stat_uri("demo", &server::db::seed::object_path(1));
     assert_eq!(send(&app.router, get(&stat)).await.0, StatusCode::OK);
 
     let frozen = cluster.freeze().expect("freeze");
@@ -223,7 +223,7 @@ async fn a_frozen_database_bounds_every_request() {
     };
     let object = format!(
         "/api/v1/repositories/demo/objects?path={}",
-        server::seed::object_path(2)
+        server::db::seed::object_path(2)
     );
     let cases = vec![
         (
@@ -322,7 +322,7 @@ async fn batch_requests_are_admitted_whole_or_refused_whole() {
     })
     .await;
     let body = json!({
-        "paths": (0..1000).map(server::seed::object_path).collect::<Vec<_>>()
+        "paths": (0..1000).map(server::db::seed::object_path).collect::<Vec<_>>()
     })
     .to_string();
     let clients = 24;
@@ -406,7 +406,7 @@ async fn malformed_escapes_in_path_parameters_are_400() {
 #[tokio::test]
 async fn an_import_cancelled_by_its_statement_timeout_is_a_timeout() {
     use pgbatch::pg::copy::{self, ConflictPolicy};
-    use server::failure::{Failure, Work};
+    use server::domain::failure::{Failure, Work};
 
     let config = support::database().await;
     let (mut client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
@@ -426,10 +426,11 @@ async fn an_import_cancelled_by_its_statement_timeout_is_a_timeout() {
         .collect();
     let fast = Body::from_stream(futures_util::stream::iter(chunks));
     for (what, body) in [("slow", slow), ("fast", fast)] {
-        let source = server::import::NdjsonObjects::new(body, "empty", &ImportSettings::default());
+        let source =
+            server::domain::import::NdjsonObjects::new(body, "empty", &ImportSettings::default());
         let err = copy::import(
             &mut client,
-            &server::queries::objects::OBJECT_TABLE,
+            &server::db::queries::objects::OBJECT_TABLE,
             source,
             ConflictPolicy::Skip,
         )
@@ -449,7 +450,7 @@ async fn an_import_cancelled_by_its_statement_timeout_is_a_timeout() {
 #[tokio::test]
 async fn a_write_waiting_past_the_read_deadline_commits() {
     let app = support::setup(&short_read_deadline()).await;
-    let path = server::seed::object_path(3);
+    let path = server::db::seed::object_path(3);
     // Another session holds the row for 400 ms.
     let locker = support::client(&app.config).await;
     locker

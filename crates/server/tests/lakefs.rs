@@ -23,7 +23,7 @@ fn basic(id: &str, secret: &str) -> String {
 }
 
 fn admin_basic() -> String {
-    basic(&server::auth::token_id(ADMIN_TOKEN), ADMIN_TOKEN)
+    basic(&server::domain::auth::token_id(ADMIN_TOKEN), ADMIN_TOKEN)
 }
 
 async fn call(
@@ -102,7 +102,7 @@ async fn both_mount_points_basic_and_bearer_credentials() {
     assert_eq!(body["version_config"]["version_context"], "lakeFS");
     // A wrong secret, a wrong id, none at all.
     for auth in [
-        Some(basic(&server::auth::token_id(ADMIN_TOKEN), "wrong")),
+        Some(basic(&server::domain::auth::token_id(ADMIN_TOKEN), "wrong")),
         Some(basic("0123456789abcdef", ADMIN_TOKEN)),
         None,
     ] {
@@ -369,7 +369,7 @@ async fn credentials_from_the_api_for_oneself_or_as_an_admin() {
     let app = support::setup(&Settings::default()).await;
     let r = &app.router;
     let alice = support::user_with_token(&app.config, "alice").await;
-    let alice_basic = basic(&server::auth::token_id(&alice), &alice);
+    let alice_basic = basic(&server::domain::auth::token_id(&alice), &alice);
 
     // Alice makes a pair for herself: the secret is a new token, the
     // access key id its id, and it works at once.
@@ -378,7 +378,7 @@ async fn credentials_from_the_api_for_oneself_or_as_an_admin() {
     let secret = body["secret_access_key"].as_str().unwrap();
     let id = body["access_key_id"].as_str().unwrap();
     assert_ne!(secret, alice);
-    assert_eq!(id, server::auth::token_id(secret));
+    assert_eq!(id, server::domain::auth::token_id(secret));
     assert!(body["creation_date"].as_i64().unwrap() > 1_700_000_000);
     let req = Request::get("/lakefs/user")
         .header("authorization", basic(id, secret))
@@ -406,9 +406,9 @@ async fn credentials_from_the_api_for_oneself_or_as_an_admin() {
 
     // A pair made with a token that expires expires with it: a short-lived
     // token cannot mint a lasting one.
-    let short = server::auth::new_token().unwrap();
+    let short = server::domain::auth::new_token().unwrap();
     let c = support::client(&app.config).await;
-    server::auth::add_expiring_token(
+    server::domain::auth::add_expiring_token(
         &c,
         "alice",
         &short,
@@ -417,7 +417,7 @@ async fn credentials_from_the_api_for_oneself_or_as_an_admin() {
     )
     .await
     .unwrap();
-    let short_basic = basic(&server::auth::token_id(&short), &short);
+    let short_basic = basic(&server::domain::auth::token_id(&short), &short);
     let (status, body) = create_credentials(r, &short_basic, "alice").await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let minted = body["access_key_id"].as_str().unwrap().to_owned();
@@ -436,7 +436,10 @@ async fn credentials_from_the_api_for_oneself_or_as_an_admin() {
             .unwrap_or_else(|| panic!("no token {id}: {body}"))["expires_at"]
             .as_i64()
     };
-    let (minted_at, short_at) = (expiry(&minted), expiry(&server::auth::token_id(&short)));
+    let (minted_at, short_at) = (
+        expiry(&minted),
+        expiry(&server::domain::auth::token_id(&short)),
+    );
     assert!(short_at.is_some(), "{body}");
     // The same expiry, to the second (the server computes the time left,
     // the database adds it to its own clock a moment later).

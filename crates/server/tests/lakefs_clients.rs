@@ -26,7 +26,10 @@ async fn lakefs_clients_work_unchanged() {
     let run = tokio::process::Command::new(&python)
         .arg(&script)
         .env("LAKEFS_HOST", format!("http://{addr}/lakefs"))
-        .env("LAKEFS_ACCESS_KEY_ID", server::auth::token_id(ADMIN_TOKEN))
+        .env(
+            "LAKEFS_ACCESS_KEY_ID",
+            server::domain::auth::token_id(ADMIN_TOKEN),
+        )
         .env("LAKEFS_SECRET_ACCESS_KEY", ADMIN_TOKEN)
         .kill_on_drop(true)
         .output();

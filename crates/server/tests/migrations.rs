@@ -37,7 +37,7 @@ async fn a_database_migrated_by_an_earlier_release_still_migrates() {
     let database = embedded_pg::testing::database().await.unwrap();
     db::migrate(&database.config).await.unwrap();
     let client = client(&database.config).await;
-    let old_sql = include_str!("../src/superseded/V20261121000000__object_metadata.sql");
+    let old_sql = include_str!("../src/db/superseded/V20261121000000__object_metadata.sql");
     let old = refinery::Migration::unapplied("V20261121000000__object_metadata", old_sql)
         .unwrap()
         .checksum()

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use serde_json::Value;
-use server::seed::object_path;
+use server::db::seed::object_path;
 use server::settings::Settings;
 use support::{get, get_as, send, setup, stat_uri};
 
@@ -25,7 +25,7 @@ fn router_paths() -> Vec<String> {
             if let Some(rest) = arg.strip_prefix('"') {
                 rest[..rest.find('"').expect("a closed literal")].to_owned()
             } else if arg.starts_with("deadline::IMPORT_ROUTE") {
-                server::deadline::IMPORT_ROUTE.to_owned()
+                server::http::deadline::IMPORT_ROUTE.to_owned()
             } else {
                 panic!(
                     "a route path this test cannot read: {}",

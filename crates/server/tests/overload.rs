@@ -7,7 +7,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use server::queries::kv::kv_pk;
+use server::db::queries::kv::kv_pk;
 use server::settings::{BatchSettings, ReadPath, ReadSettings, Settings};
 use support::{get, send, send_full};
 use tokio_postgres::NoTls;

@@ -15,8 +15,8 @@ use axum::http::{Method, Request, StatusCode};
 use embedded_pg::pgbouncer::{PgBouncer, PoolMode};
 use embedded_pg::Cluster;
 use serde_json::json;
+use server::db::seed::object_path;
 use server::db::Database;
-use server::seed::object_path;
 use server::settings::{DbSettings, Pooler, ReadPath, Settings};
 use server::{app, AppState};
 use support::{get, get_as, put_object, send, stat_uri, ADMIN_TOKEN};
@@ -29,8 +29,8 @@ async fn behind(mode: PoolMode) -> (Cluster, PgBouncer) {
         .expect("a private cluster");
     let config = cluster.config("postgres");
     server::db::migrate(&config).await.unwrap();
-    server::seed::seed(&config, 300, 300).await.unwrap();
-    server::auth::bootstrap_admin(&config, Some(ADMIN_TOKEN))
+    server::db::seed::seed(&config, 300, 300).await.unwrap();
+    server::domain::auth::bootstrap_admin(&config, Some(ADMIN_TOKEN))
         .await
         .unwrap();
     let bouncer = PgBouncer::start(&cluster, mode, 3)

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use embedded_pg::{Cluster, ClusterOptions};
+use server::cluster::replicas::Fallback;
+use server::db::seed::object_path;
 use server::db::Postgres;
-use server::position::HEADER;
-use server::replicas::Fallback;
-use server::seed::object_path;
+use server::http::position::HEADER;
 use server::settings::{ReadPath, ReplicaSettings, Settings};
 use server::AppState;
 use support::{client, get, read_path, send, send_full, stat_uri, TestApp, ADMIN_TOKEN, SEEDED};
@@ -42,8 +42,8 @@ async fn deployment(apply_delay: &str) -> Deployment {
         .unwrap();
     let config = primary.config(DB);
     server::db::migrate(&config).await.unwrap();
-    server::seed::seed(&config, SEEDED, 0).await.unwrap();
-    server::auth::bootstrap_admin(&config, Some(ADMIN_TOKEN))
+    server::db::seed::seed(&config, SEEDED, 0).await.unwrap();
+    server::domain::auth::bootstrap_admin(&config, Some(ADMIN_TOKEN))
         .await
         .unwrap();
     let replica_options = embedded_pg::testing::private_options()

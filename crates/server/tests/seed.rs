@@ -1,8 +1,8 @@
 //! Seeding bulk-loads both tables with binary COPY, in the seed benchmark's
 //! format, and leaves tables that already have rows alone.
 
-use server::queries::kv::{kv_payload, kv_pk};
-use server::seed::{object_path, seed, DEMO_REPOSITORY};
+use server::db::queries::kv::{kv_payload, kv_pk};
+use server::db::seed::{object_path, seed, DEMO_REPOSITORY};
 use tokio_postgres::NoTls;
 
 #[tokio::test]

@@ -109,14 +109,14 @@ async fn each_sslmode_connects_or_refuses_as_libpq_would() {
         .await
         .expect("verify-full with the signing CA");
     db::migrate(&database).await.unwrap();
-    server::seed::seed(&database, 10, 10).await.unwrap();
-    server::auth::bootstrap_admin(&database, Some(ADMIN_TOKEN))
+    db::seed::seed(&database, 10, 10).await.unwrap();
+    server::domain::auth::bootstrap_admin(&database, Some(ADMIN_TOKEN))
         .await
         .unwrap();
     let app = support::app_on(&target, &Settings::default()).await;
     let (status, body) = send(
         &app.router,
-        get(&stat_uri("demo", &server::seed::object_path(1))),
+        get(&stat_uri("demo", &db::seed::object_path(1))),
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{body}");

@@ -6,7 +6,7 @@ mod support;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use serde_json::{json, Value};
-use server::seed::object_path;
+use server::db::seed::object_path;
 use server::settings::{ImportSettings, ReadPath, Settings};
 use support::{get, read_path, send, stat_uri, ADMIN_TOKEN, READ_PATHS};
 
@@ -389,10 +389,10 @@ async fn writes_need_write_permission() {
     let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(conn);
     let mut client = client;
-    server::auth::create_user(&mut client, "viewer", &["demo".to_owned()], &[])
+    server::domain::auth::create_user(&mut client, "viewer", &["demo".to_owned()], &[])
         .await
         .unwrap();
-    server::auth::add_token(&client, "viewer", "viewer-token", "")
+    server::domain::auth::add_token(&client, "viewer", "viewer-token", "")
         .await
         .unwrap();
     let app = support::app_on(&config, &Settings::default()).await;

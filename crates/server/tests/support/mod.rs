@@ -36,7 +36,7 @@ pub async fn database() -> tokio_postgres::Config {
         .await
         .expect("seeded test database");
     let client = client(&config).await;
-    server::queries::repositories::insert(&client, "empty", "s3://e/")
+    server::db::queries::repositories::insert(&client, "empty", "s3://e/")
         .await
         .unwrap()
         .expect("a new repository");
@@ -181,11 +181,11 @@ pub fn put_object(path: &str, address: &str) -> Request<Body> {
 /// token of theirs (description `laptop`), created in `config`'s database.
 pub async fn user_with_token(config: &tokio_postgres::Config, name: &str) -> String {
     let mut c = client(config).await;
-    server::auth::create_user(&mut c, name, &["demo".to_owned()], &[])
+    server::domain::auth::create_user(&mut c, name, &["demo".to_owned()], &[])
         .await
         .unwrap();
-    let token = server::auth::new_token().unwrap();
-    server::auth::add_token(&c, name, &token, "laptop")
+    let token = server::domain::auth::new_token().unwrap();
+    server::domain::auth::add_token(&c, name, &token, "laptop")
         .await
         .unwrap();
     token
@@ -227,10 +227,10 @@ impl LiveServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(server::serve::serve(
+        let task = tokio::spawn(server::http::serve::serve(
             listener,
             router,
-            server::serve::EdgeSettings::default(),
+            server::http::serve::EdgeSettings::default(),
             async {
                 let _ = stopped.await;
             },

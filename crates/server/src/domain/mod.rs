@@ -1,0 +1,14 @@
+//! What the service does, independent of HTTP: reads through lookups and
+//! caches, writes that invalidate them, imports, listings, tokens and
+//! grants, input validation, and the one domain error.
+//!
+//! Imports from `cluster`, `db` and `settings` only.
+
+pub mod auth;
+pub mod failure;
+pub mod import;
+pub mod input;
+pub mod listing;
+pub mod lookup;
+pub mod reads;
+pub mod writes;

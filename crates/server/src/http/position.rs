@@ -1,0 +1,73 @@
+//! Read-your-writes across instances and replicas, over HTTP: a write's
+//! response carries the primary's WAL position after its commit in
+//! [`HEADER`]; a read that sends it back is answered by a database that
+//! has replayed that far (see [`crate::cluster::replicas`]), never from a cache.
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::Response;
+use tokio_postgres::types::PgLsn;
+
+use crate::cluster::replicas::parse_position;
+use crate::domain::failure::Failure;
+use crate::domain::writes::Writes;
+use crate::http::error::AppError;
+
+/// The header that carries a write's commit position, in Postgres's
+/// notation (`16/B374D848`), and in which a read presents it.
+pub const HEADER: &str = "x-pgbatch-lsn";
+
+/// The position a read presents in [`HEADER`], if any.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReadPosition(pub Option<PgLsn>);
+
+impl ReadPosition {
+    /// The position in `headers`.
+    ///
+    /// # Errors
+    ///
+    /// [`Failure::Invalid`] (`invalid_lsn`) when the header is present and
+    /// not a WAL position.
+    pub fn of(headers: &HeaderMap) -> Result<Self, Failure> {
+        let Some(value) = headers.get(HEADER) else {
+            return Ok(Self(None));
+        };
+        let text = value.to_str().map_err(|_| {
+            Failure::invalid("invalid_lsn", format!("`{HEADER}` is not a WAL position"))
+        })?;
+        parse_position(text)
+            .map(|lsn| Self(Some(lsn)))
+            .map_err(|e| Failure::invalid("invalid_lsn", format!("`{HEADER}`: {e}")))
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for ReadPosition {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, AppError> {
+        Ok(Self::of(&parts.headers)?)
+    }
+}
+
+/// Adds [`HEADER`] to the successful answer of a write (run by
+/// [`crate::http::guard`] for requests whose kind of
+/// [`Work`](crate::domain::failure::Work) is a write: not a `GET`, nor a batch
+/// stat, which is a `POST` that reads). A write whose
+/// position cannot be read is still answered, without the header: it is
+/// committed, and the client can read from the primary's side of the
+/// consistency model (see docs/instances.md) without it.
+pub async fn stamp_write(writes: &Writes, mut response: Response) -> Response {
+    if !response.status().is_success() {
+        return response;
+    }
+    match writes.commit_position().await {
+        Ok(lsn) => {
+            if let Ok(value) = HeaderValue::from_str(&lsn.to_string()) {
+                response.headers_mut().insert(HEADER, value);
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "could not read the commit position for a write"),
+    }
+    response
+}

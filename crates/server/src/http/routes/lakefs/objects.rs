@@ -1,0 +1,349 @@
+//! lakeFS's object operations over the service's own reads and writes: stat
+//! and head (the batched, cached lookup), list (range scans), stage, link
+//! and delete (the micro-batched writer). Reading a branch shows staged
+//! writes at once: there are no commits.
+
+use axum::extract::{RawQuery, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+
+use super::query;
+use super::shapes::{
+    ObjectError, ObjectErrorList, ObjectStageCreation, ObjectStats, Page, PathList,
+    StagingLocation, StagingMetadata,
+};
+use crate::db::queries::objects::{ObjectKey, ObjectStats as Stats};
+use crate::db::queries::repositories::Repository;
+use crate::domain::auth::{Action, Principal};
+use crate::domain::failure::Failure;
+use crate::domain::input::{self, ObjectBody};
+use crate::domain::listing::{ListRequest, MAX_AMOUNT};
+use crate::http::error::AppError;
+use crate::http::extract::{Caller, JsonBody, PathParams};
+use crate::http::position::ReadPosition;
+use crate::service::state::AppState;
+
+/// `{repository}` and `{ref}` (or `{branch}`) of a path.
+#[derive(Debug, Deserialize)]
+pub(crate) struct RefPath {
+    repository: String,
+    #[serde(alias = "branch")]
+    r#ref: String,
+}
+
+impl RefPath {
+    /// The repository name, validated, with the caller allowed `action`.
+    fn checked(&self, caller: &Principal, action: Action) -> Result<&str, Failure> {
+        input::repository(&self.repository)?;
+        caller.require(action, &self.repository)?;
+        Ok(&self.repository)
+    }
+
+    fn no_such_ref(&self) -> Failure {
+        Failure::NoSuchRef {
+            repository: self.repository.clone(),
+            reference: self.r#ref.clone(),
+        }
+    }
+}
+
+/// The repository `at` names, if its one branch is `at`'s ref; writes
+/// also need it not read-only.
+async fn repository(
+    state: &AppState,
+    at: &RefPath,
+    caller: &Principal,
+    action: Action,
+    position: Option<tokio_postgres::types::PgLsn>,
+) -> Result<Repository, Failure> {
+    let name = at.checked(caller, action)?;
+    let repo = if action == Action::Write {
+        state.reads.repository_on_primary(name).await?
+    } else {
+        state.reads.repository(name, position).await?
+    };
+    let repo = repo.ok_or_else(|| Failure::NoSuchRepository(name.to_owned()))?;
+    if repo.default_branch != at.r#ref {
+        return Err(at.no_such_ref());
+    }
+    if action == Action::Write && repo.read_only {
+        return Err(Failure::Forbidden(format!(
+            "repository `{name}` is read-only"
+        )));
+    }
+    Ok(repo)
+}
+
+/// The object at `path` on `at`'s ref, through the object-stat lookup
+/// (batched, cached), whose answer also names the repository's branch.
+async fn stat_of(
+    state: &AppState,
+    at: &RefPath,
+    caller: &Principal,
+    path: String,
+    position: Option<tokio_postgres::types::PgLsn>,
+) -> Result<std::sync::Arc<Stats>, Failure> {
+    let repository = at.checked(caller, Action::Read)?.to_owned();
+    let key = ObjectKey { repository, path };
+    let stat = state
+        .reads
+        .object_stat
+        .get_at(key.clone(), position)
+        .await?
+        .ok_or_else(|| Failure::NoSuchRepository(key.repository.clone()))?;
+    if *stat.branch != at.r#ref {
+        return Err(at.no_such_ref());
+    }
+    stat.object.ok_or(Failure::NoSuchObject {
+        repository: key.repository,
+        path: key.path,
+    })
+}
+
+/// `GET .../refs/{ref}/objects/stat?path=P` (statObject).
+pub(crate) async fn stat(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    PathParams(at): PathParams<RefPath>,
+    RawQuery(q): RawQuery,
+    ReadPosition(position): ReadPosition,
+) -> Result<Json<ObjectStats>, AppError> {
+    let path = input::required_path(q.as_deref())?;
+    let with_metadata = query::flag(q.as_deref(), "user_metadata", true)?;
+    let stats = stat_of(&state, &at, &caller, path, position).await?;
+    Ok(Json(ObjectStats::object(&stats, with_metadata)))
+}
+
+/// `HEAD .../refs/{ref}/objects?path=P` (headObject): the status, and
+/// the object's size, checksum and time as headers; never a body.
+pub(crate) async fn head(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    PathParams(at): PathParams<RefPath>,
+    RawQuery(q): RawQuery,
+    ReadPosition(position): ReadPosition,
+) -> Response {
+    let found = match input::required_path(q.as_deref()) {
+        Ok(path) => stat_of(&state, &at, &caller, path, position).await,
+        Err(e) => Err(e),
+    };
+    match found {
+        Ok(stats) => {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(stats.size_bytes));
+            if let Ok(etag) = HeaderValue::from_str(&format!("\"{}\"", stats.checksum)) {
+                headers.insert(header::ETAG, etag);
+            }
+            if let Some(when) = http_date(stats.mtime) {
+                headers.insert(header::LAST_MODIFIED, when);
+            }
+            (StatusCode::OK, headers).into_response()
+        }
+        Err(failure) => AppError::from(failure).status().into_response(),
+    }
+}
+
+/// `mtime` (Unix seconds) as an HTTP date.
+fn http_date(mtime: i64) -> Option<HeaderValue> {
+    let secs = u64::try_from(mtime).ok()?;
+    let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+    HeaderValue::from_str(&httpdate::fmt_http_date(when)).ok()
+}
+
+/// `GET .../refs/{ref}/objects/ls` (listObjects): a page of the objects
+/// under `prefix` after `after`, folded at `delimiter`, at most `amount`
+/// (100 unless given, at most 1,000).
+pub(crate) async fn list(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    PathParams(at): PathParams<RefPath>,
+    RawQuery(q): RawQuery,
+    ReadPosition(position): ReadPosition,
+) -> Result<Json<Page<ObjectStats>>, AppError> {
+    let q = q.as_deref();
+    let request = ListRequest {
+        prefix: query::text(q, "prefix")?,
+        after: query::text(q, "after")?,
+        delimiter: query::text(q, "delimiter")?,
+        amount: ListRequest::amount_of(query::integer(q, "amount")?),
+    };
+    let with_metadata = query::flag(q, "user_metadata", true)?;
+    let repo = repository(&state, &at, &caller, Action::Read, position).await?;
+    let listing = state
+        .reads
+        .list_objects(&repo.name, &request, position)
+        .await?;
+    let results = listing
+        .entries
+        .iter()
+        .map(|e| ObjectStats::entry(e, with_metadata))
+        .collect();
+    Ok(Json(Page::of(results, listing.has_more, |last| {
+        last.path.clone()
+    })))
+}
+
+/// Writes `body` as the object at `path` of `repo` and answers its stats.
+async fn write(
+    state: &AppState,
+    repo: &str,
+    path: String,
+    body: ObjectBody,
+) -> Result<ObjectStats, Failure> {
+    let row = body.into_put_row(repo, path)?;
+    let stats = Stats {
+        path: row.path.clone(),
+        physical_address: row.physical_address.clone(),
+        checksum: row.checksum.clone(),
+        size_bytes: row.size_bytes,
+        mtime: super::unix_now(),
+        content_type: row.content_type.clone(),
+        metadata: row.metadata.clone(),
+    };
+    state.writes.put(row).await?;
+    Ok(ObjectStats::object(&stats, true))
+}
+
+/// A random name for staged data (a v4 UUID from the thread's generator).
+fn fresh_id() -> String {
+    uuid::Builder::from_random_bytes(rand::random::<u128>().to_le_bytes())
+        .into_uuid()
+        .simple()
+        .to_string()
+}
+
+/// `PUT .../branches/{branch}/objects?path=P` (the deprecated stageObject):
+/// registers an object's metadata without data; 201 with its stats.
+pub(crate) async fn stage(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    PathParams(at): PathParams<RefPath>,
+    RawQuery(q): RawQuery,
+    JsonBody(staged): JsonBody<ObjectStageCreation>,
+) -> Result<(StatusCode, Json<ObjectStats>), AppError> {
+    let path = input::required_path(q.as_deref())?;
+    let repo = repository(&state, &at, &caller, Action::Write, None).await?;
+    let body = ObjectBody {
+        path: None,
+        physical_address: staged.physical_address,
+        size_bytes: staged.size_bytes,
+        checksum: staged.checksum,
+        content_type: staged.content_type,
+        metadata: staged.metadata,
+    };
+    let stats = write(&state, &repo.name, path, body).await?;
+    Ok((StatusCode::CREATED, Json(stats)))
+}
+
+/// `GET .../branches/{branch}/staging/backing?path=P` (getPhysicalAddress):
+/// a fresh address in the repository's namespace for the client to put
+/// data at, before it links it. Nothing to sign: no data moves here.
+pub(crate) async fn physical_address(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    PathParams(at): PathParams<RefPath>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<StagingLocation>, AppError> {
+    input::required_path(q.as_deref())?;
+    let repo = repository(&state, &at, &caller, Action::Write, None).await?;
+    let namespace = repo.storage_namespace.trim_end_matches('/');
+    Ok(Json(StagingLocation {
+        physical_address: Some(format!("{namespace}/data/{}", fresh_id())),
+        presigned_url: None,
+    }))
+}
+
+/// `PUT .../branches/{branch}/staging/backing?path=P`
+/// (linkPhysicalAddress): the object at `path` is the data at the staged
+/// address; 200 with its stats.
+pub(crate) async fn link(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    PathParams(at): PathParams<RefPath>,
+    RawQuery(q): RawQuery,
+    JsonBody(staged): JsonBody<StagingMetadata>,
+) -> Result<Json<ObjectStats>, AppError> {
+    let path = input::required_path(q.as_deref())?;
+    let repo = repository(&state, &at, &caller, Action::Write, None).await?;
+    let physical_address = staged.staging.physical_address.ok_or_else(|| {
+        Failure::invalid("invalid_body", "`staging.physical_address` is required")
+    })?;
+    let body = ObjectBody {
+        path: None,
+        physical_address,
+        size_bytes: staged.size_bytes,
+        checksum: staged
+            .checksum
+            .trim_matches(|c: char| c == '"' || c == ' ')
+            .to_owned(),
+        content_type: staged.content_type,
+        metadata: staged.user_metadata,
+    };
+    Ok(Json(write(&state, &repo.name, path, body).await?))
+}
+
+/// `DELETE .../branches/{branch}/objects?path=P` (deleteObject): 204,
+/// also when there was no such object, as lakeFS answers.
+pub(crate) async fn delete(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    PathParams(at): PathParams<RefPath>,
+    RawQuery(q): RawQuery,
+) -> Result<StatusCode, AppError> {
+    let path = input::required_path(q.as_deref())?;
+    let repo = repository(&state, &at, &caller, Action::Write, None).await?;
+    match state
+        .writes
+        .delete(&ObjectKey {
+            repository: repo.name,
+            path,
+        })
+        .await
+    {
+        Ok(()) | Err(Failure::NoSuchObject { .. }) => Ok(StatusCode::NO_CONTENT),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `POST .../branches/{branch}/objects/delete` (deleteObjects): each path
+/// deleted, what failed listed; 200.
+pub(crate) async fn delete_many(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    PathParams(at): PathParams<RefPath>,
+    JsonBody(list): JsonBody<PathList>,
+) -> Result<Json<ObjectErrorList>, AppError> {
+    if list.paths.len() > MAX_AMOUNT {
+        return Err(Failure::invalid(
+            "too_many_paths",
+            format!("at most {MAX_AMOUNT} paths in one request"),
+        )
+        .into());
+    }
+    let repo = repository(&state, &at, &caller, Action::Write, None).await?;
+    let mut errors = Vec::new();
+    for path in list.paths {
+        let key = ObjectKey {
+            repository: repo.name.clone(),
+            path: path.clone(),
+        };
+        let deleted = match input::object_path(&path, "paths") {
+            Ok(()) => state.writes.delete(&key).await,
+            Err(e) => Err(e),
+        };
+        match deleted {
+            Ok(()) | Err(Failure::NoSuchObject { .. }) => {}
+            Err(failure) => {
+                let error = AppError::from(failure);
+                errors.push(ObjectError {
+                    status_code: error.status().as_u16(),
+                    message: error.message().to_owned(),
+                    path,
+                });
+            }
+        }
+    }
+    Ok(Json(ObjectErrorList { errors }))
+}

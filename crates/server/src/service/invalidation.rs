@@ -1,0 +1,452 @@
+//! Cache coherence across instances, on Postgres's own LISTEN/NOTIFY.
+//!
+//! Triggers (migration `V20261122000100__invalidation`) send, from the
+//! transaction of every committed change a cache may hold, the changed
+//! keys on [`CHANNEL`] in payloads under NOTIFY's 8,000-byte limit ("drop all"
+//! past 10,000 rows, nothing for a statement that touched no row);
+//! Postgres delivers them at commit, and only if the transaction commits.
+//! Each instance keeps one dedicated connection (never from a pool, never
+//! through a pooler, which would not keep a session's LISTEN) and applies
+//! what arrives to its object-stat and token caches. `random_read_test`
+//! (the kv lookup) has no triggers: the service never writes it.
+//!
+//! Notifications sent while the listener is disconnected are lost. So
+//! while it is down the caches are bypassed ([`Coherence`]): reads go to
+//! the database, and nothing is cached. After it reconnects and LISTENs
+//! again, every cache is flushed before they are used again.
+//!
+//! The listener's health is proved end to end: every second a notification
+//! with a fresh random payload is sent on [`PING_CHANNEL`] from another
+//! connection (one of the pool's), and must arrive on the listener within
+//! two. A connection that died silently (a frozen or partitioned database
+//! sends no error) fails it, and so does a path that swallows notifications
+//! while answering queries (a transaction-mode pooler accepts `LISTEN` and
+//! then delivers nothing, or delivers to another client): the caches are
+//! marked incoherent, bypassed, and the listener reconnects. The caches
+//! are first used only after such a ping has come through, so a listener
+//! that never hears anything never lets them be used. Until a silent
+//! failure is found, for at most about three seconds, a cache may serve
+//! what a lost notification would have dropped. The caches' TTL stays as a
+//! last bound.
+//!
+//! A ping is sent while notifications go on being applied, never in their
+//! way: under load the pool's connections may all be busy. A ping that
+//! cannot be sent (no connection in time, or the send failed) is tried
+//! again at once or at the next interval, whichever is later, and does
+//! not take the listener down as long as the last ping arrived within ten
+//! intervals; the kernel's keepalives still watch the connection
+//! meanwhile. So while no ping can be sent, a silent failure is found
+//! only after those ten intervals (about 12 s by default), not three
+//! seconds.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Instant;
+
+use anyhow::{bail, Context as _};
+use futures_util::future::poll_fn;
+use serde::Deserialize;
+use tokio::sync::mpsc;
+use tokio_postgres::AsyncMessage;
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::coherence::Coherence;
+use crate::cluster::replicas::ReadRouter;
+use crate::db::queries::database;
+use crate::db::queries::objects::ObjectKey;
+use crate::db::Postgres;
+use crate::domain::auth::Authenticator;
+use crate::domain::reads::Reads;
+use crate::settings::InvalidationSettings;
+use pgbatch::pg::Pool;
+
+/// The notification channel the triggers send on.
+pub const CHANNEL: &str = "pgbatch_invalidate";
+
+/// The channel of the listener's pings (see the module docs).
+pub const PING_CHANNEL: &str = "pgbatch_listener_ping";
+
+/// The listener's `application_name`, which names it in `pg_stat_activity`.
+pub const APPLICATION_NAME: &str = "pgbatch-listener";
+
+/// What a notification asks to drop.
+#[derive(Debug, PartialEq, Eq)]
+enum Invalidation {
+    Objects(Vec<ObjectKey>),
+    AllObjects,
+    Tokens(Vec<Vec<u8>>),
+    AllAuth,
+    /// A payload this version cannot read: everything is dropped.
+    Unknown,
+}
+
+#[derive(Deserialize)]
+struct Payload {
+    c: String,
+    #[serde(default)]
+    all: bool,
+    /// `null` when a statement touched no row (older triggers sent it).
+    #[serde(default)]
+    k: Option<Vec<serde_json::Value>>,
+}
+
+impl Invalidation {
+    fn parse(text: &str) -> Self {
+        let Ok(p) = serde_json::from_str::<Payload>(text) else {
+            return Self::Unknown;
+        };
+        match (p.c.as_str(), p.all) {
+            ("objects", true) => Self::AllObjects,
+            ("auth", _) | ("tokens", true) => Self::AllAuth,
+            ("objects", false) => p
+                .k
+                .unwrap_or_default()
+                .into_iter()
+                .map(|k| {
+                    let (repository, path): (String, String) = serde_json::from_value(k).ok()?;
+                    Some(ObjectKey { repository, path })
+                })
+                .collect::<Option<_>>()
+                .map_or(Self::Unknown, Self::Objects),
+            ("tokens", false) => {
+                p.k.unwrap_or_default()
+                    .into_iter()
+                    .map(|k| hex::decode(k.as_str()?).ok())
+                    .collect::<Option<_>>()
+                    .map_or(Self::Unknown, Self::Tokens)
+            }
+            _ => Self::Unknown,
+        }
+    }
+}
+
+/// The caches notifications are applied to.
+#[derive(Debug, Clone)]
+pub struct Caches {
+    /// The object-stat (and kv) lookups.
+    pub reads: Reads,
+    /// The token cache.
+    pub auth: Authenticator,
+    /// Told the primary's position after each invalidation, so cache
+    /// fills from replicas are no older.
+    pub router: ReadRouter,
+}
+
+impl Caches {
+    async fn apply(&self, invalidation: Invalidation) {
+        match invalidation {
+            Invalidation::Objects(keys) => {
+                for key in &keys {
+                    self.reads.object_stat.invalidate(key).await;
+                }
+            }
+            Invalidation::AllObjects => self.reads.object_stat.invalidate_all(),
+            Invalidation::Tokens(digests) => self.auth.forget(&digests).await,
+            Invalidation::AllAuth => self.auth.forget_all(),
+            Invalidation::Unknown => self.flush(),
+        }
+    }
+
+    fn flush(&self) {
+        self.reads.object_stat.invalidate_all();
+        self.reads.kv.invalidate_all();
+        self.auth.forget_all();
+    }
+}
+
+/// Listens on `target` until `stop`, applying notifications to `caches`
+/// and keeping `coherence` true only while notifications are proved to
+/// arrive: pings are sent from `sender`'s connections.
+pub async fn listen(
+    target: Postgres,
+    sender: Pool,
+    caches: Caches,
+    coherence: Coherence,
+    settings: InvalidationSettings,
+    stop: CancellationToken,
+) {
+    let mut backoff = settings.reconnect_min;
+    loop {
+        let started = Instant::now();
+        let result = tokio::select! {
+            () = stop.cancelled() => return,
+            r = session(&target, &sender, &caches, &coherence, &settings) => r,
+        };
+        coherence.failed();
+        // A connection that lasted starts the backoff over; one that keeps
+        // dropping at once does not flush every cache every 100 ms.
+        if started.elapsed() >= InvalidationSettings::STABLE_AFTER {
+            backoff = settings.reconnect_min;
+        }
+        if let Err(e) = result {
+            tracing::warn!(error = %format!("{e:#}"), retry_in = ?backoff,
+                "cache invalidation listener lost; caches bypassed until it is back");
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(settings.reconnect_max);
+    }
+}
+
+/// Notifications received and not yet applied, at most: past it the
+/// listener reconnects and flushes instead of growing without bound.
+const BACKLOG: usize = 10_000;
+
+/// One connection's life: connect, LISTEN, flush, prove delivery, then
+/// apply notifications until the connection fails or a ping goes unheard.
+async fn session(
+    target: &Postgres,
+    sender: &Pool,
+    caches: &Caches,
+    coherence: &Coherence,
+    settings: &InvalidationSettings,
+) -> anyhow::Result<()> {
+    let step = settings.ping_timeout;
+    let mut config = target.config.clone();
+    config
+        .application_name(APPLICATION_NAME)
+        .connect_timeout(step)
+        // The kernel gives up on a peer that stopped answering, even
+        // between pings.
+        .keepalives(true)
+        .keepalives_idle(settings.ping_every)
+        .tcp_user_timeout(settings.ping_every + step);
+    let (client, mut connection) = tokio::time::timeout(step, config.connect(target.tls.clone()))
+        .await
+        .context("connecting timed out")?
+        .context("could not connect")?;
+    let (tx, mut notifications) = mpsc::channel(BACKLOG);
+    // The connection's messages are read by a task of its own: the client
+    // needs it driven to run LISTEN and the position reads.
+    let driver = tokio::spawn(async move {
+        loop {
+            match poll_fn(|cx| connection.poll_message(cx)).await {
+                Some(Ok(AsyncMessage::Notification(n))) => {
+                    if tx.try_send(n).is_err() {
+                        tracing::warn!(
+                            backlog = BACKLOG,
+                            "invalidations arrive faster than they are applied"
+                        );
+                        return;
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "listener connection failed");
+                    return;
+                }
+                None => return,
+            }
+        }
+    });
+    let _abort = AbortOnDrop(driver);
+    tokio::time::timeout(
+        step,
+        client.batch_execute(&format!("LISTEN {CHANNEL}; LISTEN {PING_CHANNEL}")),
+    )
+    .await
+    .context("LISTEN timed out")?
+    .context("LISTEN failed")?;
+    // Whatever was sent while no one listened is lost: start afresh. Fills
+    // from replicas must then be at least as new as the primary now.
+    caches.flush();
+    if caches.router.has_replicas() {
+        settle(&client, &caches.router, caches.router.ticket(), step).await?;
+    }
+    // The first ping must arrive before the caches are used at all.
+    let mut first = Ping::new();
+    first.send(sender, step).await?;
+    let mut ping = Some(first);
+    let mut proved = false;
+    let mut last_proof = Instant::now();
+    let mut next_ping = Instant::now() + settings.ping_every;
+    // Later pings are sent while notifications go on being applied: a
+    // send waits for a connection of the read pool, which may be busy for
+    // as long as `step` under load, and the invalidations must not.
+    // The ping is expected (`ping`) before it is sent: Postgres may signal
+    // the listener before it answers the sender.
+    let mut sending: Option<Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send + '_>>> = None;
+    loop {
+        tokio::select! {
+            n = notifications.recv() => {
+                let Some(n) = n else { bail!("the connection closed") };
+                if n.channel() == PING_CHANNEL {
+                    if ping.as_ref().is_some_and(|p| p.nonce == n.payload()) {
+                        ping = None;
+                        last_proof = Instant::now();
+                        if !proved {
+                            proved = true;
+                            coherence.connected();
+                            tracing::info!(channel = CHANNEL, "listening for cache invalidations");
+                        }
+                    }
+                    continue;
+                }
+                let invalidation = Invalidation::parse(n.payload());
+                if invalidation == Invalidation::Unknown {
+                    coherence.count_unreadable();
+                    tracing::warn!(payload = n.payload(), "unreadable invalidation; flushing every cache");
+                }
+                // Each cache marks the router unsettled before it drops
+                // anything (`Lookup::invalidate`, `Authenticator::forget`).
+                caches.apply(invalidation).await;
+                coherence.count_received();
+            }
+            ticket = caches.router.position_wanted() => {
+                settle(&client, &caches.router, ticket, step).await?;
+            }
+            () = tokio::time::sleep_until(next_ping.into()), if ping.is_none() && sending.is_none() => {
+                let next = Ping::new();
+                sending = Some(Box::pin(Ping::notify(sender, next.nonce.clone(), step)));
+                ping = Some(next);
+                next_ping = Instant::now() + settings.ping_every;
+            }
+            sent = async { sending.as_mut().expect("polled only while sending").await }, if sending.is_some() => {
+                sending = None;
+                match sent {
+                    // Unless it arrived already.
+                    Ok(()) => if let Some(p) = &mut ping {
+                        p.due = Some(Instant::now() + step);
+                    },
+                    // No connection to send from is not a deaf listener:
+                    // the kernel's keepalives still watch this connection,
+                    // and the next ping tries again. Only a listener left
+                    // unproved for long is given up.
+                    Err(e) if last_proof.elapsed() < unproved_limit(settings) => {
+                        ping = None;
+                        tracing::warn!(error = %format!("{e:#}"), "could not send a ping to the invalidation listener; trying again");
+                    }
+                    Err(e) => return Err(e.context(format!(
+                        "no ping reached the listener for {:?}", last_proof.elapsed()
+                    ))),
+                }
+            }
+            () = tokio::time::sleep_until(ping.as_ref().and_then(|p| p.due).unwrap_or(next_ping).into()), if ping.as_ref().is_some_and(|p| p.due.is_some()) => {
+                bail!(
+                    "a notification sent on {PING_CHANNEL} did not arrive within {step:?}: \
+                     the connection does not deliver notifications (is it behind a \
+                     transaction-mode pooler? then set --direct-url)"
+                );
+            }
+        }
+    }
+}
+
+/// How long a proved listener may go without a ping arriving, because
+/// none could be sent, before it is given up: ten intervals.
+fn unproved_limit(settings: &InvalidationSettings) -> std::time::Duration {
+    settings.ping_every * 10 + settings.ping_timeout
+}
+
+/// A ping expected: its payload, and once it is sent, when it must have
+/// arrived.
+struct Ping {
+    nonce: String,
+    due: Option<Instant>,
+}
+
+impl Ping {
+    fn new() -> Self {
+        Self {
+            nonce: format!("{:016x}", rand::random::<u64>()),
+            due: None,
+        }
+    }
+
+    /// Sends it, and sets when it is due.
+    async fn send(&mut self, sender: &Pool, step: std::time::Duration) -> anyhow::Result<()> {
+        Self::notify(sender, self.nonce.clone(), step).await?;
+        self.due = Some(Instant::now() + step);
+        Ok(())
+    }
+
+    /// Sends `nonce` on [`PING_CHANNEL`] from one of `sender`'s
+    /// connections: another connection than the listener's, since a pooler
+    /// may deliver a client's own notification to it and nothing else.
+    async fn notify(sender: &Pool, nonce: String, step: std::time::Duration) -> anyhow::Result<()> {
+        let sent = async {
+            let client = sender.get().await?;
+            database::notify(&**client, PING_CHANNEL, &nonce).await?;
+            anyhow::Ok(())
+        };
+        tokio::time::timeout(step, sent)
+            .await
+            .context("sending a ping timed out")?
+            .context("sending a ping failed")
+    }
+}
+
+/// Reads the primary's WAL position on the listener's connection, after
+/// the invalidations up to `ticket` were applied, and tells `router`.
+async fn settle(
+    client: &tokio_postgres::Client,
+    router: &ReadRouter,
+    ticket: u64,
+    step: std::time::Duration,
+) -> anyhow::Result<()> {
+    let position = tokio::time::timeout(step, database::wal_position(client))
+        .await
+        .context("reading the WAL position timed out")?
+        .context("reading the WAL position failed")?;
+    router.settle(ticket, position);
+    Ok(())
+}
+
+/// Stops the connection's task when the session ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_parse_and_anything_else_flushes() {
+        assert_eq!(
+            Invalidation::parse(r#"{"c":"objects","k":[["demo","a/b"],["x","y z"]]}"#),
+            Invalidation::Objects(vec![
+                ObjectKey {
+                    repository: "demo".into(),
+                    path: "a/b".into()
+                },
+                ObjectKey {
+                    repository: "x".into(),
+                    path: "y z".into()
+                },
+            ])
+        );
+        assert_eq!(
+            Invalidation::parse(r#"{"c":"objects","all":true}"#),
+            Invalidation::AllObjects
+        );
+        assert_eq!(
+            Invalidation::parse(r#"{"c":"tokens","k":["00ff"]}"#),
+            Invalidation::Tokens(vec![vec![0, 255]])
+        );
+        assert_eq!(
+            Invalidation::parse(r#"{"c":"auth","all":true}"#),
+            Invalidation::AllAuth
+        );
+        // A statement that touched nothing: nothing to drop, no flush.
+        assert_eq!(
+            Invalidation::parse(r#"{"c" : "tokens", "k" : null}"#),
+            Invalidation::Tokens(vec![])
+        );
+        for bad in [
+            "",
+            "not json",
+            r#"{"c":"objects","k":[["only-one"]]}"#,
+            r#"{"c":"tokens","k":["zz"]}"#,
+            r#"{"c":"future"}"#,
+        ] {
+            assert_eq!(Invalidation::parse(bad), Invalidation::Unknown, "{bad}");
+        }
+    }
+}
