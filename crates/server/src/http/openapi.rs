@@ -29,12 +29,12 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{Content, KnownFormat, Ref, RefOr, Required, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
-use crate::cluster::replicas::POSITION_PATTERN;
 use crate::domain::input::{
     CONFLICT_POLICIES, KEY_PATTERN, MAX_FIELD_BYTES, MAX_METADATA_ENTRIES, MAX_PATH_BYTES,
     MAX_PK_BYTES, NO_NUL_PATTERN, REPOSITORY_NAME_PATTERN, TOKEN_ID_PATTERN,
 };
 use crate::http::error::{ErrorBody, ErrorDetail};
+use crate::http::position::POSITION_PATTERN;
 use crate::http::routes::{health, kv, objects, repositories, user};
 use crate::service::state::AppState;
 use crate::settings::Limits;

@@ -9,7 +9,6 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 use tokio_postgres::types::PgLsn;
 
-use crate::cluster::replicas::parse_position;
 use crate::domain::failure::Failure;
 use crate::domain::writes::Writes;
 use crate::http::error::AppError;
@@ -70,4 +69,38 @@ pub async fn stamp_write(writes: &Writes, mut response: Response) -> Response {
         Err(e) => tracing::warn!(error = %e, "could not read the commit position for a write"),
     }
     response
+}
+
+/// Reads `position` from a header value such as `16/B374D848`.
+///
+/// # Errors
+///
+/// When the text is not a WAL position.
+pub fn parse_position(text: &str) -> Result<PgLsn, String> {
+    // Exactly what the OpenAPI document states (`POSITION_PATTERN`):
+    // PgLsn's own parser also takes signs and leading zeros past 8 digits.
+    let half = |h: &str| (1..=8).contains(&h.len()) && h.bytes().all(|b| b.is_ascii_hexdigit());
+    text.split_once('/')
+        .filter(|(hi, lo)| half(hi) && half(lo))
+        .and_then(|_| text.parse::<PgLsn>().ok())
+        .ok_or_else(|| format!("`{text}` is not a WAL position such as `16/B374D848`"))
+}
+
+/// What [`parse_position`] accepts, as a regular expression (for the
+/// OpenAPI document).
+pub const POSITION_PATTERN: &str = "^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_parse_as_postgres_prints_them() {
+        assert_eq!(
+            u64::from(parse_position("16/B374D848").unwrap()),
+            0x16_B374_D848
+        );
+        assert!(parse_position("16-B374").is_err());
+        assert!(parse_position("").is_err());
+    }
 }

@@ -1,0 +1,107 @@
+//! [`RoutedLoader`]: a batched query on whichever database the router
+//! chooses.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use pgbatch::pg::{BatchQuery, PgError, PgLoader};
+use pgbatch::Loader;
+
+use super::{Needs, ReadRouter};
+
+/// A [`BatchQuery`] run on the database [`ReadRouter`] chooses: one
+/// [`PgLoader`] per pool, sharing the query. A [`Loader`] for the reads
+/// that need what it was built or [`needing`](Self::needing) for.
+pub struct RoutedLoader<Q> {
+    router: ReadRouter,
+    loaders: Arc<[PgLoader<Q>]>,
+    needs: Needs,
+}
+
+impl<Q> std::fmt::Debug for RoutedLoader<Q> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoutedLoader")
+            .field("needs", &self.needs)
+            .field("pools", &self.loaders.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Q> Clone for RoutedLoader<Q> {
+    fn clone(&self) -> Self {
+        Self {
+            router: self.router.clone(),
+            loaders: Arc::clone(&self.loaders),
+            needs: self.needs,
+        }
+    }
+}
+
+impl<Q: BatchQuery> RoutedLoader<Q> {
+    /// `query` on every pool of `router`, for reads that need `needs`.
+    pub fn new(router: ReadRouter, query: Q, needs: Needs) -> Self {
+        let primary =
+            PgLoader::with_statements(router.primary().clone(), query, router.statements());
+        let loaders = router
+            .pools()
+            .iter()
+            .enumerate()
+            .map(|(i, pool)| {
+                if i == 0 {
+                    primary.clone()
+                } else {
+                    primary.with_pool(pool.clone())
+                }
+            })
+            .collect();
+        Self {
+            router,
+            loaders,
+            needs,
+        }
+    }
+
+    /// Where this loader's reads go.
+    pub fn router(&self) -> &ReadRouter {
+        &self.router
+    }
+
+    /// The same loader for reads that need `needs`.
+    #[must_use]
+    pub fn needing(&self, needs: Needs) -> Self {
+        Self {
+            needs,
+            ..self.clone()
+        }
+    }
+
+    /// One key with the single-key statement (the naive path).
+    ///
+    /// # Errors
+    ///
+    /// As [`PgLoader::load_one`] on the primary.
+    pub async fn load_one(&self, key: &Q::Key) -> Result<Option<Q::Value>, PgError> {
+        self.router
+            .read(self.needs, |i| self.loaders[i].load_one(key))
+            .await
+    }
+}
+
+impl<Q: BatchQuery> Loader<Q::Key, Q::Value> for RoutedLoader<Q> {
+    type Error = PgError;
+
+    async fn load(&self, keys: Vec<Q::Key>) -> Result<HashMap<Q::Key, Q::Value>, PgError> {
+        // Kept for a retry on the primary only when a replica may be
+        // chosen; a lone database takes the keys as they are.
+        if !self.router.has_replicas() {
+            return self.loaders[0].load(keys).await;
+        }
+        self.router
+            .read(self.needs, |i| self.loaders[i].load(keys.clone()))
+            .await
+    }
+
+    fn is_absent(&self, value: &Q::Value) -> bool {
+        self.loaders[0].is_absent(value)
+    }
+}
