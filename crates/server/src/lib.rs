@@ -54,7 +54,7 @@ pub use crate::service::state::AppState;
 
 /// The service's router.
 pub fn app(state: AppState) -> Router {
-    use http::routes::{health, kv, lakefs, objects, repositories, user};
+    use http::routes::{fallback, health, kv, lakefs, metrics, objects, repositories, user};
     // Every /api route needs a token; health and metrics stay open.
     let api = Router::new()
         .route(
@@ -83,10 +83,10 @@ pub fn app(state: AppState) -> Router {
         .nest("/lakefs/api/v1", lakefs)
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
-        .route("/metrics", get(health::metrics))
+        .route("/metrics", get(metrics::metrics))
         .route("/api/openapi.json", get(openapi::document_route))
-        .fallback(health::no_route)
-        .method_not_allowed_fallback(health::wrong_method)
+        .fallback(fallback::no_route)
+        .method_not_allowed_fallback(fallback::wrong_method)
         // One `layer` call for both: axum wraps each layer it is given in
         // a boxed route that every request clones (BENCHMARKS.md §7),
         // while a `ServiceBuilder` nests them unboxed.

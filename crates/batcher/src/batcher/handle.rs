@@ -290,7 +290,7 @@ where
         stats.batch_size.record(1);
         Stats::record_duration(&stats.queue_wait, now.elapsed());
         let span = run::batch_span(&self.inner.shared.config.name, 1, true);
-        let load = run::run(
+        let load = run::contain(
             self.inner.load.start(vec![key.clone()]),
             self.inner.shared.config.load_timeout,
         )

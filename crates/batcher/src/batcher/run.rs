@@ -78,7 +78,10 @@ pub(crate) enum Outcome<K, V> {
 
 /// Runs `load`, giving up after `load_timeout` and turning a panic into an
 /// [`Outcome`] instead of unwinding into whoever polls this.
-pub(crate) async fn run<K, V>(load: Load<K, V>, load_timeout: Option<Duration>) -> Outcome<K, V> {
+pub(crate) async fn contain<K, V>(
+    load: Load<K, V>,
+    load_timeout: Option<Duration>,
+) -> Outcome<K, V> {
     let load = AssertUnwindSafe(load).catch_unwind();
     let result = match load_timeout {
         Some(t) => match tokio::time::timeout(t, load).await {
@@ -162,7 +165,7 @@ mod tests {
             }
             Ok::<HashMap<u32, u32>, std::io::Error>(HashMap::new())
         }));
-        let outcome = run(load.start(vec![1, 2]), None).await;
+        let outcome = contain(load.start(vec![1, 2]), None).await;
         let s = stats();
         let err = outcome.settle(&s, 2).unwrap_err();
         assert!(
@@ -181,7 +184,7 @@ mod tests {
         }));
         let t = Duration::from_millis(10);
         let s = stats();
-        let err = run(load.start(vec![1]), Some(t))
+        let err = contain(load.start(vec![1]), Some(t))
             .await
             .settle(&s, 1)
             .unwrap_err();
@@ -198,12 +201,12 @@ mod tests {
             Ok(keys.into_iter().map(|k| (k, k * 2)).collect())
         }));
         let s = stats();
-        let values = run(load.start(vec![1, 2]), None)
+        let values = contain(load.start(vec![1, 2]), None)
             .await
             .settle(&s, 2)
             .unwrap();
         assert_eq!(values.get(&2), Some(&4));
-        let err = run(load.start(vec![0]), None)
+        let err = contain(load.start(vec![0]), None)
             .await
             .settle(&s, 1)
             .unwrap_err();

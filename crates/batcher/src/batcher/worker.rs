@@ -429,7 +429,7 @@ where
         stats.batch_size.record(batch.len() as u64);
 
         let keys: Vec<K> = batch.keys().cloned().collect();
-        let load = run::run(self.load.start(keys), self.shared.config.load_timeout);
+        let load = run::contain(self.load.start(keys), self.shared.config.load_timeout);
         // A cache's misses: their keys and stamps go with the load, so the
         // cache is filled in the load's task, before the worker answers.
         let fill = self.fill.get().cloned();
@@ -510,7 +510,7 @@ where
         let keys = run.waiters.len();
         let settled = match outcome {
             Ok(outcome) => outcome.settle(stats, keys),
-            // `run::run` catches the loader's panics, so the task only
+            // `run::contain` catches the loader's panics, so the task only
             // fails when it is cancelled: the runtime is shutting down.
             Err(_) => {
                 Stats::incr(&stats.failed_keys, keys as u64);

@@ -11,7 +11,7 @@ use std::time::Duration;
 use moka::notification::RemovalCause;
 
 use super::admission::{Admission, Doorkeeper};
-use super::coalescing::{Cache, Cached, Counters, LoadFn, Source};
+use super::coalescing::{Cache, Cached, Counters, MissFn, Source};
 use super::expiry::JitteredExpiry;
 use crate::{Batcher, BuildError, Error};
 
@@ -163,7 +163,7 @@ where
         F: Fn(K) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<V>, Error>> + Send + 'static,
     {
-        let load: LoadFn<K, V> = Arc::new(move |k| Box::pin(load(k)));
+        let load: MissFn<K, V> = Arc::new(move |k| Box::pin(load(k)));
         self.build_over(Source::Load(load))
     }
 

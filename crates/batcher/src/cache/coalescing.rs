@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
 
-use futures_util::future::Shared;
+use futures_util::future::Shared as SharedFuture;
 use futures_util::FutureExt as _;
 use moka::ops::compute::Op;
 
@@ -24,7 +24,7 @@ use crate::batcher::{Fill, FillFn, Filled, Stamp};
 use crate::{Batcher, Error};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-pub(super) type LoadFn<K, V> = Arc<dyn Fn(K) -> BoxFuture<Result<Option<V>, Error>> + Send + Sync>;
+pub(super) type MissFn<K, V> = Arc<dyn Fn(K) -> BoxFuture<Result<Option<V>, Error>> + Send + Sync>;
 
 /// What the store holds for a key.
 #[derive(Debug, Clone)]
@@ -44,7 +44,7 @@ struct Flight<V> {
     /// drives it: no task per miss (that cost more than the batched load
     /// it wraps), and a caller that stops polling without being dropped
     /// holds nobody up. Its output never panics (see `run_flight`).
-    load: Shared<BoxFuture<Answer<V>>>,
+    load: SharedFuture<BoxFuture<Answer<V>>>,
 }
 
 /// What invalidation tells a running load.
@@ -60,7 +60,7 @@ pub(super) enum Source<K, V> {
     /// A batcher that fills the store itself (see `FillFrom`).
     Batcher(Batcher<K, V>),
     /// Any loader, coalesced by the flights.
-    Load(LoadFn<K, V>),
+    Load(MissFn<K, V>),
 }
 
 struct Inner<K, V> {
@@ -80,7 +80,7 @@ struct Inner<K, V> {
 }
 
 impl<K, V> Inner<K, V> {
-    fn load_fn(&self) -> &LoadFn<K, V> {
+    fn load_fn(&self) -> &MissFn<K, V> {
         match &self.source {
             Source::Load(load) => load,
             // Only flights call it, and only `Source::Load` starts them.
@@ -314,7 +314,7 @@ where
     }
 
     /// Joins the running load for `key`, or starts one.
-    fn join_or_start(&self, key: K) -> Shared<BoxFuture<Answer<V>>> {
+    fn join_or_start(&self, key: K) -> SharedFuture<BoxFuture<Answer<V>>> {
         let mut flights = self.lock_flights();
         if let Some(flight) = flights.get(&key) {
             self.inner.counters.coalesced.fetch_add(1, Relaxed);
@@ -353,7 +353,7 @@ where
 /// A caller's wait for a load. Dropped before the load finishes, it hands
 /// the load to a task, so the other callers still get their answer and
 /// the cache is still filled (a cancelled caller hurts nobody).
-struct Waiting<V: Clone + Send + Sync + 'static>(Option<Shared<BoxFuture<Answer<V>>>>);
+struct Waiting<V: Clone + Send + Sync + 'static>(Option<SharedFuture<BoxFuture<Answer<V>>>>);
 
 impl<V: Clone + Send + Sync + 'static> Drop for Waiting<V> {
     fn drop(&mut self) {

@@ -33,6 +33,23 @@
 //! - **Admission.** With [`Admission::SecondMiss`], a key's value is
 //!   stored from its second miss on, so keys read once (but for the
 //!   doorkeeper's few false positives) never reach moka.
+//!
+//! # Modules
+//!
+//! A module uses only those listed below it, except that `coalescing`'s
+//! `Cache::builder` names `builder`'s `CacheBuilder`, which builds a
+//! `Cache` (the pair name each other, as moka's `Cache` and
+//! `CacheBuilder` do). From the rest of the crate, only
+//! `crate::batcher`'s fill hooks (`Stamp`, `Fill`) and its handle.
+//!
+//! - `builder`: `CacheBuilder`, validation, and the two ways to build
+//!   (over a batcher, or over any loader).
+//! - `expiry`: the jittered TTL as moka's `Expiry` over `coalescing`'s
+//!   stored entries.
+//! - `coalescing`: `Cache`: hits, misses, the flights of misses over a
+//!   plain loader, the fill from a batcher's loads, invalidation.
+//! - `epochs`: the striped invalidation counters that stamp each miss.
+//! - `admission`: `Admission` and the second-miss doorkeeper.
 
 mod admission;
 mod builder;

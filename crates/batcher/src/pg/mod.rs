@@ -34,6 +34,10 @@
 //! timeouts that deadpool leaves unset by default: without them, a request
 //! waits forever for a connection when the database is slow or gone.
 
+// One way: `writer` uses `loader`'s parameter types; `writer`, `copy`
+// and `loader` use `statements` and `error`, which use nothing of the
+// crate. Only `loader` (a `Loader`) and `writer` (a
+// batcher of upserts) reach the engine, through the crate root.
 pub mod copy;
 mod error;
 mod loader;

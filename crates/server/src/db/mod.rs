@@ -18,7 +18,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
 
 use self::tls::Tls;
-use crate::db::queries::database;
+use crate::db::queries::system;
 use crate::settings::{DbSettings, Pooler};
 
 mod embedded {
@@ -60,7 +60,7 @@ pub async fn detect_pooler(target: &Postgres) -> anyhow::Result<Pooler> {
 
 /// The server process serving `client`'s current transaction.
 async fn backend_pid(client: &impl GenericClient) -> anyhow::Result<i32> {
-    Ok(database::backend_pid(client).await?)
+    Ok(system::backend_pid(client).await?)
 }
 
 /// A Postgres to connect to: its settings, the TLS connector that carries
@@ -334,7 +334,7 @@ async fn create_database_if_missing(
     name: &str,
 ) -> anyhow::Result<()> {
     let client = Postgres::from(admin).connect().await?;
-    database::create_database_if_missing(&client, name).await?;
+    system::create_database_if_missing(&client, name).await?;
     Ok(())
 }
 
@@ -465,6 +465,6 @@ pub fn pool(
 /// When no connection can be had or the database does not answer.
 pub async fn ping(pool: &pgbatch::pg::Pool) -> anyhow::Result<()> {
     let client = pool.get().await?;
-    database::ping(&client).await?;
+    system::ping(&client).await?;
     Ok(())
 }

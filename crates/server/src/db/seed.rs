@@ -16,10 +16,10 @@ use tokio_postgres::Transaction;
 
 use crate::db::Postgres;
 
-use crate::db::queries::database::take_if_empty;
 use crate::db::queries::kv::{KvRows, KV_COLUMNS, KV_TABLE};
 use crate::db::queries::objects::{ObjectRow, OBJECT_COLUMNS, OBJECT_TABLE};
 use crate::db::queries::repositories;
+use crate::db::queries::system::take_if_empty;
 
 /// The repository the demo objects live in.
 pub const DEMO_REPOSITORY: &str = "demo";

@@ -44,7 +44,7 @@ use crate::settings::{ReadPath, ReadSettings};
 pub struct Lookup<Q: BatchQuery> {
     name: &'static str,
     timeout: Duration,
-    path: Path<Q>,
+    source: Source<Q>,
     /// One permit per key in flight through this lookup.
     admission: Arc<Semaphore>,
     capacity: usize,
@@ -57,7 +57,8 @@ pub struct Lookup<Q: BatchQuery> {
     direct: RoutedLoader<Q>,
 }
 
-enum Path<Q: BatchQuery> {
+/// Where a lookup's values come from: the read path it was built for.
+enum Source<Q: BatchQuery> {
     /// One statement per key, on a pooled connection.
     Naive(RoutedLoader<Q>),
     /// Keys coalesced into batched statements.
@@ -70,7 +71,7 @@ enum Path<Q: BatchQuery> {
     },
 }
 
-impl<Q: BatchQuery> Clone for Path<Q> {
+impl<Q: BatchQuery> Clone for Source<Q> {
     fn clone(&self) -> Self {
         match self {
             Self::Naive(loader) => Self::Naive(loader.clone()),
@@ -88,7 +89,7 @@ impl<Q: BatchQuery> Clone for Lookup<Q> {
         Self {
             name: self.name,
             timeout: self.timeout,
-            path: self.path.clone(),
+            source: self.source.clone(),
             admission: Arc::clone(&self.admission),
             capacity: self.capacity,
             admission_wait: self.admission_wait,
@@ -100,10 +101,10 @@ impl<Q: BatchQuery> Clone for Lookup<Q> {
 
 impl<Q: BatchQuery> fmt::Debug for Lookup<Q> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let path = match self.path {
-            Path::Naive(_) => ReadPath::Naive,
-            Path::Batched(_) => ReadPath::Batched,
-            Path::Cached { .. } => ReadPath::Cached,
+        let path = match self.source {
+            Source::Naive(_) => ReadPath::Naive,
+            Source::Batched(_) => ReadPath::Batched,
+            Source::Cached { .. } => ReadPath::Cached,
         };
         f.debug_struct("Lookup")
             .field("name", &self.name)
@@ -115,7 +116,7 @@ impl<Q: BatchQuery> fmt::Debug for Lookup<Q> {
 
 impl<Q: BatchQuery> Lookup<Q> {
     /// Lookups of `query` through the path `settings` choose, on the
-    /// databases `source` routes to (a [`Pool`](pgbatch::pg::Pool) alone:
+    /// databases `router` routes to (a [`Pool`](pgbatch::pg::Pool) alone:
     /// that one); `name` labels the batcher and cache in traces and
     /// metrics. The batched and cached paths start their batcher on the
     /// current runtime. A cache's misses are loaded only where
@@ -128,10 +129,10 @@ impl<Q: BatchQuery> Lookup<Q> {
     pub fn new(
         name: &'static str,
         query: Q,
-        source: impl Into<ReadRouter>,
+        router: impl Into<ReadRouter>,
         settings: &ReadSettings,
     ) -> Result<Self, BuildError> {
-        let loader = RoutedLoader::new(source.into(), query, Needs::Any);
+        let loader = RoutedLoader::new(router.into(), query, Needs::Any);
         // Every database the router reads from has a pool this size.
         let connections = loader.router().primary().status().max_size;
         let batch = settings.batch.bounded_by(connections);
@@ -140,12 +141,12 @@ impl<Q: BatchQuery> Lookup<Q> {
                 .builder(name, settings.timeout)
                 .build(loader.needing(needs))
         };
-        let path = match settings.path {
-            ReadPath::Naive => Path::Naive(loader.clone()),
-            ReadPath::Batched => Path::Batched(batcher(Needs::Any)?),
+        let source = match settings.path {
+            ReadPath::Naive => Source::Naive(loader.clone()),
+            ReadPath::Batched => Source::Batched(batcher(Needs::Any)?),
             ReadPath::Cached => {
                 let batcher = batcher(Needs::CacheFill)?;
-                Path::Cached {
+                Source::Cached {
                     cache: settings
                         .cache
                         .builder(name)
@@ -163,7 +164,7 @@ impl<Q: BatchQuery> Lookup<Q> {
         Ok(Self {
             name,
             timeout: settings.timeout,
-            path,
+            source,
             admission: Arc::new(Semaphore::new(capacity)),
             capacity,
             admission_wait: settings.admission_wait,
@@ -213,13 +214,13 @@ impl<Q: BatchQuery> Lookup<Q> {
             let direct = self.direct.needing(Needs::Position(lsn));
             return self.within_deadline(direct.load_one(&key)).await;
         }
-        match &self.path {
-            Path::Naive(loader) => self.within_deadline(loader.load_one(&key)).await,
-            Path::Batched(batcher) => Ok(batcher.load(key).await?),
-            Path::Cached { batcher, .. } if !self.coherence.caches_usable() => {
+        match &self.source {
+            Source::Naive(loader) => self.within_deadline(loader.load_one(&key)).await,
+            Source::Batched(batcher) => Ok(batcher.load(key).await?),
+            Source::Cached { batcher, .. } if !self.coherence.caches_usable() => {
                 Ok(batcher.load(key).await?)
             }
-            Path::Cached { cache, .. } => Ok(cache.get(key).await?),
+            Source::Cached { cache, .. } => Ok(cache.get(key).await?),
         }
     }
 
@@ -285,8 +286,8 @@ impl<Q: BatchQuery> Lookup<Q> {
             let found = self.within_deadline(direct.load(keys.clone())).await?;
             return Ok(keys.iter().map(|key| found.get(key).cloned()).collect());
         }
-        match &self.path {
-            Path::Naive(loader) => {
+        match &self.source {
+            Source::Naive(loader) => {
                 self.within_deadline(async {
                     let mut out = Vec::with_capacity(keys.len());
                     for key in &keys {
@@ -296,13 +297,13 @@ impl<Q: BatchQuery> Lookup<Q> {
                 })
                 .await
             }
-            Path::Batched(batcher) => collect(batcher.load_many(keys).await),
-            Path::Cached { batcher, .. } if !self.coherence.caches_usable() => {
+            Source::Batched(batcher) => collect(batcher.load_many(keys).await),
+            Source::Cached { batcher, .. } if !self.coherence.caches_usable() => {
                 collect(batcher.load_many(keys).await)
             }
             // Polled together in this task: a cache load runs in a task of
             // its own, so nothing is gained by spawning one per key.
-            Path::Cached { cache, .. } => {
+            Source::Cached { cache, .. } => {
                 collect(join_all(keys.into_iter().map(|key| cache.get(key))).await)
             }
         }
@@ -312,7 +313,7 @@ impl<Q: BatchQuery> Lookup<Q> {
     /// Once this returns, no load that started before can put an old value
     /// back.
     pub async fn invalidate(&self, key: &Q::Key) {
-        if let Path::Cached { cache, .. } = &self.path {
+        if let Source::Cached { cache, .. } = &self.source {
             self.direct.router().begin_invalidation();
             cache.invalidate(key).await;
         }
@@ -320,7 +321,7 @@ impl<Q: BatchQuery> Lookup<Q> {
 
     /// Drops every cached value (after a write whose keys are not tracked).
     pub fn invalidate_all(&self) {
-        if let Path::Cached { cache, .. } = &self.path {
+        if let Source::Cached { cache, .. } = &self.source {
             self.direct.router().begin_invalidation();
             cache.invalidate_all();
         }
@@ -328,31 +329,31 @@ impl<Q: BatchQuery> Lookup<Q> {
 
     /// The batcher's statistics (batched and cached paths).
     pub fn batcher_stats(&self) -> Option<StatsSnapshot> {
-        match &self.path {
-            Path::Naive(_) => None,
-            Path::Batched(batcher) | Path::Cached { batcher, .. } => Some(batcher.stats()),
+        match &self.source {
+            Source::Naive(_) => None,
+            Source::Batched(batcher) | Source::Cached { batcher, .. } => Some(batcher.stats()),
         }
     }
 
     /// Applies the cache's pending bookkeeping (cached path), so its entry
     /// count is current: moka counts inserts lazily.
     pub async fn sync_cache(&self) {
-        if let Path::Cached { cache, .. } = &self.path {
+        if let Source::Cached { cache, .. } = &self.source {
             cache.run_pending_tasks().await;
         }
     }
 
     /// The cache's statistics (cached path).
     pub fn cache_stats(&self) -> Option<CacheStats> {
-        match &self.path {
-            Path::Cached { cache, .. } => Some(cache.stats()),
+        match &self.source {
+            Source::Cached { cache, .. } => Some(cache.stats()),
             _ => None,
         }
     }
 
     /// Stops the batcher, if any, after answering what it holds.
     pub async fn shutdown(&self) {
-        if let Path::Batched(batcher) | Path::Cached { batcher, .. } = &self.path {
+        if let Source::Batched(batcher) | Source::Cached { batcher, .. } = &self.source {
             batcher.shutdown().await;
         }
     }

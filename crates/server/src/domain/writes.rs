@@ -13,9 +13,9 @@ use pgbatch::pg::{DbErrorKind, PgError, Pool, RowError, Statements, Writer, Writ
 use pgbatch::{loader_fn, Batcher, BuildError};
 use tokio_postgres::types::PgLsn;
 
-use crate::db::queries::database;
 use crate::db::queries::objects::{self, ObjectKey, ObjectRow, ObjectUpsert, OBJECT_TABLE};
 use crate::db::queries::repositories::{self, Repository};
+use crate::db::queries::system;
 use crate::domain::failure::{Failure, Work};
 use crate::domain::import::NdjsonObjects;
 use crate::domain::reads::Reads;
@@ -110,7 +110,7 @@ impl Writes {
                 let pool = position_pool.clone();
                 async move {
                     let client = pool.get().await.map_err(PgError::from)?;
-                    let lsn = database::wal_position(&**client)
+                    let lsn = system::wal_position(&**client)
                         .await
                         .map_err(PgError::from)?;
                     Ok::<_, PgError>(HashMap::from([((), lsn)]))

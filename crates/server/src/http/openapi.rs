@@ -35,7 +35,7 @@ use crate::domain::input::{
 };
 use crate::http::error::{ErrorBody, ErrorDetail};
 use crate::http::position::POSITION_PATTERN;
-use crate::http::routes::{health, kv, objects, repositories, user};
+use crate::http::routes::{health, kv, metrics, objects, repositories, user};
 use crate::service::state::AppState;
 use crate::settings::Limits;
 
@@ -63,7 +63,7 @@ use crate::settings::Limits;
         user::revoke,
         health::healthz,
         health::readyz,
-        health::metrics,
+        metrics::metrics,
         document_route,
     ),
     components(schemas(ErrorBody, ErrorDetail, health::StatusBody)),

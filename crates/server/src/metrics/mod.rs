@@ -361,7 +361,7 @@ type ReplicaField = fn(&ReplicaStatus) -> u64;
 /// Statistics by batcher name.
 type Batchers = [(&'static str, pgbatch::StatsSnapshot)];
 /// Statistics by cache name.
-type Caches = [(&'static str, pgbatch::cache::CacheStats)];
+type NamedCacheStats = [(&'static str, pgbatch::cache::CacheStats)];
 
 fn encode_pool(encoder: &mut DescriptorEncoder<'_>, pool: &Pool) -> Result<(), std::fmt::Error> {
     let status = pool.status();
@@ -530,7 +530,7 @@ fn encode_batcher_histograms(
 
 fn encode_caches(
     encoder: &mut DescriptorEncoder<'_>,
-    caches: &Caches,
+    caches: &NamedCacheStats,
 ) -> Result<(), std::fmt::Error> {
     let counters: [(&str, &str, CacheField); 8] = [
         ("cache_hits", "Lookups answered from the cache", |s| s.hits),

@@ -52,8 +52,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::coherence::Coherence;
 use crate::cluster::replicas::ReadRouter;
-use crate::db::queries::database;
 use crate::db::queries::objects::ObjectKey;
+use crate::db::queries::system;
 use crate::db::Postgres;
 use crate::domain::auth::Authenticator;
 use crate::domain::reads::Reads;
@@ -368,7 +368,7 @@ impl Ping {
     async fn notify(sender: &Pool, nonce: String, step: std::time::Duration) -> anyhow::Result<()> {
         let sent = async {
             let client = sender.get().await?;
-            database::notify(&**client, PING_CHANNEL, &nonce).await?;
+            system::notify(&**client, PING_CHANNEL, &nonce).await?;
             anyhow::Ok(())
         };
         tokio::time::timeout(step, sent)
@@ -386,7 +386,7 @@ async fn settle(
     ticket: u64,
     step: std::time::Duration,
 ) -> anyhow::Result<()> {
-    let position = tokio::time::timeout(step, database::wal_position(client))
+    let position = tokio::time::timeout(step, system::wal_position(client))
         .await
         .context("reading the WAL position timed out")?
         .context("reading the WAL position failed")?;

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::lag::{as_micros, Samples};
 use super::{ReadRouter, Replica};
-use crate::db::queries::database as sql;
+use crate::db::queries::system as sql;
 use crate::settings::ReplicaSettings;
 
 impl ReadRouter {

@@ -4,7 +4,7 @@
 //! No other module holds SQL.
 
 pub mod auth;
-pub mod database;
 pub mod kv;
 pub mod objects;
 pub mod repositories;
+pub mod system;

@@ -1,10 +1,9 @@
-//! The routes without a token: liveness, readiness, metrics, and the
-//! answers to unknown routes and methods.
+//! Liveness and readiness, without a token.
 
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
 
@@ -60,44 +59,5 @@ fn not_ready() -> AppError {
         StatusCode::SERVICE_UNAVAILABLE,
         "not_ready",
         "the database is not reachable",
-    )
-}
-
-/// `GET /metrics`: Prometheus (OpenMetrics) text.
-#[utoipa::path(
-    get,
-    path = "/metrics",
-    tag = "health",
-    responses((
-        status = 200,
-        description = "Prometheus / OpenMetrics text",
-        body = String,
-        content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"
-    ))
-)]
-pub(crate) async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    // moka applies inserts to its entry count lazily: without this a small,
-    // busy cache reports 0 entries while its hits grow.
-    tokio::join!(state.reads.sync_caches(), state.auth.sync_cache());
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.render(),
-    )
-}
-
-/// Any other route.
-pub(crate) async fn no_route() -> AppError {
-    AppError::new(StatusCode::NOT_FOUND, "route_not_found", "no such route")
-}
-
-/// A known route with another method.
-pub(crate) async fn wrong_method() -> AppError {
-    AppError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        "this route does not accept that method",
     )
 }
