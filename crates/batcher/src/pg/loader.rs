@@ -217,6 +217,11 @@ impl<Q: BatchQuery> PgLoader<Q> {
         &self.pool
     }
 
+    /// The query this loader runs.
+    pub fn query(&self) -> &Q {
+        &self.query.query
+    }
+
     /// Looks up one key with the single-key statement: one round trip per
     /// key, no batching.
     ///

@@ -309,6 +309,11 @@ impl<Q: BatchQuery> Lookup<Q> {
         }
     }
 
+    /// The query this lookup runs.
+    pub fn query(&self) -> &Q {
+        self.direct.query()
+    }
+
     /// Drops `key` from the cache, if there is one (after a write to it).
     /// Once this returns, no load that started before can put an old value
     /// back.

@@ -2,19 +2,28 @@
 //! [`ReadSettings`], and the reads that need no lookup (listing
 //! repositories).
 //!
-//! A new read endpoint adds its query to [`crate::db::queries`], a field here
-//! (with its entry in [`Reads::stats`] and [`Reads::shutdown`]), and a
-//! route.
+//! A new read endpoint adds its query to [`crate::db::queries`] with its
+//! [`Invalidated`] impl here (the tables it reads), a field and one
+//! `register` line in [`Reads::new`], a route, and its annotation in
+//! `http::openapi`. Statistics, cache syncing, shutdown and invalidation
+//! reach every registered lookup by themselves; the tests check each
+//! query's tables against its SQL, so a cached lookup that would miss an
+//! invalidation fails them.
 
+use std::fmt;
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt as _;
 use pgbatch::cache::CacheStats;
-use pgbatch::pg::PgError;
+use pgbatch::pg::{BatchQuery, PgError};
 use pgbatch::{BuildError, StatsSnapshot};
 use tokio_postgres::types::PgLsn;
 
 use crate::cluster::coherence::Coherence;
 use crate::cluster::replicas::{Needs, ReadRouter};
 use crate::db::queries::kv::KvQuery;
-use crate::db::queries::objects::{self, ObjectStatQuery};
+use crate::db::queries::objects::{self, ObjectKey, ObjectStatQuery};
 use crate::db::queries::repositories::{self, Repository};
 use crate::domain::failure::Failure;
 use crate::domain::listing::{self, ListRequest, Listing};
@@ -22,13 +31,24 @@ use crate::domain::lookup::Lookup;
 use crate::settings::ReadSettings;
 
 /// Every read the service does. Cheap to clone.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Reads {
     /// `random_read_test` payloads by key.
     pub kv: Lookup<KvQuery>,
     /// Object stats by repository and path.
     pub object_stat: Lookup<ObjectStatQuery>,
     router: ReadRouter,
+    /// Every lookup above, for what is done to all of them.
+    registered: Arc<[Box<dyn Registered>]>,
+}
+
+impl fmt::Debug for Reads {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reads")
+            .field("kv", &self.kv)
+            .field("object_stat", &self.object_stat)
+            .finish_non_exhaustive()
+    }
 }
 
 /// One lookup's name and statistics, for `/metrics`.
@@ -40,6 +60,163 @@ pub struct LookupStats {
     pub batcher: Option<StatsSnapshot>,
     /// Its cache's, on the cached path.
     pub cache: Option<CacheStats>,
+}
+
+/// A table some lookup reads: a change to it must reach that lookup's
+/// cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Table {
+    /// `objects`.
+    Objects,
+    /// `repositories`.
+    Repositories,
+    /// `random_read_test`.
+    Kv,
+}
+
+impl Table {
+    /// Every table, for the tests that check lookups against their SQL.
+    pub const ALL: [Self; 3] = [Self::Objects, Self::Repositories, Self::Kv];
+
+    /// The table's name in SQL.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Objects => "objects",
+            Self::Repositories => "repositories",
+            Self::Kv => "random_read_test",
+        }
+    }
+}
+
+/// A change that may make cached values stale, as writes and the
+/// invalidation listener report it to [`Reads::changed`].
+#[derive(Debug, Clone, Copy)]
+pub enum Change<'a> {
+    /// One object was written or deleted.
+    Object(&'a ObjectKey),
+    /// Objects or repositories changed without a list of keys: an import,
+    /// a repository created or deleted, or another instance's notice of
+    /// one.
+    Objects,
+    /// Anything may have changed (a notice that could not be read).
+    Everything,
+}
+
+impl Change<'_> {
+    /// Whether this change may touch `table`.
+    fn touches(self, table: Table) -> bool {
+        match self {
+            Self::Object(_) => table == Table::Objects,
+            Self::Objects => matches!(table, Table::Objects | Table::Repositories),
+            Self::Everything => true,
+        }
+    }
+}
+
+/// What a query's cached values depend on. A bound of [`Reads`]'
+/// registry, so every lookup states it.
+pub trait Invalidated: BatchQuery {
+    /// Every table the query's statements read (checked against them in
+    /// the tests).
+    const TABLES: &'static [Table];
+
+    /// The one cached key an object's change makes stale, if the query is
+    /// keyed by object; otherwise such a change drops the whole cache
+    /// (when the query reads [`Table::Objects`]).
+    fn object_key(_key: &ObjectKey) -> Option<Self::Key> {
+        None
+    }
+}
+
+impl Invalidated for KvQuery {
+    const TABLES: &'static [Table] = &[Table::Kv];
+}
+
+impl Invalidated for ObjectStatQuery {
+    // An object's stat names its repository's branch, and a missing
+    // repository is an answer too.
+    const TABLES: &'static [Table] = &[Table::Objects, Table::Repositories];
+
+    fn object_key(key: &ObjectKey) -> Option<ObjectKey> {
+        Some(key.clone())
+    }
+}
+
+/// A lookup as the registry sees it, whatever its query.
+trait Registered: Send + Sync {
+    fn stats(&self) -> LookupStats;
+    fn changed<'a>(&'a self, change: Change<'a>) -> BoxFuture<'a, ()>;
+    fn sync_cache(&self) -> BoxFuture<'_, ()>;
+    fn shutdown(&self) -> BoxFuture<'_, ()>;
+    /// The query's tables and its two statements, for the tests.
+    #[cfg(test)]
+    fn tables_and_sql(&self) -> (&'static [Table], [String; 2]);
+}
+
+impl<Q: Invalidated> Registered for Lookup<Q> {
+    fn stats(&self) -> LookupStats {
+        LookupStats {
+            name: self.name(),
+            batcher: self.batcher_stats(),
+            cache: self.cache_stats(),
+        }
+    }
+
+    fn changed<'a>(&'a self, change: Change<'a>) -> BoxFuture<'a, ()> {
+        async move {
+            if !Q::TABLES.iter().any(|t| change.touches(*t)) {
+                return;
+            }
+            match change {
+                Change::Object(key) => match Q::object_key(key) {
+                    Some(key) => self.invalidate(&key).await,
+                    None => self.invalidate_all(),
+                },
+                Change::Objects | Change::Everything => self.invalidate_all(),
+            }
+        }
+        .boxed()
+    }
+
+    fn sync_cache(&self) -> BoxFuture<'_, ()> {
+        Lookup::sync_cache(self).boxed()
+    }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Lookup::shutdown(self).boxed()
+    }
+
+    #[cfg(test)]
+    fn tables_and_sql(&self) -> (&'static [Table], [String; 2]) {
+        let query = self.query();
+        (
+            Q::TABLES,
+            [query.batch_sql().to_owned(), query.single_sql().to_owned()],
+        )
+    }
+}
+
+/// What [`Reads::new`] builds lookups from, keeping each one it builds.
+struct Registry<'a> {
+    router: &'a ReadRouter,
+    settings: &'a ReadSettings,
+    coherence: &'a Coherence,
+    lookups: Vec<Box<dyn Registered>>,
+}
+
+impl Registry<'_> {
+    /// A lookup named `name` running `query`, kept in the registry, so a
+    /// lookup is one field and one line of [`Reads::new`].
+    fn add<Q: Invalidated>(
+        &mut self,
+        name: &'static str,
+        query: Q,
+    ) -> Result<Lookup<Q>, BuildError> {
+        let lookup = Lookup::new(name, query, self.router.clone(), self.settings)?
+            .with_coherence(self.coherence.clone());
+        self.lookups.push(Box::new(lookup.clone()));
+        Ok(lookup)
+    }
 }
 
 impl Reads {
@@ -56,25 +233,35 @@ impl Reads {
         coherence: &Coherence,
     ) -> Result<Self, BuildError> {
         let router = router.into();
+        let mut registry = Registry {
+            router: &router,
+            settings,
+            coherence,
+            lookups: Vec::new(),
+        };
+        let kv = registry.add("kv", KvQuery)?;
+        let object_stat = registry.add("object_stat", ObjectStatQuery)?;
+        let registered = registry.lookups.into();
         Ok(Self {
-            kv: Lookup::new("kv", KvQuery, router.clone(), settings)?
-                .with_coherence(coherence.clone()),
-            object_stat: Lookup::new("object_stat", ObjectStatQuery, router.clone(), settings)?
-                .with_coherence(coherence.clone()),
+            kv,
+            object_stat,
             router,
+            registered,
         })
     }
 
     /// Every lookup's statistics.
-    pub fn stats(&self) -> [LookupStats; 2] {
-        fn of<Q: pgbatch::pg::BatchQuery>(lookup: &Lookup<Q>) -> LookupStats {
-            LookupStats {
-                name: lookup.name(),
-                batcher: lookup.batcher_stats(),
-                cache: lookup.cache_stats(),
-            }
+    pub fn stats(&self) -> Vec<LookupStats> {
+        self.registered.iter().map(|r| r.stats()).collect()
+    }
+
+    /// Drops what `change` may have made stale from every lookup's cache.
+    /// Once this returns, no load that started before can put an old
+    /// value back.
+    pub async fn changed(&self, change: Change<'_>) {
+        for lookup in self.registered.iter() {
+            lookup.changed(change).await;
         }
-        [of(&self.kv), of(&self.object_stat)]
     }
 
     /// The batchers' statistics, by lookup name.
@@ -95,12 +282,12 @@ impl Reads {
 
     /// Applies every cache's pending bookkeeping, before reading counts.
     pub async fn sync_caches(&self) {
-        tokio::join!(self.kv.sync_cache(), self.object_stat.sync_cache());
+        futures_util::future::join_all(self.registered.iter().map(|r| r.sync_cache())).await;
     }
 
     /// Stops the batchers after answering what they hold.
     pub async fn shutdown(&self) {
-        tokio::join!(self.kv.shutdown(), self.object_stat.shutdown());
+        futures_util::future::join_all(self.registered.iter().map(|r| r.shutdown())).await;
     }
 
     /// All repositories, by name; with a `position`, from a database that
@@ -217,4 +404,98 @@ async fn list_on<C: tokio_postgres::GenericClient + Sync>(
         objects::list(client, repository, &from, below.as_deref(), limit).await
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::ReadPath;
+
+    /// Reads on the cached path over a pool that never connects: building
+    /// them starts batchers and caches, and nothing here loads.
+    fn cached_reads() -> Reads {
+        let config: tokio_postgres::Config = "host=127.0.0.1 port=1 user=nobody".parse().unwrap();
+        let pool = pgbatch::pg::pool(config, &pgbatch::pg::PoolOptions::with_max_size(2)).unwrap();
+        let settings = ReadSettings {
+            path: ReadPath::Cached,
+            ..ReadSettings::default()
+        };
+        Reads::new(pool, &settings, &Coherence::default()).unwrap()
+    }
+
+    /// The tables a statement names after `FROM` or `JOIN` (not the
+    /// `unnest(...)` of its keys).
+    fn tables_in(sql: &str) -> Vec<String> {
+        let words: Vec<&str> = sql.split_whitespace().collect();
+        words
+            .windows(2)
+            .filter(|w| w[0].eq_ignore_ascii_case("from") || w[0].eq_ignore_ascii_case("join"))
+            .map(|w| w[1].trim_end_matches([',', ')', ';']).to_ascii_lowercase())
+            .filter(|name| name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            .collect()
+    }
+
+    #[test]
+    fn the_table_scan_finds_joins_and_skips_key_lists() {
+        let sql = "SELECT k.a FROM unnest($1::text[]) AS k(a) JOIN repositories r ON r.name = k.a \
+                   LEFT JOIN objects o ON o.path = k.a";
+        assert_eq!(tables_in(sql), ["repositories", "objects"]);
+        assert_eq!(
+            tables_in("SELECT extract(epoch FROM o.mtime) FROM kv"),
+            ["kv"]
+        );
+    }
+
+    /// A lookup whose statements read a table its `Invalidated::TABLES`
+    /// leaves out would keep serving cached values after that table
+    /// changes: this fails for it (and for a table no change knows).
+    #[tokio::test]
+    async fn every_lookup_declares_each_table_its_statements_read() {
+        let reads = cached_reads();
+        assert_eq!(reads.registered.len(), reads.stats().len());
+        for lookup in reads.registered.iter() {
+            let name = lookup.stats().name;
+            let (declared, statements) = lookup.tables_and_sql();
+            for sql in &statements {
+                let read = tables_in(sql);
+                assert!(!read.is_empty(), "{name}: no table found in {sql}");
+                for table in read {
+                    let known = Table::ALL.iter().find(|t| t.name() == table);
+                    let known = known.unwrap_or_else(|| {
+                        panic!("{name} reads `{table}`, which no Table (and so no Change) covers")
+                    });
+                    assert!(
+                        declared.contains(known),
+                        "{name} reads `{table}` but its Invalidated::TABLES leaves it out"
+                    );
+                }
+            }
+        }
+        reads.shutdown().await;
+    }
+
+    fn invalidations(reads: &Reads) -> Vec<(&'static str, u64)> {
+        reads
+            .stats()
+            .into_iter()
+            .map(|s| (s.name, s.cache.expect("cached path").invalidations))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_change_reaches_every_cache_over_a_table_it_touches() {
+        let reads = cached_reads();
+        let key = ObjectKey {
+            repository: "demo".into(),
+            path: "a/b".into(),
+        };
+        assert_eq!(invalidations(&reads), [("kv", 0), ("object_stat", 0)]);
+        reads.changed(Change::Object(&key)).await;
+        assert_eq!(invalidations(&reads), [("kv", 0), ("object_stat", 1)]);
+        reads.changed(Change::Objects).await;
+        assert_eq!(invalidations(&reads), [("kv", 0), ("object_stat", 2)]);
+        reads.changed(Change::Everything).await;
+        assert_eq!(invalidations(&reads), [("kv", 1), ("object_stat", 3)]);
+        reads.shutdown().await;
+    }
 }

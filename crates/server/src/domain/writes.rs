@@ -18,7 +18,7 @@ use crate::db::queries::repositories::{self, Repository};
 use crate::db::queries::system;
 use crate::domain::failure::{Failure, Work};
 use crate::domain::import::NdjsonObjects;
-use crate::domain::reads::Reads;
+use crate::domain::reads::{Change, Reads};
 use crate::settings::{ImportSettings, Pooler, WriteSettings};
 use tokio::sync::Semaphore;
 
@@ -167,7 +167,7 @@ impl Writes {
                 _ => Failure::from_batcher(e, Work::Write),
             }
         })?;
-        self.reads.object_stat.invalidate(&key).await;
+        self.reads.changed(Change::Object(&key)).await;
         Ok(written)
     }
 
@@ -179,7 +179,7 @@ impl Writes {
     /// fails.
     pub async fn delete(&self, key: &ObjectKey) -> Result<(), Failure> {
         let deleted = on_write_connection!(self, |c| objects::delete(c, key).await);
-        self.reads.object_stat.invalidate(key).await;
+        self.reads.changed(Change::Object(key)).await;
         if deleted {
             Ok(())
         } else {
@@ -231,7 +231,7 @@ impl Writes {
         .await?;
         // An import may touch any number of keys: drop the whole cache
         // rather than remember them all.
-        self.reads.object_stat.invalidate_all();
+        self.reads.changed(Change::Objects).await;
         Ok(counts)
     }
 
@@ -272,7 +272,7 @@ impl Writes {
         .await)
         .ok_or_else(|| Failure::RepositoryExists(name.to_owned()))?;
         // Lookups of this name may have cached "no such repository".
-        self.reads.object_stat.invalidate_all();
+        self.reads.changed(Change::Objects).await;
         Ok(created)
     }
 
@@ -284,7 +284,7 @@ impl Writes {
     /// fails.
     pub async fn delete_repository(&self, name: &str) -> Result<(), Failure> {
         let deleted = on_write_connection!(self, |c| repositories::delete(c, name).await);
-        self.reads.object_stat.invalidate_all();
+        self.reads.changed(Change::Objects).await;
         if deleted {
             Ok(())
         } else {

@@ -56,7 +56,7 @@ use crate::db::queries::objects::ObjectKey;
 use crate::db::queries::system;
 use crate::db::Postgres;
 use crate::domain::auth::Authenticator;
-use crate::domain::reads::Reads;
+use crate::domain::reads::{Change, Reads};
 use crate::settings::InvalidationSettings;
 use pgbatch::pg::Pool;
 
@@ -137,19 +137,18 @@ impl Caches {
         match invalidation {
             Invalidation::Objects(keys) => {
                 for key in &keys {
-                    self.reads.object_stat.invalidate(key).await;
+                    self.reads.changed(Change::Object(key)).await;
                 }
             }
-            Invalidation::AllObjects => self.reads.object_stat.invalidate_all(),
+            Invalidation::AllObjects => self.reads.changed(Change::Objects).await,
             Invalidation::Tokens(digests) => self.auth.forget(&digests).await,
             Invalidation::AllAuth => self.auth.forget_all(),
-            Invalidation::Unknown => self.flush(),
+            Invalidation::Unknown => self.flush().await,
         }
     }
 
-    fn flush(&self) {
-        self.reads.object_stat.invalidate_all();
-        self.reads.kv.invalidate_all();
+    async fn flush(&self) {
+        self.reads.changed(Change::Everything).await;
         self.auth.forget_all();
     }
 }
@@ -251,7 +250,7 @@ async fn session(
     .context("LISTEN failed")?;
     // Whatever was sent while no one listened is lost: start afresh. Fills
     // from replicas must then be at least as new as the primary now.
-    caches.flush();
+    caches.flush().await;
     if caches.router.has_replicas() {
         settle(&client, &caches.router, caches.router.ticket(), step).await?;
     }

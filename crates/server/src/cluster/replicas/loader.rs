@@ -66,6 +66,11 @@ impl<Q: BatchQuery> RoutedLoader<Q> {
         &self.router
     }
 
+    /// The query this loader runs.
+    pub fn query(&self) -> &Q {
+        self.loaders[0].query()
+    }
+
     /// The same loader for reads that need `needs`.
     #[must_use]
     pub fn needing(&self, needs: Needs) -> Self {
