@@ -17,7 +17,7 @@ use tracing_subscriber::EnvFilter;
 /// mimalloc instead of glibc's malloc: per request, the server allocates
 /// and frees many small buffers across threads (hyper, tokio-postgres,
 /// JSON), and glibc spent 10-17% of the server's CPU on it
-/// (BENCHMARKS.md §7).
+/// (BENCHMARKS.md §5).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

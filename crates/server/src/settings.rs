@@ -28,14 +28,13 @@ pub mod defaults {
     /// The batchers' flush policy: the library's `Eager`. With the
     /// automatic concurrency limit, the limit alone decides how big batches
     /// grow; adaptive's own rule (wait for a full batch once half the
-    /// slots are busy) made the gain of each added slot flat and left the
-    /// limit's search stranded below what a distant database needs
-    /// (BENCHMARKS.md §5).
+    /// slots are busy) makes the gain of each added slot flat, which
+    /// leaves the limit's search without a slope to climb.
     pub const BATCH_POLICY: FlushPolicy = FlushPolicy::Eager;
     /// Batched read statements at once, per lookup kind: found by
     /// measurement, never more than the read pool's connections (each
     /// lookup bounds it by its pool). The best number moves with the
-    /// machine, the data and the round trip (BENCHMARKS.md §5).
+    /// machine, the data and the round trip (BENCHMARKS.md §2).
     pub const READ_CONCURRENCY: Concurrency = Concurrency::Auto { max: usize::MAX };
     /// Deadline of one lookup, also the pool's `statement_timeout`.
     pub const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);

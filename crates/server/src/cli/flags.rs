@@ -107,9 +107,9 @@ pub struct ServeArgs {
     /// Most keys per batched statement.
     #[arg(long, env = "PGBATCH_BATCH_SIZE", default_value_t = lib::MAX_BATCH_SIZE, help_heading = "Reads")]
     pub batch_size: usize,
-    /// Batch flush policy. Adaptive by default: as fast as eager for a lone
-    /// request, and it formed larger batches and read the most under a
-    /// saturating load (BENCHMARKS.md §5).
+    /// Batch flush policy. Eager by default: with the automatic
+    /// concurrency limit, the limit alone decides how big batches grow
+    /// (see `settings::defaults::BATCH_POLICY`).
     #[arg(long, env = "PGBATCH_BATCH_POLICY", value_enum, default_value_t = PolicyArg::of(defaults::BATCH_POLICY).expect("every policy has a flag"), help_heading = "Reads")]
     pub batch_policy: PolicyArg,
     /// With `fixed-delay`: flush this many microseconds after a batch's

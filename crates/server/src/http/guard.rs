@@ -7,7 +7,7 @@
 //! One middleware rather than one layer per step: axum boxes each layer
 //! it is given as a route of its own, and every request clones each of
 //! those boxes, and everything inside it, once per layer above it
-//! (BENCHMARKS.md §7, the no-database route's profile).
+//! (BENCHMARKS.md §5, the no-database route's profile).
 
 use std::sync::Arc;
 

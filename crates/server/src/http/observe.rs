@@ -7,7 +7,7 @@
 //! every request clones, `Trace` wraps and re-boxes every response body
 //! to watch its frames, and the metrics' labels were allocated per
 //! request. Together they took about a third of the no-database route's
-//! CPU (BENCHMARKS.md §7). What each did is kept:
+//! CPU (BENCHMARKS.md §5). What each did is kept:
 //!
 //! - the id: the client's `x-request-id` if it sent one, else a random
 //!   UUID, set on the request for the handler and on every response, a
@@ -82,7 +82,7 @@ pub async fn observe(
 /// A request id as tower-http's `MakeRequestUuid` makes them (a random
 /// UUID, version 4), from the thread's random generator: `MakeRequestUuid`
 /// asks the kernel for 16 bytes per request, a system call that took about
-/// 2% of the server's CPU on the no-database route (BENCHMARKS.md §7).
+/// 2% of the server's CPU on the no-database route (BENCHMARKS.md §5).
 fn random_id() -> HeaderValue {
     // One `u128` draws 16 bytes of the generator's stream; an array of 16
     // `u8`s would draw 4 bytes for each.
