@@ -18,7 +18,7 @@ use server::cluster::replicas::Fallback;
 use server::db::seed::object_path;
 use server::db::Postgres;
 use server::http::position::HEADER;
-use server::settings::{ReadPath, ReplicaSettings, Settings};
+use server::settings::{Pooler, ReadPath, ReplicaSettings, Settings};
 use server::AppState;
 use support::{client, get, read_path, send, send_full, stat_uri, TestApp, ADMIN_TOKEN, SEEDED};
 
@@ -206,6 +206,33 @@ async fn reads_go_to_the_replica_and_a_stopped_replica_fails_no_request() {
     // Started again, the replica is used again.
     d.replica = Cluster::start(d.replica_options.clone()).await.unwrap();
     assert_replica_read_again(&a, 1..=20).await;
+}
+
+/// Behind a transaction-mode pooler with no direct URL there is no
+/// listener (and no cache), but the replicas are still polled and read:
+/// the poller starts with the state, not with the listener.
+#[tokio::test]
+async fn without_a_listener_the_replica_is_still_polled_and_read() {
+    let d = deployment("0").await;
+    let mut primary = Postgres::from(d.primary.config(DB));
+    primary.pooler = Pooler::Transaction;
+    let replica = Postgres::from(d.replica.config(DB));
+    let settings = settings(ReadPath::Batched, Duration::from_secs(5));
+    let state = AppState::connect_with_replicas(primary, &[replica], 4, &settings).unwrap();
+    until("the replica is usable", || {
+        state.router.replicas()[0].usable
+    })
+    .await;
+    assert!(!state.coherence.caches_usable(), "no listener, so no cache");
+    let app = TestApp {
+        router: server::app(state.clone()),
+        state,
+        config: d.primary.config(DB),
+    };
+    for i in 1..=20 {
+        assert!(address(&app, &object_path(i), None).await.is_some());
+    }
+    assert!(replica_reads(&app) >= 1, "no read reached the replica");
 }
 
 #[tokio::test]
