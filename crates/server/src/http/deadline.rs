@@ -106,6 +106,43 @@ impl Upload {
     }
 }
 
+/// Which deadline a route's request runs under: the one rule both the
+/// guard and the OpenAPI document's 504s follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Reads (and a batch stat, though it is a POST).
+    Read,
+    /// Writes.
+    Write,
+    /// An import, under its own, longer deadline.
+    Import,
+}
+
+impl Kind {
+    /// The kind of a `method` request to `route` (a route template).
+    pub fn of(method: &Method, route: &str) -> Self {
+        if route == IMPORT_ROUTE {
+            Self::Import
+        } else if method == Method::GET
+            || method == Method::HEAD
+            || route.ends_with("/objects/stat")
+        {
+            Self::Read
+        } else {
+            Self::Write
+        }
+    }
+
+    /// `read`, `write` or `import`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::Import => "import",
+        }
+    }
+}
+
 impl Deadlines {
     /// The deadlines `settings` ask for.
     pub fn of(settings: &Settings) -> Self {
@@ -124,15 +161,10 @@ impl Deadlines {
     /// The deadline of a `method` request to `route`, and what kind of
     /// work it is.
     pub fn for_route(&self, method: &Method, route: &str) -> (Duration, Work) {
-        if route == IMPORT_ROUTE {
-            (self.import, Work::Write)
-        } else if method == Method::GET
-            || method == Method::HEAD
-            || route.ends_with("/objects/stat")
-        {
-            (self.read, Work::Read)
-        } else {
-            (self.write, Work::Write)
+        match Kind::of(method, route) {
+            Kind::Read => (self.read, Work::Read),
+            Kind::Write => (self.write, Work::Write),
+            Kind::Import => (self.import, Work::Write),
         }
     }
 

@@ -5,8 +5,9 @@
 //! the server enforces on it (`Constraints`, from the constants of
 //! [`crate::domain::input`], so the document and the checks cannot drift), and on
 //! every operation the statuses any request may get (401 without a token,
-//! 503 when overloaded, 504 past its deadline; 400, 408, 413 and 415 for a
-//! body). A test (`tests/openapi.rs`) probes the router and fails when a
+//! 503 when overloaded, 504 past the deadline `deadline::Kind` gives the
+//! route; 400, 408, 413 and 415 for a body). Annotations state only what
+//! is particular to their operation, so these are written once. A test (`tests/openapi.rs`) probes the router and fails when a
 //! route or method it serves is missing here, or the other way round;
 //! another (`tests/openapi_fuzz.rs`) points schemathesis at the document.
 //!
@@ -17,7 +18,7 @@
 //! 422 is not used.
 
 use axum::extract::State;
-use axum::http::header;
+use axum::http::{header, Method};
 use axum::response::IntoResponse;
 use utoipa::openapi::path::{Operation, ParameterIn};
 use utoipa::openapi::request_body::RequestBody;
@@ -33,6 +34,7 @@ use crate::domain::input::{
     CONFLICT_POLICIES, KEY_PATTERN, MAX_FIELD_BYTES, MAX_METADATA_ENTRIES, MAX_PATH_BYTES,
     MAX_PK_BYTES, NO_NUL_PATTERN, REPOSITORY_NAME_PATTERN, TOKEN_ID_PATTERN,
 };
+use crate::http::deadline;
 use crate::http::error::{ErrorBody, ErrorDetail};
 use crate::http::position::POSITION_PATTERN;
 use crate::http::routes::{health, kv, metrics, objects, repositories, user};
@@ -109,15 +111,16 @@ impl Modify for Constraints {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         for (route, item) in &mut openapi.paths.paths {
             let operations = [
-                &mut item.get,
-                &mut item.put,
-                &mut item.post,
-                &mut item.delete,
+                (Method::GET, &mut item.get),
+                (Method::PUT, &mut item.put),
+                (Method::POST, &mut item.post),
+                (Method::DELETE, &mut item.delete),
             ];
-            for op in operations.into_iter().flatten() {
+            for (method, op) in operations {
+                let Some(op) = op else { continue };
                 self.parameters(op);
                 self.bodies(route, op);
-                common_statuses(route, op);
+                common_statuses(&method, route, op);
             }
         }
         let components = openapi.components.get_or_insert_with(Default::default);
@@ -335,7 +338,7 @@ fn object_path() -> RefOr<Schema> {
 
 /// Adds the statuses every request of `op` may get, with the error body,
 /// where the annotation did not name them.
-fn common_statuses(route: &str, op: &mut Operation) {
+fn common_statuses(method: &Method, route: &str, op: &mut Operation) {
     let authenticated = route.starts_with("/api/v1");
     let mut add = |status: &str, why: &str| {
         op.responses
@@ -346,7 +349,8 @@ fn common_statuses(route: &str, op: &mut Operation) {
     if authenticated {
         add("401", "No, a malformed, an unknown or an expired token");
         add("503", "`overloaded` (load shed before any work) or `database_unavailable`, with `Retry-After`");
-        add("504", "`timeout`: past the request's deadline");
+        let kind = deadline::Kind::of(method, route).name();
+        add("504", &format!("`timeout`: past the {kind} deadline"));
     }
     if op.request_body.is_some() {
         add("400", "`invalid_json` (malformed, or not of the documented shape) or a field breaking its rule");
@@ -420,5 +424,36 @@ mod tests {
             assert_eq!(lsn["in"], "header");
             assert_eq!(lsn["schema"]["pattern"], POSITION_PATTERN, "{lsn}");
         }
+    }
+
+    /// The statuses every authenticated operation may get come from one
+    /// place, with the deadline the guard applies to that route.
+    #[test]
+    fn every_authenticated_operation_states_401_503_and_its_deadline() {
+        let doc = json();
+        let mut checked = 0;
+        for (route, item) in doc["paths"].as_object().unwrap() {
+            if !route.starts_with("/api/v1") {
+                continue;
+            }
+            for (method, op) in item.as_object().unwrap() {
+                let responses = &op["responses"];
+                for status in ["401", "503", "504"] {
+                    assert!(
+                        responses[status]["content"]["application/json"].is_object(),
+                        "{method} {route}: no {status} with the error body"
+                    );
+                }
+                let method: Method = method.to_uppercase().parse().unwrap();
+                let kind = deadline::Kind::of(&method, route).name();
+                let why = responses["504"]["description"].as_str().unwrap();
+                assert!(
+                    why.contains(&format!("{kind} deadline")),
+                    "{method} {route}: {why}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 12, "only {checked} operations");
     }
 }

@@ -27,11 +27,8 @@ pub(crate) struct KvRow {
     responses(
         (status = 200, description = "The row", body = KvRow),
         (status = 400, description = "`invalid_key`, `invalid_path_parameter`", body = crate::http::error::ErrorBody),
-        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::http::error::ErrorBody),
         (status = 403, description = "The caller may not read `*`", body = crate::http::error::ErrorBody),
         (status = 404, description = "`row_not_found`", body = crate::http::error::ErrorBody),
-        (status = 503, description = "`overloaded` or `database_unavailable`", body = crate::http::error::ErrorBody),
-        (status = 504, description = "Past the read deadline", body = crate::http::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]

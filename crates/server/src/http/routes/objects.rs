@@ -45,11 +45,8 @@ fn in_repository(
     responses(
         (status = 200, description = "The object's metadata", body = ObjectStats),
         (status = 400, description = "Missing or invalid `path`, malformed query", body = crate::http::error::ErrorBody),
-        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::http::error::ErrorBody),
         (status = 403, description = "The caller may not read this repository", body = crate::http::error::ErrorBody),
         (status = 404, description = "`repository_not_found` or `object_not_found`", body = crate::http::error::ErrorBody),
-        (status = 503, description = "`overloaded` or `database_unavailable`, with `Retry-After`", body = crate::http::error::ErrorBody),
-        (status = 504, description = "Past the read deadline", body = crate::http::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -124,13 +121,11 @@ impl FromRequestParts<AppState> for StatRoom {
     responses(
         (status = 200, description = "Each path's metadata, `null` where absent", body = StatResponse),
         (status = 400, description = "`empty_paths`, `too_many_paths`, `invalid_path`, `invalid_json`", body = crate::http::error::ErrorBody),
-        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::http::error::ErrorBody),
         (status = 403, description = "The caller may not read this repository", body = crate::http::error::ErrorBody),
         (status = 404, description = "`repository_not_found`", body = crate::http::error::ErrorBody),
         (status = 413, description = "Body over `--max-body-bytes`", body = crate::http::error::ErrorBody),
         (status = 415, description = "Not `application/json`", body = crate::http::error::ErrorBody),
         (status = 503, description = "No room for all the paths (`overloaded`), or the database failed", body = crate::http::error::ErrorBody),
-        (status = 504, description = "Past the read deadline", body = crate::http::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -191,11 +186,8 @@ pub(crate) struct PutResponse {
         (status = 200, description = "Replaced, and committed", body = PutResponse),
         (status = 201, description = "Created, and committed", body = PutResponse),
         (status = 400, description = "`invalid_body`, `invalid_path`, `invalid_json`, or `rejected`: the database refused the row (a read-only repository's, for one)", body = crate::http::error::ErrorBody),
-        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::http::error::ErrorBody),
         (status = 403, description = "The caller may not write this repository", body = crate::http::error::ErrorBody),
         (status = 404, description = "`repository_not_found`", body = crate::http::error::ErrorBody),
-        (status = 503, description = "`overloaded` or `database_unavailable`", body = crate::http::error::ErrorBody),
-        (status = 504, description = "Past the write deadline", body = crate::http::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -225,11 +217,8 @@ pub(crate) async fn put(
     responses(
         (status = 204, description = "Deleted"),
         (status = 400, description = "`missing_path`, `invalid_path`", body = crate::http::error::ErrorBody),
-        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::http::error::ErrorBody),
         (status = 403, description = "The caller may not write this repository", body = crate::http::error::ErrorBody),
         (status = 404, description = "`repository_not_found` or `object_not_found`", body = crate::http::error::ErrorBody),
-        (status = 503, description = "`overloaded` or `database_unavailable`", body = crate::http::error::ErrorBody),
-        (status = 504, description = "Past the write deadline", body = crate::http::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -270,14 +259,12 @@ pub(crate) struct ImportReport {
     responses(
         (status = 200, description = "All lines committed", body = ImportReport),
         (status = 400, description = "`invalid_import_line` (naming the line), `invalid_policy`", body = crate::http::error::ErrorBody),
-        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::http::error::ErrorBody),
         (status = 403, description = "The caller may not write this repository", body = crate::http::error::ErrorBody),
         (status = 404, description = "`repository_not_found`", body = crate::http::error::ErrorBody),
         (status = 408, description = "`body_timeout`: the body paused too long; nothing committed", body = crate::http::error::ErrorBody),
         (status = 409, description = "`conflict`: `policy=fail` met an existing path", body = crate::http::error::ErrorBody),
         (status = 413, description = "Body over `--max-import-bytes`", body = crate::http::error::ErrorBody),
         (status = 503, description = "`overloaded` (too many imports) or `database_unavailable`", body = crate::http::error::ErrorBody),
-        (status = 504, description = "Past the import deadline", body = crate::http::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]

@@ -31,11 +31,8 @@ pub(crate) struct NewRepository {
     responses(
         (status = 201, description = "Created", body = Repository),
         (status = 400, description = "`invalid_repository_name`, `invalid_storage_namespace`, `invalid_json`", body = crate::http::error::ErrorBody),
-        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::http::error::ErrorBody),
         (status = 403, description = "The caller may not write a repository of that name", body = crate::http::error::ErrorBody),
         (status = 409, description = "`repository_exists`", body = crate::http::error::ErrorBody),
-        (status = 503, description = "`overloaded` or `database_unavailable`", body = crate::http::error::ErrorBody),
-        (status = 504, description = "Past the write deadline", body = crate::http::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -67,9 +64,6 @@ pub(crate) struct RepositoryList {
     tag = "repositories",
     responses(
         (status = 200, description = "The repositories the caller may read, by name", body = RepositoryList),
-        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::http::error::ErrorBody),
-        (status = 503, description = "`overloaded` or `database_unavailable`", body = crate::http::error::ErrorBody),
-        (status = 504, description = "Past the read deadline", body = crate::http::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -99,11 +93,8 @@ pub(crate) async fn list(
     responses(
         (status = 204, description = "Deleted with its objects"),
         (status = 400, description = "`invalid_repository_name`", body = crate::http::error::ErrorBody),
-        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::http::error::ErrorBody),
         (status = 403, description = "The caller may not write this repository", body = crate::http::error::ErrorBody),
         (status = 404, description = "`repository_not_found`", body = crate::http::error::ErrorBody),
-        (status = 503, description = "`overloaded` or `database_unavailable`", body = crate::http::error::ErrorBody),
-        (status = 504, description = "Past the write deadline", body = crate::http::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]

@@ -28,7 +28,6 @@ pub(crate) struct UserBody {
     tag = "user",
     responses(
         (status = 200, description = "The token's owner and their grants", body = UserBody),
-        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::http::error::ErrorBody),
         (status = 503, description = "`overloaded` or `database_unavailable` (token lookup)", body = crate::http::error::ErrorBody),
     ),
     security(("bearer" = []))
@@ -53,9 +52,6 @@ pub(crate) struct TokensBody {
     tag = "user",
     responses(
         (status = 200, description = "The caller's tokens: ids, never the tokens", body = TokensBody),
-        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::http::error::ErrorBody),
-        (status = 503, description = "`overloaded` or `database_unavailable`", body = crate::http::error::ErrorBody),
-        (status = 504, description = "Past the read deadline", body = crate::http::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -77,10 +73,7 @@ pub(crate) async fn tokens(
     responses(
         (status = 204, description = "Revoked: refused by this instance at once"),
         (status = 400, description = "`invalid_token_id`", body = crate::http::error::ErrorBody),
-        (status = 401, description = "No, a malformed or an unknown bearer token", body = crate::http::error::ErrorBody),
         (status = 404, description = "`token_not_found`: the caller has no such token", body = crate::http::error::ErrorBody),
-        (status = 503, description = "`overloaded` or `database_unavailable`", body = crate::http::error::ErrorBody),
-        (status = 504, description = "Past the write deadline", body = crate::http::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
