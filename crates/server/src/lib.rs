@@ -44,47 +44,28 @@ pub mod testing;
 
 use axum::extract::DefaultBodyLimit;
 use axum::middleware::from_fn_with_state;
-use axum::routing::{delete, get, post, put};
 use axum::Router;
 use tower::ServiceBuilder;
 
-use crate::http::{deadline, guard, observe, openapi};
+use crate::http::{guard, observe, openapi};
 
 pub use crate::service::state::AppState;
 
 /// The service's router.
 pub fn app(state: AppState) -> Router {
-    use http::routes::{fallback, health, kv, lakefs, metrics, objects, repositories, user};
-    // Every /api route needs a token; health and metrics stay open.
-    let api = Router::new()
-        .route(
-            "/api/v1/repositories",
-            get(repositories::list).post(repositories::create),
-        )
-        .route("/api/v1/repositories/{repo}", delete(repositories::delete))
-        .route(
-            "/api/v1/repositories/{repo}/objects",
-            put(objects::put).delete(objects::delete),
-        )
-        .route(deadline::IMPORT_ROUTE, post(objects::import))
-        .route(
-            "/api/v1/repositories/{repo}/objects/stat",
-            get(objects::stat).post(objects::stat_many),
-        )
-        .route("/api/v1/kv/{pk}", get(kv::get))
-        .route("/api/v1/user", get(user::current))
-        .route("/api/v1/user/tokens", get(user::tokens))
-        .route("/api/v1/user/tokens/{id}", delete(user::revoke));
-    let api = protected(api, &state);
+    use http::routes::{fallback, lakefs};
+    // Each documented route is registered from its handler's annotation
+    // (`openapi::protected_routes`, `openapi::open_routes`), so its path
+    // and methods are written once. Every /api route needs a token;
+    // health, metrics and the document stay open.
+    let (api, _) = openapi::protected_routes().split_for_parts();
+    let (open, _) = openapi::open_routes().split_for_parts();
     let lakefs = protected(lakefs::routes(), &state).merge(lakefs::open_routes());
     Router::new()
-        .merge(api)
+        .merge(protected(api, &state))
+        .merge(open)
         .nest("/lakefs", lakefs.clone())
         .nest("/lakefs/api/v1", lakefs)
-        .route("/healthz", get(health::healthz))
-        .route("/readyz", get(health::readyz))
-        .route("/metrics", get(metrics::metrics))
-        .route("/api/openapi.json", get(openapi::document_route))
         .fallback(fallback::no_route)
         .method_not_allowed_fallback(fallback::wrong_method)
         // One `layer` call for both: axum wraps each layer it is given in

@@ -1,7 +1,10 @@
 //! The OpenAPI document of every route, served at `/api/openapi.json`.
 //!
 //! Each handler carries its own `#[utoipa::path]` next to its code; this
-//! module gathers them, and states on every parameter and field the rule
+//! module registers each documented route from it (utoipa-axum's
+//! `OpenApiRouter` and `routes!`, so a route's path and methods are
+//! written once, in its annotation, and the router and the document
+//! cannot disagree), gathers the document, and states on every parameter and field the rule
 //! the server enforces on it (`Constraints`, from the constants of
 //! [`crate::domain::input`], so the document and the checks cannot drift), and on
 //! every operation the statuses any request may get (401 without a token,
@@ -29,6 +32,8 @@ use utoipa::openapi::schema::{
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{Content, KnownFormat, Ref, RefOr, Required, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::domain::input::{
     CONFLICT_POLICIES, KEY_PATTERN, MAX_FIELD_BYTES, MAX_METADATA_ENTRIES, MAX_PATH_BYTES,
@@ -49,24 +54,6 @@ use crate::settings::Limits;
         description = "Object metadata (repositories, objects by path) on Postgres, read through a micro-batcher. \
             Every error is `{\"error\": {\"code\", \"message\"}}`; a 503 carries `Retry-After`.",
         license(name = "MIT OR Apache-2.0"),
-    ),
-    paths(
-        objects::stat,
-        objects::stat_many,
-        objects::put,
-        objects::delete,
-        objects::import,
-        repositories::create,
-        repositories::list,
-        repositories::delete,
-        kv::get,
-        user::current,
-        user::tokens,
-        user::revoke,
-        health::healthz,
-        health::readyz,
-        metrics::metrics,
-        document_route,
     ),
     components(schemas(ErrorBody, ErrorDetail, health::StatusBody)),
     modifiers(&BearerAuth),
@@ -93,10 +80,38 @@ impl Modify for BearerAuth {
     }
 }
 
+/// The `/api` routes that need a token, each registered from its
+/// handler's annotation: the route and its document are written once.
+/// Routes sharing a path go in one `routes!`.
+pub(crate) fn protected_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(repositories::list, repositories::create))
+        .routes(routes!(repositories::delete))
+        .routes(routes!(objects::put, objects::delete))
+        .routes(routes!(objects::import))
+        .routes(routes!(objects::stat, objects::stat_many))
+        .routes(routes!(kv::get))
+        .routes(routes!(user::current))
+        .routes(routes!(user::tokens))
+        .routes(routes!(user::revoke))
+}
+
+/// The documented routes open to every caller.
+pub(crate) fn open_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
+        .routes(routes!(metrics::metrics))
+        .routes(routes!(document_route))
+}
+
 /// The document, with this build's version and the request limits of
 /// `limits`.
 pub fn document(limits: &Limits) -> utoipa::openapi::OpenApi {
-    let mut doc = ApiDoc::openapi();
+    let mut doc = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(protected_routes())
+        .merge(open_routes())
+        .into_openapi();
     env!("CARGO_PKG_VERSION").clone_into(&mut doc.info.version);
     Constraints { limits: *limits }.modify(&mut doc);
     doc

@@ -245,7 +245,7 @@ pub(crate) struct ImportReport {
 /// with one JSON object per line: all lines or none are committed.
 #[utoipa::path(
     post,
-    path = "/api/v1/repositories/{repo}/objects/import",
+    path = crate::http::deadline::IMPORT_ROUTE,
     tag = "objects",
     params(
         ("repo" = String, Path, description = "Repository name"),
