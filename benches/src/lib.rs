@@ -43,6 +43,36 @@ pub fn append_csv(path: &std::path::Path, header: &str) -> anyhow::Result<(std::
     Ok((f, now))
 }
 
+/// How a Markdown table column is aligned: text left, figures right.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Align {
+    /// Text.
+    Left,
+    /// Figures.
+    Right,
+}
+
+/// Prints a Markdown table: the load generators' results tables, which
+/// BENCHMARKS.md quotes, all come out of this.
+pub fn print_markdown<I>(columns: &[(&str, Align)], rows: I)
+where
+    I: IntoIterator<Item = Vec<String>>,
+{
+    let cells = |cells: Vec<String>| format!("| {} |", cells.join(" | "));
+    println!(
+        "{}",
+        cells(columns.iter().map(|(c, _)| (*c).to_owned()).collect())
+    );
+    let rule = columns
+        .iter()
+        .map(|(_, a)| if *a == Align::Right { "---:" } else { "---" });
+    println!("|{}|", rule.collect::<Vec<_>>().join("|"));
+    for row in rows {
+        assert_eq!(row.len(), columns.len(), "a row of {} cells", row.len());
+        println!("{}", cells(row));
+    }
+}
+
 /// A loader over an in-memory table: as cheap as a loader can be, so a
 /// benchmark through it measures the batcher itself.
 #[derive(Debug, Clone)]

@@ -22,6 +22,10 @@ use std::process::Stdio;
 
 use anyhow::{bail, Context as _};
 use benches::reads::TableArgs;
+use benches::{
+    print_markdown,
+    Align::{Left, Right},
+};
 use clap::{Parser, ValueEnum as _};
 use serde_json::Value;
 use server::cli::PolicyArg;
@@ -62,10 +66,11 @@ struct Args {
     /// keys).
     #[arg(
         long,
+        value_enum,
         value_delimiter = ',',
         default_value = "bare,user,naive,batched,cached,hot"
     )]
-    only: Vec<String>,
+    only: Vec<Run>,
     /// The server's pool size.
     #[arg(long, default_value_t = 16)]
     pool_size: usize,
@@ -136,32 +141,29 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     // (name, path, read path, route, keys). Each run is warmed up first:
     // Postgres's buffers, the server's caches and wrk's connections.
     // The read path `None`: the bare route.
-    let runs: [(&str, &'static str, Option<ReadPath>, &str, u64); 6] = [
-        ("bare", BARE, None, "user", 1),
+    let runs: [(Run, &'static str, Option<ReadPath>, &str, u64); 6] = [
+        (Run::Bare, BARE, None, "user", 1),
         (
-            "user",
+            Run::User,
             "no database (GET /api/v1/user)",
             Some(ReadPath::Naive),
             "user",
             1,
         ),
-        ("naive", "naive", Some(ReadPath::Naive), "kv", all),
-        ("batched", "batched", Some(ReadPath::Batched), "kv", all),
-        ("cached", "cached", Some(ReadPath::Cached), "kv", all),
+        (Run::Naive, "naive", Some(ReadPath::Naive), "kv", all),
+        (Run::Batched, "batched", Some(ReadPath::Batched), "kv", all),
+        (Run::Cached, "cached", Some(ReadPath::Cached), "kv", all),
         (
-            "hot",
+            Run::Hot,
             "cached, hot keys",
             Some(ReadPath::Cached),
             "kv",
             args.hot_keys,
         ),
     ];
-    if let Some(bad) = args.only.iter().find(|o| !runs.iter().any(|r| r.0 == *o)) {
-        bail!("unknown run `{bad}` in --only (bare, user, naive, batched, cached, hot)");
-    }
     let runs: Vec<_> = runs
         .into_iter()
-        .filter(|r| args.only.contains(&r.0.to_owned()))
+        .filter(|r| args.only.contains(&r.0))
         .collect();
     let mut rounds: Vec<Vec<WrkResult>> = runs.iter().map(|_| Vec::new()).collect();
     for round in 0..args.rounds.max(1) {
@@ -216,6 +218,23 @@ fn keys_label(route: &str, keys: u64) -> String {
 }
 
 /// The bare route's row.
+/// The runs `--only` chooses from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Run {
+    /// The same JSON from a bare axum route: the floor.
+    Bare,
+    /// The authenticated no-database route.
+    User,
+    /// One statement per read.
+    Naive,
+    /// Batched reads.
+    Batched,
+    /// Cached reads, uniform keys.
+    Cached,
+    /// Cached reads, hot keys.
+    Hot,
+}
+
 const BARE: &str = "bare axum route (same JSON, no layers)";
 
 /// A router with one route, `GET /api/v1/user`, that answers what `app`'s
@@ -387,27 +406,36 @@ fn print_table(results: &[Outcome], args: &Args) {
             format!("{:.0}%", 100.0 * per_sec / ceiling)
         }
     };
-    println!(
-        "| path | keys | requests/s (median) | range of rounds | of no-database ceiling | avg ms | p50 ms | p99 ms | max ms | errors |"
+    let columns = [
+        ("path", Left),
+        ("keys", Left),
+        ("requests/s (median)", Right),
+        ("range of rounds", Right),
+        ("of no-database ceiling", Right),
+        ("avg ms", Right),
+        ("p50 ms", Right),
+        ("p99 ms", Right),
+        ("max ms", Right),
+        ("errors", Right),
+    ];
+    print_markdown(
+        &columns,
+        results.iter().map(|o| {
+            let r = &o.result;
+            vec![
+                o.path.to_owned(),
+                o.keys.to_string(),
+                format!("{:.0}", r.per_sec()),
+                format!("{:.0}-{:.0}", o.range.0, o.range.1),
+                share(r.per_sec()),
+                format!("{:.2}", r.mean_us / 1e3),
+                format!("{:.2}", r.p50_us / 1e3),
+                format!("{:.2}", r.p99_us / 1e3),
+                format!("{:.2}", r.max_us / 1e3),
+                r.errors.to_string(),
+            ]
+        }),
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for o in results {
-        let r = &o.result;
-        println!(
-            "| {} | {} | {:.0} | {:.0}-{:.0} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
-            o.path,
-            o.keys,
-            r.per_sec(),
-            o.range.0,
-            o.range.1,
-            share(r.per_sec()),
-            r.mean_us / 1e3,
-            r.p50_us / 1e3,
-            r.p99_us / 1e3,
-            r.max_us / 1e3,
-            r.errors
-        );
-    }
     let share_of = |path: &str| {
         results
             .iter()

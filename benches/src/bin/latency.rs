@@ -21,6 +21,10 @@ use anyhow::bail;
 use benches::delay_proxy::DelayProxy;
 use benches::reads::{self, TableArgs};
 use benches::RunReport;
+use benches::{
+    print_markdown,
+    Align::{Left, Right},
+};
 use clap::Parser;
 use pgbatch::pg::PoolOptions;
 use pgbatch::FlushPolicy;
@@ -279,30 +283,42 @@ fn print_table(results: &[Outcome], args: &Args) {
         args.policy,
         args.max_batch
     );
-    println!("| added RTT | SELECT 1 mean ms | path | reads/s | × naive | avg ms | p50 ms | p99 ms | max ms | mean batch |");
-    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     let naive_at = |added: Option<f64>| {
         results
             .iter()
             .find(|o| o.added_rtt_ms == added && o.path == "naive")
             .map_or(1.0, |o| o.report.per_sec())
     };
-    for o in results {
-        let r = &o.report;
-        println!(
-            "| {} | {:.3} | {} | {:.0} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
-            label(o.added_rtt_ms),
-            ms(o.measured_rtt),
-            o.path,
-            r.per_sec(),
-            r.per_sec() / naive_at(o.added_rtt_ms),
-            ms(r.mean()),
-            ms(r.quantile(0.5)),
-            ms(r.quantile(0.99)),
-            ms(r.max()),
-            o.mean_batch.map_or("-".to_owned(), |m| format!("{m:.1}")),
-        );
-    }
+    let columns = [
+        ("added RTT", Left),
+        ("SELECT 1 mean ms", Right),
+        ("path", Left),
+        ("reads/s", Right),
+        ("× naive", Right),
+        ("avg ms", Right),
+        ("p50 ms", Right),
+        ("p99 ms", Right),
+        ("max ms", Right),
+        ("mean batch", Right),
+    ];
+    print_markdown(
+        &columns,
+        results.iter().map(|o| {
+            let r = &o.report;
+            vec![
+                label(o.added_rtt_ms),
+                format!("{:.3}", ms(o.measured_rtt)),
+                o.path.to_owned(),
+                format!("{:.0}", r.per_sec()),
+                format!("{:.1}", r.per_sec() / naive_at(o.added_rtt_ms)),
+                format!("{:.2}", ms(r.mean())),
+                format!("{:.2}", ms(r.quantile(0.5))),
+                format!("{:.2}", ms(r.quantile(0.99))),
+                format!("{:.2}", ms(r.max())),
+                o.mean_batch.map_or("-".to_owned(), |m| format!("{m:.1}")),
+            ]
+        }),
+    );
     println!();
     // With c connections each doing one statement per round trip, naive
     // reads at most c per RTT, and the batched path at most n (every

@@ -24,6 +24,10 @@ use std::time::Duration;
 
 use benches::reads::{self, TableArgs};
 use benches::RunReport;
+use benches::{
+    print_markdown,
+    Align::{Left, Right},
+};
 use clap::Parser;
 use pgbatch::cache::Admission;
 use pgbatch::pg::PoolOptions;
@@ -82,10 +86,34 @@ struct Args {
     /// missing run (to profile one path, say).
     #[arg(
         long,
+        value_enum,
         value_delimiter = ',',
         default_value = "ceiling,naive,pipelined,fixed,eager,adaptive,cached,single"
     )]
-    only: Vec<String>,
+    only: Vec<Run>,
+}
+
+/// The runs `--only` chooses from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Run {
+    /// The bulk ceiling: big `= ANY` statements on several connections.
+    Ceiling,
+    /// The batched statement's forms compared.
+    Statements,
+    /// One statement per read.
+    Naive,
+    /// Every initiator's statement in flight on a few shared connections.
+    Pipelined,
+    /// Batched, fixed 0.5 ms delay.
+    Fixed,
+    /// Batched, eager.
+    Eager,
+    /// Batched, adaptive.
+    Adaptive,
+    /// Through the cache, both admissions.
+    Cached,
+    /// One initiator.
+    Single,
 }
 
 /// One row of results.
@@ -107,8 +135,8 @@ async fn main() -> anyhow::Result<()> {
         args.batch_sizes = vec![1, 16];
         args.ceiling_keys = 1_000;
         // CI's proof that the statements comparison runs too.
-        if !args.only.iter().any(|o| o == "statements") {
-            args.only.push("statements".to_owned());
+        if !args.only.contains(&Run::Statements) {
+            args.only.push(Run::Statements);
         }
         args.statement_rounds = 1;
     }
@@ -143,27 +171,13 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
         });
     };
 
-    const RUNS: [&str; 9] = [
-        "ceiling",
-        "statements",
-        "naive",
-        "pipelined",
-        "fixed",
-        "eager",
-        "adaptive",
-        "cached",
-        "single",
-    ];
-    if let Some(bad) = args.only.iter().find(|o| !RUNS.contains(&o.as_str())) {
-        anyhow::bail!("unknown run `{bad}` in --only ({})", RUNS.join(", "));
-    }
-    let want = |run: &str| args.only.iter().any(|o| o == run);
+    let want = |run: Run| args.only.contains(&run);
 
     eprintln!("warming up");
     let warm_up = run.min(Duration::from_secs(5));
     reads::batched_run(&pool, settings(64, FlushPolicy::Eager), n, warm_up, rows).await?;
 
-    let ceiling = if want("ceiling") {
+    let ceiling = if want(Run::Ceiling) {
         eprintln!(
             "ceiling: {} keys per query on {} connections",
             args.ceiling_keys, args.ceiling_connections
@@ -179,17 +193,17 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
     } else {
         f64::NAN
     };
-    if want("statements") {
+    if want(Run::Statements) {
         compare_statements(args, &db.config, run).await?;
     }
 
-    if want("naive") {
+    if want(Run::Naive) {
         eprintln!("naive");
         let naive = reads::naive_run(&pool, n, run, rows).await;
         push("naive", "-", None, n, naive, None);
     }
 
-    if want("pipelined") {
+    if want(Run::Pipelined) {
         eprintln!("pipelined on {} connections", args.pipeline_connections);
         let pipelined =
             reads::pipelined_run(&db.config, args.pipeline_connections, n, run, rows).await?;
@@ -197,9 +211,9 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
     }
 
     for (policy, run_name, name) in [
-        (FlushPolicy::FixedDelay, "fixed", "fixed 0.5 ms"),
-        (FlushPolicy::Eager, "eager", "eager"),
-        (FlushPolicy::Adaptive, "adaptive", "adaptive"),
+        (FlushPolicy::FixedDelay, Run::Fixed, "fixed 0.5 ms"),
+        (FlushPolicy::Eager, Run::Eager, "eager"),
+        (FlushPolicy::Adaptive, Run::Adaptive, "adaptive"),
     ] {
         if !want(run_name) {
             continue;
@@ -214,7 +228,7 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
 
     // Both admission rules: with uniform keys over the table, nearly every
     // key is read once, which is what `second-miss` is for.
-    if want("cached") {
+    if want(Run::Cached) {
         for (admission, label) in [
             (Admission::Always, ""),
             (Admission::SecondMiss, ", second miss"),
@@ -233,7 +247,7 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
         }
     }
 
-    if want("single") {
+    if want(Run::Single) {
         eprintln!("1 initiator: naive and batched (the batching tax at low load)");
         let one_naive = reads::naive_run(&pool, 1, run, rows).await;
         push("naive", "-", None, 1, one_naive, None);
@@ -329,26 +343,40 @@ fn print_table(results: &[Outcome], ceiling: f64, args: &Args) {
         args.ceiling_connections,
         ceiling.map_or("-".to_owned(), |c| format!("{c:.0}"))
     );
-    println!("| initiators | path | policy | max batch | reads/s | × naive | of ceiling | avg ms | p50 ms | p99 ms | max ms | mean batch |");
-    println!("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for o in results {
-        let r = &o.report;
-        println!(
-            "| {} | {} | {} | {} | {:.0} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
-            o.initiators,
-            o.path,
-            o.policy,
-            o.max_batch.map_or("-".to_owned(), |b| b.to_string()),
-            r.per_sec(),
-            ratio(r.per_sec(), naive, |x| format!("{x:.2}")),
-            ratio(r.per_sec(), ceiling, |x| format!("{:.0}%", x * 100.0)),
-            ms(r.mean()),
-            ms(r.quantile(0.5)),
-            ms(r.quantile(0.99)),
-            ms(r.max()),
-            o.mean_batch.map_or("-".to_owned(), |m| format!("{m:.1}")),
-        );
-    }
+    let columns = [
+        ("initiators", Right),
+        ("path", Left),
+        ("policy", Left),
+        ("max batch", Right),
+        ("reads/s", Right),
+        ("× naive", Right),
+        ("of ceiling", Right),
+        ("avg ms", Right),
+        ("p50 ms", Right),
+        ("p99 ms", Right),
+        ("max ms", Right),
+        ("mean batch", Right),
+    ];
+    print_markdown(
+        &columns,
+        results.iter().map(|o| {
+            let r = &o.report;
+            vec![
+                o.initiators.to_string(),
+                o.path.to_string(),
+                o.policy.to_owned(),
+                o.max_batch.map_or("-".to_owned(), |b| b.to_string()),
+                format!("{:.0}", r.per_sec()),
+                ratio(r.per_sec(), naive, |x| format!("{x:.2}")),
+                ratio(r.per_sec(), ceiling, |x| format!("{:.0}%", x * 100.0)),
+                format!("{:.2}", ms(r.mean())),
+                format!("{:.2}", ms(r.quantile(0.5))),
+                format!("{:.2}", ms(r.quantile(0.99))),
+                format!("{:.2}", ms(r.max())),
+                o.mean_batch.map_or("-".to_owned(), |m| format!("{m:.1}")),
+            ]
+        }),
+    );
     let at = |path: &'static str, n: usize| runs(results, path, n);
     let best = |path: &'static str| {
         at(path, args.initiators)
