@@ -12,7 +12,9 @@ use axum::http::{Request, StatusCode};
 use serde_json::Value;
 use server::db::seed::object_path;
 use server::settings::{InvalidationSettings, ReadPath, Settings};
-use support::{client, get, get_as, read_path, send, stat_uri, TestApp, ADMIN_TOKEN};
+use support::{
+    client, get, get_as, physical_address, read_path, send, stat_uri, until, TestApp, ADMIN_TOKEN,
+};
 
 /// Two instances, each with its object and token caches, on one database.
 async fn two_instances() -> (TestApp, TestApp) {
@@ -43,21 +45,6 @@ fn listening(app: &TestApp, connects: u64) -> bool {
     app.state.coherence.caches_usable() && app.state.coherence.connects() >= connects
 }
 
-/// Polls `done` every millisecond; panics after 10 s.
-async fn until(what: &str, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < Duration::from_secs(10), "never: {what}");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
-async fn address_of(app: &TestApp, path: &str) -> String {
-    let (status, body) = send(&app.router, get(&stat_uri("demo", path))).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    body["physical_address"].as_str().unwrap().to_owned()
-}
-
 async fn sql(app: &TestApp, statement: &str) -> u64 {
     client(&app.config)
         .await
@@ -70,14 +57,14 @@ async fn sql(app: &TestApp, statement: &str) -> u64 {
 async fn a_write_through_one_instance_is_read_through_the_others_cache() {
     let (a, b) = two_instances().await;
     let path = object_path(5);
-    let before = address_of(&a, &path).await; // now cached in a
-    assert_eq!(address_of(&a, &path).await, before);
+    let before = physical_address(&a.router, &path).await; // now cached in a
+    assert_eq!(physical_address(&a.router, &path).await, before);
 
     let (status, body) = send(&b.router, support::put_object(&path, "s3://moved/by-b")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let acked = Instant::now();
     let mut stale = 0;
-    while address_of(&a, &path).await != "s3://moved/by-b" {
+    while physical_address(&a.router, &path).await != "s3://moved/by-b" {
         stale += 1;
         assert!(
             acked.elapsed() < Duration::from_secs(10),
@@ -95,7 +82,7 @@ async fn a_write_through_one_instance_is_read_through_the_others_cache() {
         .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
         .body(Body::empty())
         .unwrap();
-    assert_eq!(address_of(&b, &path).await, "s3://moved/by-b");
+    assert_eq!(physical_address(&b.router, &path).await, "s3://moved/by-b");
     assert_eq!(send(&a.router, delete).await.0, StatusCode::NO_CONTENT);
     let uri = stat_uri("demo", &path);
     until_status(&b, &uri, ADMIN_TOKEN, StatusCode::NOT_FOUND).await;
@@ -169,7 +156,7 @@ async fn a_lost_listener_bypasses_the_caches_and_flushes_them_when_back() {
     };
     let (a, _b) = two_instances_with(settings).await;
     let path = object_path(9);
-    let before = address_of(&a, &path).await; // cached
+    let before = physical_address(&a.router, &path).await; // cached
     assert_ne!(before, "s3://changed/while-deaf");
 
     let killed = sql(
@@ -195,11 +182,20 @@ async fn a_lost_listener_bypasses_the_caches_and_flushes_them_when_back() {
     assert_eq!(changed, 1);
     assert!(!a.state.coherence.caches_usable(), "still deaf");
     // Read through to the database while the listener is down.
-    assert_eq!(address_of(&a, &path).await, "s3://changed/while-deaf");
+    assert_eq!(
+        physical_address(&a.router, &path).await,
+        "s3://changed/while-deaf"
+    );
     // Not cached meanwhile, and flushed when it is back.
     until("a listens again", || listening(&a, 2)).await;
-    assert_eq!(address_of(&a, &path).await, "s3://changed/while-deaf");
-    assert_eq!(address_of(&a, &path).await, "s3://changed/while-deaf");
+    assert_eq!(
+        physical_address(&a.router, &path).await,
+        "s3://changed/while-deaf"
+    );
+    assert_eq!(
+        physical_address(&a.router, &path).await,
+        "s3://changed/while-deaf"
+    );
 }
 
 #[tokio::test]
@@ -324,16 +320,16 @@ async fn with_second_miss_admission_a_stored_value_is_still_invalidated_by_the_o
             .unwrap();
         s.clone()
     };
-    let before = address_of(&a, &path).await;
+    let before = physical_address(&a.router, &path).await;
     assert_eq!(stats(&a).not_admitted, 1, "the first miss is not stored");
-    assert_eq!(address_of(&a, &path).await, before); // stored now
-    assert_eq!(address_of(&a, &path).await, before);
+    assert_eq!(physical_address(&a.router, &path).await, before); // stored now
+    assert_eq!(physical_address(&a.router, &path).await, before);
     assert!(stats(&a).hits >= 1, "{:?}", stats(&a));
 
     let (status, body) = send(&b.router, support::put_object(&path, "s3://moved/again")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let acked = Instant::now();
-    while address_of(&a, &path).await != "s3://moved/again" {
+    while physical_address(&a.router, &path).await != "s3://moved/again" {
         assert!(
             acked.elapsed() < Duration::from_secs(10),
             "a never saw b's write"
@@ -356,7 +352,7 @@ async fn a_busy_read_pool_neither_delays_invalidations_nor_takes_the_listener_do
     };
     let (a, b) = two_instances_with(settings).await;
     let path = object_path(13);
-    let before = address_of(&a, &path).await; // cached in a
+    let before = physical_address(&a.router, &path).await; // cached in a
     let pool_size = a.state.pool.status().max_size;
     let hold = || async {
         let mut held = Vec::new();
@@ -388,7 +384,10 @@ async fn a_busy_read_pool_neither_delays_invalidations_nor_takes_the_listener_do
     assert!(a.state.coherence.caches_usable());
     drop(held);
     assert_ne!(before, "s3://moved/while-busy");
-    assert_eq!(address_of(&a, &path).await, "s3://moved/while-busy");
+    assert_eq!(
+        physical_address(&a.router, &path).await,
+        "s3://moved/while-busy"
+    );
 
     // Unproved for longer than ten intervals, the listener is given up
     // (the caches bypassed), and comes back once pings go through again.

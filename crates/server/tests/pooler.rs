@@ -19,7 +19,7 @@ use server::db::seed::object_path;
 use server::db::Database;
 use server::settings::{DbSettings, Pooler, ReadPath, Settings};
 use server::{app, AppState};
-use support::{get, get_as, put_object, send, stat_uri, ADMIN_TOKEN};
+use support::{get, get_as, physical_address, put_object, send, stat_uri, until, ADMIN_TOKEN};
 
 /// A seeded cluster with PgBouncer in front of it, in `mode`, with few
 /// server connections so that clients really share them.
@@ -78,15 +78,6 @@ fn cached() -> Settings {
     support::read_path(ReadPath::Cached)
 }
 
-/// Polls `done` every 5 ms; panics after 10 s.
-async fn until(what: &str, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < Duration::from_secs(10), "never: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 fn authed(method: Method, uri: &str, body: Body) -> Request<Body> {
     Request::builder()
         .method(method)
@@ -95,12 +86,6 @@ fn authed(method: Method, uri: &str, body: Body) -> Request<Body> {
         .header("content-type", "application/json")
         .body(body)
         .unwrap()
-}
-
-async fn address_of(router: &axum::Router, path: &str) -> String {
-    let (status, body) = send(router, get(&stat_uri("demo", path))).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    body["physical_address"].as_str().unwrap().to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -168,7 +153,7 @@ async fn every_path_works_through_a_transaction_mode_pooler() {
         let (status, body) = w.await.unwrap();
         assert_eq!(status, StatusCode::CREATED, "{body}");
     }
-    assert_eq!(address_of(&router, "pooled/7").await, "s3://p/7");
+    assert_eq!(physical_address(&router, "pooled/7").await, "s3://p/7");
 
     // An import: COPY through a temporary table in one transaction.
     let lines: String = (0..100)
@@ -236,12 +221,12 @@ async fn two_instances_behind_the_pooler_stay_coherent_with_a_direct_url() {
         .await;
     }
     let path = object_path(9);
-    let before = address_of(&b_router, &path).await; // now cached in b
-    assert_eq!(address_of(&b_router, &path).await, before);
+    let before = physical_address(&b_router, &path).await; // now cached in b
+    assert_eq!(physical_address(&b_router, &path).await, before);
     let (status, body) = send(&a_router, put_object(&path, "s3://moved/by-a")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let start = Instant::now();
-    while address_of(&b_router, &path).await != "s3://moved/by-a" {
+    while physical_address(&b_router, &path).await != "s3://moved/by-a" {
         assert!(
             start.elapsed() < Duration::from_secs(5),
             "b still serves the old object"
@@ -263,12 +248,12 @@ async fn without_a_direct_url_the_caches_are_bypassed_and_never_stale() {
     let (_, b, b_router) = instance(&pooled, None, Pooler::Auto, &cached()).await;
     let path = object_path(11);
     for round in 0..5 {
-        let _ = address_of(&b_router, &path).await;
+        let _ = physical_address(&b_router, &path).await;
         let address = format!("s3://moved/{round}");
         let (status, body) = send(&a_router, put_object(&path, &address)).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         assert_eq!(
-            address_of(&b_router, &path).await,
+            physical_address(&b_router, &path).await,
             address,
             "b is never stale"
         );
@@ -336,12 +321,12 @@ async fn a_session_mode_pooler_is_found_and_works() {
     })
     .await;
     assert_eq!(
-        address_of(&router, &object_path(2)).await,
-        address_of(&router, &object_path(2)).await
+        physical_address(&router, &object_path(2)).await,
+        physical_address(&router, &object_path(2)).await
     );
     let (status, body) = send(&router, put_object("session/1", "s3://s/1")).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    assert_eq!(address_of(&router, "session/1").await, "s3://s/1");
+    assert_eq!(physical_address(&router, "session/1").await, "s3://s/1");
     state.shutdown().await;
     drop(bouncer);
     cluster.stop().await;

@@ -20,7 +20,9 @@ use server::db::Postgres;
 use server::http::position::HEADER;
 use server::settings::{Pooler, ReadPath, ReplicaSettings, Settings};
 use server::AppState;
-use support::{client, get, read_path, send, send_full, stat_uri, TestApp, ADMIN_TOKEN, SEEDED};
+use support::{
+    client, get, read_path, send, send_full, stat_uri, until, TestApp, ADMIN_TOKEN, SEEDED,
+};
 
 const DB: &str = "pgbatch";
 
@@ -89,15 +91,6 @@ fn settings(path: ReadPath, max_lag: Duration) -> Settings {
             ..ReplicaSettings::default()
         },
         ..read_path(path)
-    }
-}
-
-/// Polls `done` every millisecond; panics after 20 s.
-async fn until(what: &str, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < Duration::from_secs(20), "never: {what}");
-        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 

@@ -244,3 +244,24 @@ impl LiveServer {
         let _ = self.task.await;
     }
 }
+
+/// Polls `done` every millisecond until it holds; panics naming `what`
+/// after 20 s (background work such as a listener or a replica poll).
+pub async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "never: {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
+/// The `physical_address` of object `path` of repository `demo`, read
+/// through `router` (200 expected).
+pub async fn physical_address(router: &Router, path: &str) -> String {
+    let (status, body) = send(router, get(&stat_uri("demo", path))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body["physical_address"].as_str().unwrap().to_owned()
+}
