@@ -10,9 +10,9 @@
 //! every operation the statuses any request may get (401 without a token,
 //! 503 when overloaded, 504 past the deadline `deadline::Kind` gives the
 //! route; 400, 408, 413 and 415 for a body). Annotations state only what
-//! is particular to their operation, so these are written once. A test (`tests/openapi.rs`) probes the router and fails when a
+//! is particular to their operation, so these are written once. A test (`tests/http/openapi.rs`) probes the router and fails when a
 //! route or method it serves is missing here, or the other way round;
-//! another (`tests/openapi_fuzz.rs`) points schemathesis at the document.
+//! another (`tests/http/openapi_fuzz.rs`) points schemathesis at the document.
 //!
 //! Lengths are stated in characters, as JSON Schema counts them; the
 //! server counts bytes of UTF-8 (S3's and lakeFS's rule for paths), which

@@ -1,6 +1,7 @@
 //! Migrations on databases that are not fresh: one holding the seed
 //! benchmark's own table, and one migrated by an earlier release.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use server::db;
@@ -37,7 +38,7 @@ async fn a_database_migrated_by_an_earlier_release_still_migrates() {
     let database = embedded_pg::testing::database().await.unwrap();
     db::migrate(&database.config).await.unwrap();
     let client = client(&database.config).await;
-    let old_sql = include_str!("../src/db/superseded/V20261121000000__object_metadata.sql");
+    let old_sql = include_str!("../../src/db/superseded/V20261121000000__object_metadata.sql");
     let old = refinery::Migration::unapplied("V20261121000000__object_metadata", old_sql)
         .unwrap()
         .checksum()

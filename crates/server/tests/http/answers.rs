@@ -4,6 +4,7 @@
 //! arrive slowly. A connection reset or an early close instead of a
 //! response fails these tests.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::io;

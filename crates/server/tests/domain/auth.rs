@@ -1,6 +1,7 @@
 //! Authentication and authorization against a real Postgres: bearer tokens
 //! stored hashed, policies per repository, and the token cache.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::time::Duration;

@@ -5,6 +5,7 @@
 //! repository, read-only repositories, errors with a top-level `message`,
 //! credentials made through the API.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use axum::body::Body;

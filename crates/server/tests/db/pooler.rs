@@ -6,6 +6,7 @@
 //! the pooler is found deaf, and the wrong setting gets an error that says
 //! so.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};

@@ -2,6 +2,7 @@
 //! here (a test CA signing one for `localhost`), reached through
 //! `DATABASE_URL` with each `sslmode`, as a managed Postgres would be.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::path::Path;

@@ -1,6 +1,7 @@
 //! The write API against a real Postgres: upserts, deletes, NDJSON imports,
 //! repositories, permissions, and reads that see acknowledged writes.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use axum::body::Body;

@@ -1,6 +1,7 @@
 //! The Grafana dashboard in `deploy/grafana/` queries only metrics the
 //! server exports, by the names a scrape shows.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::collections::BTreeSet;
@@ -10,7 +11,7 @@ use server::db::seed::object_path;
 use server::settings::ReadPath;
 use support::{get, post_json, read_path, send, setup, stat_uri};
 
-const DASHBOARD: &str = include_str!("../../../deploy/grafana/pgbatch-server.json");
+const DASHBOARD: &str = include_str!("../../../../deploy/grafana/pgbatch-server.json");
 
 /// PromQL words that are not metric names: modifiers, set operators, and
 /// aggregations (which may come before their `by (...)`, not a `(`).

@@ -3,6 +3,7 @@
 //! LISTEN/NOTIFY, and a lost listener never lets a cache serve a stale
 //! value after it is back.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};

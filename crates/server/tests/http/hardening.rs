@@ -3,6 +3,7 @@
 //! reads, a frozen database hanging requests, batch requests partly queued
 //! under overload, lenient path decoding.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::convert::Infallible;

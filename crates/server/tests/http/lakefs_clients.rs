@@ -6,6 +6,7 @@
 //! the errors for a missing object, a wrong ref and a bad credential. The
 //! checks are in `tests/lakefs/clients.py`.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::path::PathBuf;

@@ -7,6 +7,7 @@
 //! Each test starts its own primary and replica (`pg_basebackup -R`,
 //! through `embedded_pg`), and two instances on them.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};

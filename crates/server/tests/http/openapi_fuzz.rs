@@ -8,6 +8,7 @@
 //! on examples per operation, so a run takes about a minute. It fails on
 //! anything schemathesis reports, and prints its report.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::path::PathBuf;
@@ -40,7 +41,7 @@ async fn schemathesis_finds_nothing_against_the_document() {
         .args(["--checks", "all"])
         // Its stateful phase follows GET /user/tokens to DELETE
         // /user/tokens/{id} and revokes its own token, after which every
-        // operation is 401 and nothing more is tested (tests/auth.rs
+        // operation is 401 and nothing more is tested (tests/domain/auth.rs
         // covers revocation).
         .args(["--exclude-name", "DELETE /api/v1/user/tokens/{id}"])
         .args(["--max-examples", &examples()])

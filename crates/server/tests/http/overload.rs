@@ -2,6 +2,7 @@
 //! and a lookup past its deadline is a 504, on both read paths. A table
 //! lock held by another session makes the database "slow" on demand.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};

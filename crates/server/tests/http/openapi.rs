@@ -2,6 +2,7 @@
 //! method the router serves is documented, every documented one is served,
 //! and the documented bodies have the fields the real answers have.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::collections::BTreeSet;
@@ -17,7 +18,7 @@ use support::{get, get_as, send, setup, stat_uri};
 /// documented routes are registered from their annotations instead, see
 /// `http::openapi`): string literals only.
 fn plain_router_paths() -> Vec<String> {
-    let source = include_str!("../src/lib.rs");
+    let source = include_str!("../../src/lib.rs");
     source
         .split(".route(")
         .skip(1)

@@ -1,6 +1,7 @@
 //! The HTTP API against a real Postgres: every endpoint, every kind of bad
 //! input, not-found, and naive and batched reads giving the same answers.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use axum::http::StatusCode;
