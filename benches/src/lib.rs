@@ -52,6 +52,19 @@ pub enum Align {
     Right,
 }
 
+/// The latency columns of a results table (see [`RunReport::latency_cells`]).
+pub const LATENCY_COLUMNS: [(&str, Align); 4] = [
+    ("avg ms", Align::Right),
+    ("p50 ms", Align::Right),
+    ("p99 ms", Align::Right),
+    ("max ms", Align::Right),
+];
+
+/// `d` in milliseconds.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
 /// Prints a Markdown table: the load generators' results tables, which
 /// BENCHMARKS.md quotes, all come out of this.
 pub fn print_markdown<I>(columns: &[(&str, Align)], rows: I)
@@ -218,6 +231,18 @@ impl RunReport {
     /// The largest latency seen.
     pub fn max(&self) -> Duration {
         Duration::from_nanos(self.latency.max())
+    }
+
+    /// Mean, p50, p99 and max in milliseconds, the cells under
+    /// [`LATENCY_COLUMNS`].
+    pub fn latency_cells(&self) -> [String; 4] {
+        [
+            self.mean(),
+            self.quantile(0.5),
+            self.quantile(0.99),
+            self.max(),
+        ]
+        .map(|d| format!("{:.2}", ms(d)))
     }
 }
 

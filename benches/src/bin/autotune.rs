@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use benches::delay_proxy::DelayProxy;
 use benches::reads::{self, TableArgs};
-use benches::{closed_loop_timeline, KeyStream, Timeline};
+use benches::{closed_loop_timeline, ms, KeyStream, Timeline};
 use clap::Parser;
 use pgbatch::pg::{BatchQuery as _, Pool, PoolOptions};
 use pgbatch::Concurrency;
@@ -286,10 +286,6 @@ fn range_by(v: &[Sample], f: impl Fn(&Sample) -> f64) -> (f64, f64) {
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
             (lo.min(x), hi.max(x))
         })
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }
 
 fn verdict(ok: bool) -> &'static str {

@@ -20,11 +20,9 @@ use std::time::Duration;
 use anyhow::bail;
 use benches::delay_proxy::DelayProxy;
 use benches::reads::{self, TableArgs};
+use benches::Align::{Left, Right};
 use benches::RunReport;
-use benches::{
-    print_markdown,
-    Align::{Left, Right},
-};
+use benches::{ms, print_markdown, LATENCY_COLUMNS};
 use clap::Parser;
 use pgbatch::pg::PoolOptions;
 use pgbatch::FlushPolicy;
@@ -264,10 +262,6 @@ fn print_lookups(lookups: &[LookupOutcome]) {
     }
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
 fn label(added: Option<f64>) -> String {
     added.map_or("none (no proxy)".to_owned(), |ms| format!("{ms} ms"))
 }
@@ -295,12 +289,11 @@ fn print_table(results: &[Outcome], args: &Args) {
         ("path", Left),
         ("reads/s", Right),
         ("× naive", Right),
-        ("avg ms", Right),
-        ("p50 ms", Right),
-        ("p99 ms", Right),
-        ("max ms", Right),
-        ("mean batch", Right),
-    ];
+    ]
+    .into_iter()
+    .chain(LATENCY_COLUMNS)
+    .chain([("mean batch", Right)])
+    .collect::<Vec<_>>();
     print_markdown(
         &columns,
         results.iter().map(|o| {
@@ -311,12 +304,11 @@ fn print_table(results: &[Outcome], args: &Args) {
                 o.path.to_owned(),
                 format!("{:.0}", r.per_sec()),
                 format!("{:.1}", r.per_sec() / naive_at(o.added_rtt_ms)),
-                format!("{:.2}", ms(r.mean())),
-                format!("{:.2}", ms(r.quantile(0.5))),
-                format!("{:.2}", ms(r.quantile(0.99))),
-                format!("{:.2}", ms(r.max())),
-                o.mean_batch.map_or("-".to_owned(), |m| format!("{m:.1}")),
             ]
+            .into_iter()
+            .chain(r.latency_cells())
+            .chain([o.mean_batch.map_or("-".to_owned(), |m| format!("{m:.1}"))])
+            .collect()
         }),
     );
     println!();

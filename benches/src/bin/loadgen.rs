@@ -23,11 +23,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use benches::reads::{self, TableArgs};
+use benches::Align::{Left, Right};
 use benches::RunReport;
-use benches::{
-    print_markdown,
-    Align::{Left, Right},
-};
+use benches::{ms, print_markdown, LATENCY_COLUMNS};
 use clap::Parser;
 use pgbatch::cache::Admission;
 use pgbatch::pg::PoolOptions;
@@ -275,10 +273,6 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
     Ok(())
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
 /// Runs every form of `reads::STATEMENTS` in turn, `--statement-rounds`
 /// times, and prints each form's median keys/s, its range, and its ratio
 /// to `= ANY($1)` with the server's default plan choice.
@@ -351,12 +345,11 @@ fn print_table(results: &[Outcome], ceiling: f64, args: &Args) {
         ("reads/s", Right),
         ("× naive", Right),
         ("of ceiling", Right),
-        ("avg ms", Right),
-        ("p50 ms", Right),
-        ("p99 ms", Right),
-        ("max ms", Right),
-        ("mean batch", Right),
-    ];
+    ]
+    .into_iter()
+    .chain(LATENCY_COLUMNS)
+    .chain([("mean batch", Right)])
+    .collect::<Vec<_>>();
     print_markdown(
         &columns,
         results.iter().map(|o| {
@@ -369,12 +362,11 @@ fn print_table(results: &[Outcome], ceiling: f64, args: &Args) {
                 format!("{:.0}", r.per_sec()),
                 ratio(r.per_sec(), naive, |x| format!("{x:.2}")),
                 ratio(r.per_sec(), ceiling, |x| format!("{:.0}%", x * 100.0)),
-                format!("{:.2}", ms(r.mean())),
-                format!("{:.2}", ms(r.quantile(0.5))),
-                format!("{:.2}", ms(r.quantile(0.99))),
-                format!("{:.2}", ms(r.max())),
-                o.mean_batch.map_or("-".to_owned(), |m| format!("{m:.1}")),
             ]
+            .into_iter()
+            .chain(r.latency_cells())
+            .chain([o.mean_batch.map_or("-".to_owned(), |m| format!("{m:.1}"))])
+            .collect()
         }),
     );
     let at = |path: &'static str, n: usize| runs(results, path, n);
