@@ -13,6 +13,7 @@
 //! ```text
 //! lib        the route table, layers and fallbacks
 //! cli        clap flags and their conversion to Settings (for `main`; benches reuse PolicyArg)
+//! testing    a seeded database for tests and benchmarks
 //! http       the edge: connections (serve), observe, guard, deadlines, extractors, errors as
 //!            responses, write positions, the handlers (routes/*) and the OpenAPI document
 //! service    AppState and Pools, built from Settings; the listener applying other
@@ -23,7 +24,6 @@
 //! cluster    replicas (which database serves a read) and coherence (whether caches may be used)
 //! db         the database, migrations and pool; queries/* (all SQL), TLS to Postgres, demo data
 //! settings   typed settings with their defaults
-//! testing    a seeded database for tests and benchmarks
 //! ```
 //!
 //! A read goes `http::routes` → [`Reads`](domain::reads::Reads) →

@@ -1,6 +1,6 @@
 //! Typed settings of the service's parts, with defaults.
 //!
-//! The domain takes these, never the command line: `config` turns flags and
+//! The domain takes these, never the command line: `cli` turns flags and
 //! environment variables into them, and tests and benchmarks build them
 //! directly (`Settings { read: ReadSettings { path: ReadPath::Cached, ..
 //! Default::default() }, ..Default::default() }`).

@@ -4,7 +4,7 @@
 //!
 //! Imports from `db` and `settings` only; the listener that applies other
 //! instances' changes needs the caches, so it lives above, in
-//! `app::invalidation`.
+//! `service::invalidation`.
 
 pub mod coherence;
 pub mod replicas;

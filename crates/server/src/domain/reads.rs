@@ -4,7 +4,7 @@
 //!
 //! A new read endpoint adds its query to [`crate::db::queries`] with its
 //! [`Invalidated`] impl here (the tables it reads), a field and one
-//! `register` line in [`Reads::new`], a route, and its annotation in
+//! `Registry::add` line in [`Reads::new`], a route, and its annotation in
 //! `http::openapi`. Statistics, cache syncing, shutdown and invalidation
 //! reach every registered lookup by themselves; the tests check each
 //! query's tables against its SQL, so a cached lookup that would miss an

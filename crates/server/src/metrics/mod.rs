@@ -4,6 +4,10 @@
 //!
 //! The registry belongs to the application state (no global recorder), so
 //! several apps in one process (tests) keep separate counts.
+//!
+//! Imports from `domain` and `cluster` (whose statistics it reads at
+//! scrape time) only; `http::observe` records into its `HttpMetrics`, and
+//! `service` owns the registry.
 
 pub mod process;
 

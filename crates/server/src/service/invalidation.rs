@@ -7,8 +7,10 @@
 //! Postgres delivers them at commit, and only if the transaction commits.
 //! Each instance keeps one dedicated connection (never from a pool, never
 //! through a pooler, which would not keep a session's LISTEN) and applies
-//! what arrives to its object-stat and token caches. `random_read_test`
-//! (the kv lookup) has no triggers: the service never writes it.
+//! what arrives to its caches: objects' changes through `Reads::changed`
+//! (to every lookup over the tables they touch), tokens' to the token
+//! cache. `random_read_test` (the kv lookup) has no triggers: the service
+//! never writes it, and only a flush empties its cache.
 //!
 //! Notifications sent while the listener is disconnected are lost. So
 //! while it is down the caches are bypassed ([`Coherence`]): reads go to

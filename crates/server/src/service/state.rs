@@ -152,7 +152,10 @@ impl std::ops::Deref for AppState {
 
 impl AppState {
     /// State for serving from `pools` with `settings`; starts the batchers
-    /// on the current runtime.
+    /// on the current runtime, but no background task: the caches are
+    /// used as if this instance were alone (until [`listen`](Self::listen)),
+    /// and replicas are polled only by state from
+    /// [`connect`](Self::connect) or [`for_database`](Self::for_database).
     ///
     /// # Errors
     ///

@@ -1,7 +1,10 @@
 //! All of the service's SQL, one module per table or concern: the lookups
 //! as [`BatchQuery`](pgbatch::pg::BatchQuery)s, the upsert the writer
 //! runs, and the plain statements of writes, authentication and set-up.
-//! No other module holds SQL.
+//! Elsewhere only what cannot live here: the migrations themselves
+//! (`migrations/`, and `db/superseded/` for a changed one's old text),
+//! `db`'s two statements on refinery's own history table, and the
+//! listener's `LISTEN`.
 
 pub mod auth;
 pub mod kv;

@@ -1,6 +1,7 @@
 //! Statements about the database as a whole rather than one table's rows:
-//! the readiness check, creating the embedded cluster's database, and
-//! taking an empty table for a bulk load.
+//! the readiness check, creating the embedded cluster's database, taking
+//! an empty table for a bulk load, counting rows, a session's backend pid,
+//! sending a notification, and the WAL positions replicas are judged by.
 
 use tokio_postgres::types::{PgLsn, Type};
 use tokio_postgres::{Client, GenericClient, Transaction};
@@ -83,9 +84,8 @@ pub async fn backend_pid<C: GenericClient>(client: &C) -> Result<i32, tokio_post
 }
 
 /// Sends `payload` on notification `channel`, in a transaction of its own
-/// (delivered at once). One simple statement: safe through any pooler.
-/// `channel` is a constant of the service and `payload` hex digits, so
-/// both are spelled out in the statement.
+/// (delivered at once). One unnamed statement with both as parameters:
+/// safe through any pooler, whatever the text.
 ///
 /// # Errors
 ///
@@ -95,10 +95,13 @@ pub async fn notify<C: GenericClient>(
     channel: &str,
     payload: &str,
 ) -> Result<(), tokio_postgres::Error> {
-    debug_assert!(payload.chars().all(|c| c.is_ascii_alphanumeric()));
     client
-        .batch_execute(&format!("NOTIFY {channel}, '{payload}'"))
+        .query_typed(
+            "SELECT pg_notify($1, $2)",
+            &[(&channel, Type::TEXT), (&payload, Type::TEXT)],
+        )
         .await
+        .map(drop)
 }
 
 /// Rows in `table`.
