@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes pgbatch-server.json, the Grafana dashboard, from the panel list
 below: edit here, run `python3 deploy/grafana/generate.py` from the
-repository root, and commit both. `crates/server/tests/grafana.rs` checks
+repository root, and commit both. `crates/server/tests/metrics/grafana.rs` checks
 that every metric the dashboard queries is exported."""
 import json
 panels=[]

@@ -217,7 +217,6 @@ fn keys_label(route: &str, keys: u64) -> String {
     }
 }
 
-/// The bare route's row.
 /// The runs `--only` chooses from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Run {
@@ -235,6 +234,7 @@ enum Run {
     Hot,
 }
 
+/// The bare route's row.
 const BARE: &str = "bare axum route (same JSON, no layers)";
 
 /// A router with one route, `GET /api/v1/user`, that answers what `app`'s

@@ -39,8 +39,9 @@
 //! A module uses only those listed below it, except that `coalescing`'s
 //! `Cache::builder` names `builder`'s `CacheBuilder`, which builds a
 //! `Cache` (the pair name each other, as moka's `Cache` and
-//! `CacheBuilder` do). From the rest of the crate, only
-//! `crate::batcher`'s fill hooks (`Stamp`, `Fill`) and its handle.
+//! `CacheBuilder` do). From the rest of the crate: the
+//! engine's handle and fill hooks (`crate::batcher`: `Stamp`, `Fill`,
+//! `FillFn`, `Filled`), and the crate's errors.
 //!
 //! - `builder`: `CacheBuilder`, validation, and the two ways to build
 //!   (over a batcher, or over any loader).

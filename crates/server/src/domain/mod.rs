@@ -1,5 +1,6 @@
-//! What the service does, independent of HTTP: reads through lookups and
-//! caches, writes that invalidate them, imports, listings, tokens and
+//! What the service does, independent of routes, status codes and
+//! headers (an import takes the request body as a stream, nothing more of
+//! HTTP): reads through lookups and caches, writes that invalidate them, imports, listings, tokens and
 //! grants, input validation, and the one domain error.
 //!
 //! Imports from `cluster`, `db` and `settings` only.

@@ -1,7 +1,7 @@
 """lakeFS's own Python clients (lakefs-sdk and lakefs, pinned in
 scripts/ensure-lakefs-clients.sh) against this service's /lakefs API.
 
-Run by tests/lakefs_clients.rs against a live server, with LAKEFS_HOST,
+Run by tests/http/lakefs_clients.rs against a live server, with LAKEFS_HOST,
 LAKEFS_ACCESS_KEY_ID and LAKEFS_SECRET_ACCESS_KEY set. Exits non-zero, with
 the failed assertion, on the first difference from what the clients
 expect of lakeFS.
