@@ -90,10 +90,8 @@ async fn deployment(objects: u64) -> anyhow::Result<Deployment> {
         .batch_execute(&format!("CREATE DATABASE {DB}"))
         .await?;
     let config = primary.config(DB);
-    server::db::migrate(&config).await?;
-    eprintln!("seeding {objects} objects");
-    server::db::seed::seed(&config, objects, 0).await?;
-    server::domain::auth::bootstrap_admin(&config, Some(ADMIN_TOKEN)).await?;
+    eprintln!("migrating and seeding {objects} objects");
+    server::testing::prepare(&config, objects, 0, ADMIN_TOKEN).await?;
     let replica = Cluster::start(roomy(
         embedded_pg::testing::private_options()?.replica_of(&primary),
     ))

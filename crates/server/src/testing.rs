@@ -1,7 +1,7 @@
 //! A database set up the way the service sets up its own, for tests and
 //! benchmarks: fresh, migrated, seeded, with an admin whose token is known.
 
-use crate::db::{self, seed};
+use crate::db::{self, seed, Postgres};
 use crate::domain::auth;
 
 /// A fresh database (in a throwaway cluster the calling process starts, or
@@ -18,8 +18,26 @@ pub async fn seeded_database(
     admin_token: &str,
 ) -> anyhow::Result<tokio_postgres::Config> {
     let db = embedded_pg::testing::database().await?;
-    db::migrate(&db.config).await?;
-    seed::seed(&db.config, objects, kv_rows).await?;
-    auth::bootstrap_admin(&db.config, Some(admin_token)).await?;
+    prepare(&db.config, objects, kv_rows, admin_token).await?;
     Ok(db.config)
+}
+
+/// Sets up the database at `target` as [`seeded_database`] does its own,
+/// for tests and benchmarks that need a cluster of their own (one they
+/// stop, freeze, replicate or put a pooler in front of).
+///
+/// # Errors
+///
+/// When migrating, seeding or creating the admin fails.
+pub async fn prepare(
+    target: impl Into<Postgres>,
+    objects: u64,
+    kv_rows: u64,
+    admin_token: &str,
+) -> anyhow::Result<()> {
+    let target = target.into();
+    db::migrate(&target).await?;
+    seed::seed(&target, objects, kv_rows).await?;
+    auth::bootstrap_admin(&target, Some(admin_token)).await?;
+    Ok(())
 }

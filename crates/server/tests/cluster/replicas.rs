@@ -44,9 +44,7 @@ async fn deployment(apply_delay: &str) -> Deployment {
         .await
         .unwrap();
     let config = primary.config(DB);
-    server::db::migrate(&config).await.unwrap();
-    server::db::seed::seed(&config, SEEDED, 0).await.unwrap();
-    server::domain::auth::bootstrap_admin(&config, Some(ADMIN_TOKEN))
+    server::testing::prepare(&config, SEEDED, 0, ADMIN_TOKEN)
         .await
         .unwrap();
     let replica_options = embedded_pg::testing::private_options()

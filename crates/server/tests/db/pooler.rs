@@ -29,9 +29,7 @@ async fn behind(mode: PoolMode) -> (Cluster, PgBouncer) {
         .await
         .expect("a private cluster");
     let config = cluster.config("postgres");
-    server::db::migrate(&config).await.unwrap();
-    server::db::seed::seed(&config, 300, 300).await.unwrap();
-    server::domain::auth::bootstrap_admin(&config, Some(ADMIN_TOKEN))
+    server::testing::prepare(&config, 300, 300, ADMIN_TOKEN)
         .await
         .unwrap();
     let bouncer = PgBouncer::start(&cluster, mode, 3)

@@ -109,9 +109,7 @@ async fn each_sslmode_connects_or_refuses_as_libpq_would() {
     let (database, target) = open(url("localhost", &with_ca(&ca_file, "verify-full")))
         .await
         .expect("verify-full with the signing CA");
-    db::migrate(&database).await.unwrap();
-    db::seed::seed(&database, 10, 10).await.unwrap();
-    server::domain::auth::bootstrap_admin(&database, Some(ADMIN_TOKEN))
+    server::testing::prepare(&database, 10, 10, ADMIN_TOKEN)
         .await
         .unwrap();
     let app = support::app_on(&target, &Settings::default()).await;

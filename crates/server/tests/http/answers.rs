@@ -258,9 +258,7 @@ async fn every_answer_arrives_while_postgres_crashes_and_comes_back() {
     let options = embedded_pg::testing::private_options().unwrap();
     let cluster = embedded_pg::Cluster::start(options.clone()).await.unwrap();
     let config = cluster.config("postgres");
-    server::db::migrate(&config).await.unwrap();
-    server::db::seed::seed(&config, 300, 10).await.unwrap();
-    server::domain::auth::bootstrap_admin(&config, Some(ADMIN_TOKEN))
+    server::testing::prepare(&config, 300, 10, ADMIN_TOKEN)
         .await
         .unwrap();
     // Every request looks its token up, as an uncached token would: with

@@ -173,9 +173,7 @@ async fn a_frozen_database_bounds_every_request() {
         .await
         .expect("a private cluster");
     let config = cluster.config("postgres");
-    server::db::migrate(&config).await.unwrap();
-    server::db::seed::seed(&config, 10, 10).await.unwrap();
-    server::domain::auth::bootstrap_admin(&config, Some(ADMIN_TOKEN))
+    server::testing::prepare(&config, 10, 10, ADMIN_TOKEN)
         .await
         .unwrap();
     let (mut client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
