@@ -188,9 +188,9 @@ where
 
     /// With the [`Eager`](FlushPolicy::Eager) and
     /// [`Adaptive`](FlushPolicy::Adaptive) policies: when a request finds
-    /// the batcher idle (no other request in progress, a load slot free, at
-    /// least two slots in all, and [`join_in_flight`](Self::join_in_flight)
-    /// off, since only the worker's loads can be joined), the caller runs its one-key load in its own
+    /// the batcher idle (no load running, at least two slots in all, and
+    /// [`join_in_flight`](Self::join_in_flight) off, since only the worker's
+    /// loads can be joined), the caller runs its one-key load in its own
     /// task instead of handing it to the worker. The worker would have sent
     /// it alone anyway; skipping it saves two task hand-offs, each a thread
     /// wake-up when the runtime's threads are parked, which is most of what a

@@ -4,6 +4,7 @@ use std::fmt;
 use std::hash::Hash;
 use std::sync::Arc;
 
+use crossbeam_utils::CachePadded;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::sync::oneshot;
 use tokio::time::{timeout_at, Instant};
@@ -63,8 +64,10 @@ use crate::Error;
 /// answered, and later ones fail with [`Error::Closed`].
 pub struct Batcher<K, V> {
     // One `Arc` for everything, so a clone (one per task, often one per
-    // request) is one atomic increment instead of one per field.
-    inner: Arc<Inner<K, V>>,
+    // request) is one atomic increment instead of one per field. Padded so
+    // that increment, from every core, does not evict the fields each
+    // request reads: they sit on a cache line of their own.
+    inner: Arc<CachePadded<Inner<K, V>>>,
 }
 
 struct Inner<K, V> {
@@ -110,12 +113,12 @@ where
         Arc::clone(&shared),
         Arc::clone(&fill),
     );
-    let inner = Arc::new(Inner {
+    let inner = Arc::new(CachePadded::new(Inner {
         tx,
         shared,
         load,
         fill,
-    });
+    }));
     (Batcher { inner }, worker)
 }
 
@@ -172,13 +175,8 @@ where
     pub async fn load(&self, key: K) -> Result<Option<V>, Error> {
         let now = Instant::now();
         let deadline = self.inner.shared.config.deadline(now);
-        let request = self.inner.shared.start_request();
-        if request.alone {
-            if let Some(slot) = self.direct_slot() {
-                // The slot is freed before `request`, so a caller that
-                // finds the batcher idle also finds the slot free.
-                return self.load_direct(key, now, deadline, slot).await;
-            }
+        if let Some(slot) = self.direct_slot() {
+            return self.load_direct(key, now, deadline, slot).await;
         }
         let rx = self.enqueue(key, now, deadline, None).await?;
         self.wait(rx, deadline).await
@@ -192,7 +190,6 @@ where
     pub(crate) async fn load_stamped(&self, key: K, stamp: Stamp) -> Result<Option<V>, Error> {
         let now = Instant::now();
         let deadline = self.inner.shared.config.deadline(now);
-        let _request = self.inner.shared.start_request();
         let rx = self.enqueue(key, now, deadline, Some(stamp)).await?;
         self.wait(rx, deadline).await
     }
@@ -221,7 +218,6 @@ where
     {
         let now = Instant::now();
         let deadline = self.inner.shared.config.deadline(now);
-        let _request = self.inner.shared.start_request();
         let keys = keys.into_iter();
         let mut queued = Vec::with_capacity(keys.size_hint().0);
         for key in keys {
@@ -260,19 +256,21 @@ where
         shared.stats.snapshot(queued, shared.limit())
     }
 
-    /// A load slot for a caller that found the batcher idle, if the
-    /// settings allow direct loads and the worker is there to take over
-    /// once the batcher is busy.
+    /// A load slot for a caller that found the batcher idle (no load
+    /// running), if the settings allow direct loads and the worker is there
+    /// to take over once the batcher is busy.
     fn direct_slot(&self) -> Option<LoadSlot> {
         let shared = &self.inner.shared;
+        // Cheapest first: under load, a slot is taken nearly always.
         if !policy::allows_direct_loads(&shared.config)
+            || shared.running_loads() != 0
             || !shared.is_worker_running()
             || shared.shutdown.is_cancelled()
             || self.inner.tx.is_closed()
         {
             return None;
         }
-        LoadSlot::try_take(shared)
+        LoadSlot::try_take_first(shared)
     }
 
     /// A batch of one, loaded in the caller's task: the same answers,

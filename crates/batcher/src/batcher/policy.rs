@@ -90,8 +90,8 @@ pub(crate) fn worker_enforces_deadlines(config: &Config) -> bool {
 /// may load directly: a direct load takes a slot without telling the
 /// worker, and only with a second slot can the worker always run a load of
 /// its own, whose completion wakes it (at most one direct load runs at a
-/// time, since only a caller that finds no other request in progress
-/// takes that path).
+/// time, since a caller takes that path only by taking the first slot,
+/// when no load runs at all).
 pub(crate) fn min_auto_limit(config: &Config) -> usize {
     if allows_direct_loads(config) {
         2
