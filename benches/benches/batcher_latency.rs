@@ -6,12 +6,14 @@
 //!
 //! To profile one case, `-- --callers 300 --only eager` runs just that one,
 //! without its direct baseline (the ratio column then shows `-`);
-//! `--millis N` sets each case's length (default 3000).
+//! `--millis N` sets each case's length (default 3000); `--concurrency N`
+//! fixes the loads at once instead of the automatic default. The last
+//! column is the limit the batcher ended at.
 
 use std::time::Duration;
 
 use benches::{closed_loop, MemLoader, RunReport};
-use pgbatch::{Batcher, FlushPolicy, Loader};
+use pgbatch::{Batcher, Concurrency, FlushPolicy, Loader};
 
 const ROWS: u64 = 100_000;
 
@@ -36,15 +38,17 @@ fn main() {
     };
     // A substring of the path names: "direct", "eager", "fixed".
     let only = value("--only");
+    let concurrency = value("--concurrency")
+        .map(|v| Concurrency::Fixed(v.parse().expect("--concurrency takes a number")));
     let wanted = |name: &str| only.as_deref().is_none_or(|o| name.contains(o));
 
     let rt = benches::runtime();
     let loader = MemLoader::new(ROWS);
 
     println!(
-        "| callers | path | keys/s | × direct | p50 µs | p99 µs | p99.9 µs | max µs | mean batch |"
+        "| callers | path | keys/s | × direct | p50 µs | p99 µs | p99.9 µs | max µs | mean batch | limit |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for callers in callers_list {
         let direct = wanted("direct").then(|| {
             rt.block_on({
@@ -58,7 +62,7 @@ fn main() {
             })
         });
         if let Some(direct) = &direct {
-            row(callers, "direct", direct, Some(direct), None);
+            row(callers, "direct", direct, Some(direct), None, None);
         }
         for (name, policy) in [
             ("batcher eager", FlushPolicy::Eager),
@@ -69,10 +73,13 @@ fn main() {
             }
             let b: Batcher<u64, u64> = {
                 let _guard = rt.enter();
-                Batcher::builder()
-                    .policy(policy)
-                    .build(loader.clone())
-                    .expect("valid config")
+                let builder = Batcher::builder().policy(policy);
+                match concurrency {
+                    Some(c) => builder.concurrency(c),
+                    None => builder,
+                }
+                .build(loader.clone())
+                .expect("valid config")
             };
             let report = rt.block_on({
                 let b = b.clone();
@@ -91,15 +98,23 @@ fn main() {
                 &report,
                 direct.as_ref(),
                 stats.batch_size.mean(),
+                Some(stats.concurrency_limit),
             );
             rt.block_on(b.shutdown());
         }
     }
 }
 
-fn row(callers: usize, name: &str, r: &RunReport, base: Option<&RunReport>, batch: Option<f64>) {
+fn row(
+    callers: usize,
+    name: &str,
+    r: &RunReport,
+    base: Option<&RunReport>,
+    batch: Option<f64>,
+    limit: Option<u64>,
+) {
     println!(
-        "| {callers} | {name} | {:.0} | {} | {} | {} | {} | {} | {} |",
+        "| {callers} | {name} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
         r.per_sec(),
         base.map_or("-".to_owned(), |b| format!(
             "{:.2}",
@@ -110,5 +125,6 @@ fn row(callers: usize, name: &str, r: &RunReport, base: Option<&RunReport>, batc
         us(r.quantile(0.999)),
         us(r.max()),
         batch.map_or("-".to_owned(), |m| format!("{m:.1}")),
+        limit.map_or("-".to_owned(), |l| l.to_string()),
     );
 }
