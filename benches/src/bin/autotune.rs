@@ -44,6 +44,13 @@ use server::domain::lookup::Lookup;
 use server::settings::{BatchSettings, ReadPath};
 use tokio_postgres::NoTls;
 
+/// The allocator the server binary uses: these runs measure the server's
+/// lookups (its statements, its loader), and with glibc's malloc a sixth
+/// of this process's CPU went to allocating, on cores it shares with
+/// Postgres (BENCHMARKS.md §2).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Measures the automatic concurrency limit against fixed ones.
 #[derive(Debug, Parser)]
 #[command(about)]

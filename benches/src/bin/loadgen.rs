@@ -34,6 +34,13 @@ use server::cli::ConcurrencyArg;
 use server::db::Database;
 use server::settings::BatchSettings;
 
+/// The allocator the server binary uses: these runs measure the server's
+/// lookups (its statements, its loader), and with glibc's malloc a sixth
+/// of this process's CPU went to allocating, on cores it shares with
+/// Postgres (BENCHMARKS.md §2).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Reproduces the seed benchmark against this project's read paths.
 #[derive(Debug, Parser)]
 #[command(about)]
