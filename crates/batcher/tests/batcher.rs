@@ -587,6 +587,53 @@ async fn overflow_wait_waits_for_room_in_the_queue() {
     assert_eq!(b.stats().overloaded, 0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_callers_on_two_threads_through_a_tiny_queue_all_get_their_answer() {
+    // Lost wake-ups between callers and the worker would hang some caller:
+    // each policy of a full queue, on two threads, with a queue of 2.
+    for overflow in [Overflow::Wait, Overflow::Reject] {
+        let b = builder()
+            .channel_capacity(2)
+            .overflow(overflow)
+            .build(TestLoader::new())
+            .unwrap();
+        let callers: Vec<_> = (0..64u64)
+            .map(|c| {
+                let b = b.clone();
+                tokio::spawn(async move {
+                    let (mut answered, mut refused) = (0, 0);
+                    for i in 0..200 {
+                        let key = (c * 200 + i) % 500;
+                        match b.load(key).await {
+                            Ok(v) => {
+                                assert_eq!(v, Some(value_of(key)));
+                                answered += 1;
+                            }
+                            Err(e) if e.is_overloaded() => refused += 1,
+                            Err(e) => panic!("key {key}: {e:?}"),
+                        }
+                    }
+                    (answered, refused)
+                })
+            })
+            .collect();
+        let (mut answered, mut refused) = (0, 0);
+        for c in callers {
+            let (a, r) = tokio::time::timeout(Duration::from_secs(20), c)
+                .await
+                .expect("every caller is answered")
+                .unwrap();
+            answered += a;
+            refused += r;
+        }
+        assert_eq!(answered + refused, 64 * 200, "{overflow:?}");
+        if overflow == Overflow::Wait {
+            assert_eq!(refused, 0, "waiting senders are never refused");
+        }
+        b.shutdown().await;
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn overflow_wait_is_bounded_by_the_deadline() {
     let (b, _worker) = builder()

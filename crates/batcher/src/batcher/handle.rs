@@ -5,7 +5,6 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
-use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::sync::oneshot;
 use tokio::time::{timeout_at, Instant};
 use tracing::Instrument as _;
@@ -18,6 +17,7 @@ use super::fill::{FillSlot, Stamp};
 use super::loader::Loader;
 use super::message::{Message, Reply, Rx};
 use super::policy;
+use super::queue::{self, PushError, Sender};
 use super::run::{self, load_fn, LoadFn};
 use super::shared::{LoadSlot, Shared};
 use super::worker::Worker;
@@ -28,7 +28,7 @@ use crate::Error;
 ///
 /// A `Batcher` is a cheap handle (`Clone + Send + Sync`): clone it into every
 /// task that needs lookups. Each [`load`](Self::load) sends its key over a
-/// bounded channel to one worker task, which groups keys into batches,
+/// bounded queue to one worker task, which groups keys into batches,
 /// hands each batch to the [`Loader`], and routes every value back to the
 /// callers that asked for it.
 ///
@@ -71,7 +71,7 @@ pub struct Batcher<K, V> {
 }
 
 struct Inner<K, V> {
-    tx: mpsc::Sender<Message<K, V>>,
+    tx: Sender<Message<K, V>>,
     shared: Arc<Shared>,
     /// For direct loads (see [`BatcherBuilder::direct_when_idle`]).
     load: LoadFn<K, V>,
@@ -103,7 +103,7 @@ where
     V: Clone + Send + 'static,
     L: Loader<K, V>,
 {
-    let (tx, rx) = mpsc::channel(config.channel_capacity);
+    let (tx, rx) = queue::queue(config.channel_capacity, config.overflow == Overflow::Wait);
     let shared = Arc::new(Shared::new(config));
     let load = load_fn(loader);
     let fill = FillSlot::default();
@@ -251,7 +251,7 @@ where
 
     /// A snapshot of this batcher's counters and histograms.
     pub fn stats(&self) -> StatsSnapshot {
-        let queued = self.inner.tx.max_capacity() - self.inner.tx.capacity();
+        let queued = self.inner.tx.len();
         let shared = &self.inner.shared;
         shared.stats.snapshot(queued, shared.limit())
     }
@@ -326,19 +326,19 @@ where
             stamp,
         };
         match self.inner.shared.config.overflow {
-            Overflow::Reject => self.inner.tx.try_send(msg).map_err(|e| match e {
-                TrySendError::Full(_) => {
+            Overflow::Reject => self.inner.tx.try_push(msg).map_err(|e| match e {
+                PushError::Full(_) => {
                     Stats::incr(&self.inner.shared.stats.overloaded, 1);
                     Error::Overloaded
                 }
-                TrySendError::Closed(_) => Error::Closed,
+                PushError::Closed(_) => Error::Closed,
             })?,
             Overflow::Wait => {
                 let sent = match deadline {
-                    Some(d) => timeout_at(d, self.inner.tx.send(msg))
+                    Some(d) => timeout_at(d, self.inner.tx.push(msg))
                         .await
                         .map_err(|_| self.timed_out())?,
-                    None => self.inner.tx.send(msg).await,
+                    None => self.inner.tx.push(msg).await,
                 };
                 sent.map_err(|_| Error::Closed)?;
             }

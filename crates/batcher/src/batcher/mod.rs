@@ -2,7 +2,7 @@
 //! [`Loader`] they call.
 //!
 //! ```text
-//! caller ──load(k)──▶ bounded mpsc ──▶ Worker ──batch of keys──▶ Loader (own task)
+//! caller ──load(k)──▶ bounded queue ──▶ Worker ──batch of keys──▶ Loader (own task)
 //!    ▲                                   │ ◀──────values──────────────┘
 //!    └──────────── oneshot reply ◀───────┘
 //! ```
@@ -39,6 +39,7 @@
 //! policy    the flush policy's decisions, as pure functions
 //! limit     the automatic concurrency limit: the search, as arithmetic
 //! shared    state of the handles and the worker; the LoadSlot guard
+//! queue     the bounded queue from the handles to the worker
 //! message   what travels from a handle to the worker
 //! fill      what a load hands the cache built over the batcher
 //! config    the validated settings and their defaults
@@ -53,6 +54,7 @@ mod limit;
 mod loader;
 mod message;
 mod policy;
+mod queue;
 mod run;
 mod shared;
 mod worker;

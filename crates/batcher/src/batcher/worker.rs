@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt as _;
-use tokio::sync::mpsc;
 use tokio::task::{self, JoinError, JoinSet};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::DropGuard;
@@ -28,6 +27,7 @@ use super::fill::{FillSlot, Stamp};
 use super::limit::AutoLimit;
 use super::message::{Message, Reply, Waiter, Waiters};
 use super::policy::{self, Pending};
+use super::queue::Receiver;
 use super::run::{self, LoadFn, Outcome};
 use super::shared::{LoadSlot, Shared};
 use crate::stats::Stats;
@@ -45,7 +45,7 @@ use crate::Error;
 /// every waiting caller with [`Error::Closed`]: no caller ever hangs.
 #[must_use = "the batcher answers nothing until the worker runs"]
 pub struct Worker<K, V> {
-    rx: mpsc::Receiver<Message<K, V>>,
+    rx: Receiver<Message<K, V>>,
     load: LoadFn<K, V>,
     shared: Arc<Shared>,
     fill: FillSlot<K, V>,
@@ -66,7 +66,7 @@ where
     V: Clone + Send + 'static,
 {
     pub(crate) fn new(
-        rx: mpsc::Receiver<Message<K, V>>,
+        rx: Receiver<Message<K, V>>,
         load: LoadFn<K, V>,
         shared: Arc<Shared>,
         fill: FillSlot<K, V>,
@@ -99,9 +99,8 @@ where
                 () = &mut shutdown, if !state.draining => Event::Shutdown,
                 () = &mut state.timer, if state.timer_armed => Event::Deadline,
                 () = &mut state.expiry_timer, if state.expiry_armed.is_some() => Event::Expiry,
-                // One call takes a whole burst, and returns its channel
-                // permits at once instead of one lock per message.
-                n = state.rx.recv_many(&mut state.inbox, limit), if can_recv => Event::Received(n),
+                // One call takes a whole burst, in one swap of vectors.
+                n = state.rx.take(&mut state.inbox, limit), if can_recv => Event::Received(n),
                 // Unreachable while the invariants hold (a full batch is
                 // always dispatched when no load runs); if it ever happens,
                 // stopping drops every sender, which answers `Closed`.
@@ -142,8 +141,8 @@ enum Event<K, V> {
     Shutdown,
     Deadline,
     Expiry,
-    /// How many messages `recv_many` put in the inbox; none means the
-    /// channel is closed and empty.
+    /// How many messages `take` put in the inbox; none means the queue is
+    /// closed, or every handle gone, and empty.
     Received(usize),
 }
 
@@ -159,7 +158,7 @@ struct Running<K, V> {
 }
 
 struct State<K, V> {
-    rx: mpsc::Receiver<Message<K, V>>,
+    rx: Receiver<Message<K, V>>,
     load: LoadFn<K, V>,
     shared: Arc<Shared>,
     /// Messages just received, before [`State::accept_inbox`].
@@ -188,7 +187,7 @@ struct State<K, V> {
     deadline_passed: bool,
     /// Shutting down: flush everything pending without waiting.
     draining: bool,
-    /// The channel is closed and empty.
+    /// The queue is closed, or every handle gone, and empty.
     rx_done: bool,
     /// Waiters held in `pending` and `running`, bounded by
     /// [`policy::held_limit`].
