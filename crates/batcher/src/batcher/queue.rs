@@ -156,20 +156,11 @@ impl<T> Queue<T> {
     }
 
     fn try_push(&self, item: T) -> Result<(), PushError<T>> {
-        let mut state = self.lock();
-        if self.is_closed() {
-            return Err(PushError::Closed(item));
-        }
-        if state.items.len() >= self.capacity {
+        let state = self.lock();
+        if state.items.len() >= self.capacity && !self.is_closed() {
             return Err(PushError::Full(item));
         }
-        state.items.push(item);
-        let worker = state.worker.take();
-        drop(state);
-        if let Some(worker) = worker {
-            worker.wake();
-        }
-        Ok(())
+        self.append(state, item)
     }
 
     async fn push(&self, item: T) -> Result<(), PushError<T>> {
@@ -181,7 +172,12 @@ impl<T> Queue<T> {
             Ok(permit) => permit.forget(),
             Err(_) => return Err(PushError::Closed(item)), // closed meanwhile
         }
-        let mut state = self.lock();
+        self.append(self.lock(), item)
+    }
+
+    /// Queues `item` unless the queue is closed, and wakes the worker if it
+    /// sleeps, after the lock is released.
+    fn append(&self, mut state: MutexGuard<'_, State<T>>, item: T) -> Result<(), PushError<T>> {
         if self.is_closed() {
             return Err(PushError::Closed(item));
         }
