@@ -957,6 +957,36 @@ async fn while_a_direct_load_runs_others_batch_and_share_its_slots() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_caller_does_not_load_directly_past_requests_waiting_for_the_worker() {
+    let loader = TestLoader::gated();
+    let b = builder()
+        .policy(FlushPolicy::Adaptive)
+        .max_delay(Duration::from_millis(10))
+        .max_concurrent_batches(2)
+        .build(loader.clone())
+        .unwrap();
+    settle().await;
+    let lone = spawn_load(&b, 1);
+    settle().await;
+    // Busy (adaptive, one of two slots taken): these wait for the delay.
+    let held: Vec<_> = (2..4).map(|k| spawn_load(&b, k)).collect();
+    settle().await;
+    loader.open(1);
+    assert_eq!(ok(lone).await, Some(value_of(1)));
+    assert_eq!(loader.calls(), vec![vec![1]], "2 and 3 still wait");
+    // No load runs now, but keys wait at the worker: this caller goes to
+    // the worker (which, idle, sends them at once) instead of loading
+    // alone ahead of them.
+    let late = spawn_load(&b, 4);
+    settle().await;
+    assert_eq!(loader.calls(), vec![vec![1], vec![2, 3, 4]]);
+    loader.open(1);
+    for (k, h) in (2..5).zip(held.into_iter().chain([late])) {
+        assert_eq!(ok(h).await, Some(value_of(k)));
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_direct_load_fails_like_a_batch_and_frees_its_slot() {
     let b = builder()
         .max_concurrent_batches(2)
@@ -1022,7 +1052,7 @@ async fn a_lone_caller_waits_when_abandoned_loads_hold_every_slot() {
     settle().await;
     gated.open(1); // key 1's direct load ends (the gate is first come)
     assert_eq!(ok(direct).await, Some(value_of(1)));
-    let third = spawn_load(&b, 3); // key 2 is outstanding: through the worker
+    let third = spawn_load(&b, 3); // key 2's load runs: through the worker
     settle().await;
     assert_eq!(gated.running(), 2);
     // Both callers give up; their loads still hold both slots.

@@ -188,7 +188,8 @@ where
 
     /// With the [`Eager`](FlushPolicy::Eager) and
     /// [`Adaptive`](FlushPolicy::Adaptive) policies: when a request finds
-    /// the batcher idle (no load running, at least two slots in all, and
+    /// the batcher idle (no load running and no request waiting for the
+    /// worker, at least two slots in all, and
     /// [`join_in_flight`](Self::join_in_flight) off, since only the worker's
     /// loads can be joined), the caller runs its one-key load in its own
     /// task instead of handing it to the worker. The worker would have sent

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::hash::Hash;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
@@ -257,16 +258,23 @@ where
     }
 
     /// A load slot for a caller that found the batcher idle (no load
-    /// running), if the settings allow direct loads and the worker is there
-    /// to take over once the batcher is busy.
+    /// running, nothing queued or pending at the worker), if the settings
+    /// allow direct loads and the worker is there to take over once the
+    /// batcher is busy.
     fn direct_slot(&self) -> Option<LoadSlot> {
         let shared = &self.inner.shared;
-        // Cheapest first: under load, a slot is taken nearly always.
+        // Cheapest first: under load, a slot is taken nearly always, and
+        // the queue's lock is reached only when no load runs.
         if !policy::allows_direct_loads(&shared.config)
             || shared.running_loads() != 0
             || !shared.is_worker_running()
             || shared.shutdown.is_cancelled()
             || self.inner.tx.is_closed()
+            // Nothing waits for the worker either: a direct load must not
+            // pass requests already queued, which (adaptive) could then
+            // wait for the delay with a slot taken.
+            || shared.stats.pending_keys.load(Relaxed) != 0
+            || !self.inner.tx.is_empty()
         {
             return None;
         }

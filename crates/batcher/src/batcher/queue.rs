@@ -6,10 +6,13 @@
 //! sender writes (the semaphore's permits, the tail index, the block's
 //! ready bits, the receiver's waker), and in the in-memory profile of 300
 //! callers the channel was the batcher's largest cost (13.8% of all
-//! samples, BENCHMARKS.md §1). Here a push is one uncontended lock of one
-//! line in the common case, and wakes the worker only when it sleeps. The
-//! worker takes a whole burst by swapping vectors, so neither side
-//! allocates in steady state.
+//! samples, BENCHMARKS.md §1). Here a push is one short lock (one line
+//! that both cores write, where Tokio's send wrote four), and wakes the
+//! worker only if it has registered to be woken since it last took. The
+//! worker takes a whole burst by swapping buffers, so neither side
+//! allocates in steady state, and it spends Tokio's cooperative budget per
+//! take as the channel did, so a steady stream of requests cannot keep it
+//! from yielding.
 //!
 //! The semantics are the channel's: bounded (a full queue refuses, or with
 //! [`Overflow::Wait`](super::Overflow::Wait) the sender waits its turn for
@@ -18,13 +21,15 @@
 //! empty, and emptied when the worker goes away, so every queued caller
 //! learns it through its dropped reply sender.
 
+use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::mem;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::task::{ready, Context, Poll, Waker};
 
 use tokio::sync::Semaphore;
+use tokio::task::coop;
 
 /// A queue of at most `capacity` items, as its two ends: the handles'
 /// (one, shared by every clone of a handle) and the worker's. `waiting`
@@ -67,6 +72,11 @@ impl<T> Sender<T> {
     pub(crate) fn len(&self) -> usize {
         self.queue.len()
     }
+
+    /// Whether nothing waits to be taken.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl<T> Drop for Sender<T> {
@@ -86,7 +96,7 @@ impl<T> Receiver<T> {
     /// first, into `into`, returning how many; 0 once the queue is closed
     /// or every handle is gone, and it is empty. Cancel safe: items are
     /// only taken by the call that returns them.
-    pub(crate) async fn take(&self, into: &mut Vec<T>, limit: usize) -> usize {
+    pub(crate) async fn take(&self, into: &mut VecDeque<T>, limit: usize) -> usize {
         poll_fn(|cx| self.queue.poll_take(cx, into, limit)).await
     }
 
@@ -128,7 +138,7 @@ struct Queue<T> {
 
 #[derive(Debug)]
 struct State<T> {
-    items: Vec<T>,
+    items: VecDeque<T>,
     /// The worker's waker while it waits for an item.
     worker: Option<Waker>,
     /// Every handle is gone: once the queue is empty, nothing more comes.
@@ -139,7 +149,7 @@ impl<T> Queue<T> {
     fn new(capacity: usize, waiting: bool) -> Self {
         Self {
             state: Mutex::new(State {
-                items: Vec::new(),
+                items: VecDeque::new(),
                 worker: None,
                 senders_gone: false,
             }),
@@ -156,6 +166,9 @@ impl<T> Queue<T> {
     }
 
     fn try_push(&self, item: T) -> Result<(), PushError<T>> {
+        // A waiting queue counts its places in permits, which a push
+        // without one would leave unbalanced.
+        debug_assert!(self.space.is_none(), "a waiting queue takes `push`");
         let state = self.lock();
         if state.items.len() >= self.capacity && !self.is_closed() {
             return Err(PushError::Full(item));
@@ -181,7 +194,7 @@ impl<T> Queue<T> {
         if self.is_closed() {
             return Err(PushError::Closed(item));
         }
-        state.items.push(item);
+        state.items.push_back(item);
         let worker = state.worker.take();
         drop(state);
         if let Some(worker) = worker {
@@ -190,8 +203,10 @@ impl<T> Queue<T> {
         Ok(())
     }
 
-    fn poll_take(&self, cx: &mut Context<'_>, into: &mut Vec<T>, limit: usize) -> Poll<usize> {
+    fn poll_take(&self, cx: &mut Context<'_>, into: &mut VecDeque<T>, limit: usize) -> Poll<usize> {
         debug_assert!(limit > 0, "the worker only receives with room");
+        // Out of budget: yield to the runtime, which polls again soon.
+        let coop = ready!(coop::poll_proceed(cx));
         let mut state = self.lock();
         if state.items.is_empty() {
             if self.is_closed() || state.senders_gone {
@@ -208,11 +223,13 @@ impl<T> Queue<T> {
             mem::swap(&mut state.items, into);
             into.len()
         } else {
+            // From the front of a ring: the rest does not move.
             let n = limit.min(state.items.len());
             into.extend(state.items.drain(..n));
             n
         };
         drop(state);
+        coop.made_progress();
         if let Some(space) = &self.space {
             space.add_permits(taken);
         }
@@ -276,7 +293,7 @@ mod tests {
         for i in 0..5 {
             tx.try_push(i).unwrap();
         }
-        let mut out = Vec::new();
+        let mut out = VecDeque::new();
         assert_eq!(rx.take(&mut out, 3).await, 3);
         assert_eq!(out, [0, 1, 2]);
         out.clear();
@@ -302,23 +319,23 @@ mod tests {
         let (tx, rx) = queue(4, false);
         tx.try_push(1).unwrap();
         rx.close();
-        assert_eq!(rx.take(&mut Vec::new(), 4).await, 1);
-        assert_eq!(rx.take(&mut Vec::new(), 4).await, 0);
+        assert_eq!(rx.take(&mut VecDeque::new(), 4).await, 1);
+        assert_eq!(rx.take(&mut VecDeque::new(), 4).await, 0);
 
         let (tx, rx) = queue(4, false);
         tx.try_push(1).unwrap();
         drop(tx);
-        assert_eq!(rx.take(&mut Vec::new(), 4).await, 1);
-        assert_eq!(rx.take(&mut Vec::new(), 4).await, 0);
+        assert_eq!(rx.take(&mut VecDeque::new(), 4).await, 1);
+        assert_eq!(rx.take(&mut VecDeque::new(), 4).await, 0);
     }
 
     #[tokio::test]
     async fn a_sleeping_worker_is_woken_by_a_push_and_by_the_last_handle() {
         let (tx, rx) = queue(4, false);
         let worker = tokio::spawn(async move {
-            let mut out = Vec::new();
+            let mut out = VecDeque::new();
             let first = rx.take(&mut out, 4).await;
-            let end = rx.take(&mut Vec::new(), 4).await;
+            let end = rx.take(&mut VecDeque::new(), 4).await;
             (first, out, end)
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -326,7 +343,8 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         drop(tx);
         let (first, out, end) = within("the worker is woken", worker).await.unwrap();
-        assert_eq!((first, out, end), (1, vec![7], 0));
+        assert_eq!((first, end), (1, 0));
+        assert_eq!(out, [7]);
     }
 
     #[tokio::test]
@@ -340,7 +358,7 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!sender.is_finished(), "full: the sender waits");
-        assert_eq!(rx.take(&mut Vec::new(), 1).await, 1);
+        assert_eq!(rx.take(&mut VecDeque::new(), 1).await, 1);
         assert!(within("the freed place goes to the waiting sender", sender)
             .await
             .unwrap());

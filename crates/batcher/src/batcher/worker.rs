@@ -6,7 +6,7 @@
 //! the worker keeps receiving while loads run.
 
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::hash::Hash;
 use std::mem;
@@ -99,7 +99,7 @@ where
                 () = &mut shutdown, if !state.draining => Event::Shutdown,
                 () = &mut state.timer, if state.timer_armed => Event::Deadline,
                 () = &mut state.expiry_timer, if state.expiry_armed.is_some() => Event::Expiry,
-                // One call takes a whole burst, in one swap of vectors.
+                // One call takes a whole burst, in one swap of buffers.
                 n = state.rx.take(&mut state.inbox, limit), if can_recv => Event::Received(n),
                 // Unreachable while the invariants hold (a full batch is
                 // always dispatched when no load runs); if it ever happens,
@@ -162,7 +162,7 @@ struct State<K, V> {
     load: LoadFn<K, V>,
     shared: Arc<Shared>,
     /// Messages just received, before [`State::accept_inbox`].
-    inbox: Vec<Message<K, V>>,
+    inbox: VecDeque<Message<K, V>>,
     /// Keys of the next batch and who waits for each.
     pending: HashMap<K, Waiters<V>>,
     /// With [`policy::worker_enforces_deadlines`]: no deadline of a pending
@@ -212,7 +212,7 @@ where
             .then(|| AutoLimit::new(policy::min_auto_limit(c), c.max_loads(), Instant::now()));
         Self {
             auto_limit,
-            inbox: Vec::with_capacity(c.max_batch_size),
+            inbox: VecDeque::with_capacity(c.max_batch_size),
             pending: HashMap::with_capacity(c.max_batch_size),
             pending_expiry: None,
             expiry_timer: Box::pin(tokio::time::sleep_until(Instant::now())),
