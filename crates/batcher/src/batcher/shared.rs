@@ -114,15 +114,14 @@ impl LoadSlot {
     }
 
     /// Takes the first slot: only when no load runs at all, which is how
-    /// a caller finds the batcher idle. Under load a slot is nearly always
-    /// taken, so this is one read of a line that changes per load, not a
-    /// write per request that every core would contend on.
+    /// a caller finds the batcher idle. Callers read
+    /// [`Shared::running_loads`] first: under load a slot is nearly always
+    /// taken, and that read of a line that changes per load spares the
+    /// compare-and-swap, a write that every core would contend on.
     pub(crate) fn try_take_first(shared: &Arc<Shared>) -> Option<Self> {
-        let running = &shared.slots.running;
-        if running.load(SeqCst) != 0 {
-            return None;
-        }
-        running
+        shared
+            .slots
+            .running
             .compare_exchange(0, 1, SeqCst, SeqCst)
             .ok()
             .map(|_| Self {
