@@ -716,8 +716,53 @@ fn base_backup(
         .args(["-X", "stream", "-R", "--checkpoint=fast", "--no-sync"])
         .current_dir(dir);
     run_as.run(cmd, "pg_basebackup", &program)?;
+    // The copy holds the primary's socket lock files (its socket lives in
+    // its data directory). They name the primary's live postmaster, so one
+    // that matched the replica's port would stop it from starting.
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with(".s.PGSQL.") && name.ends_with(".lock") {
+                let _ = fs::remove_file(entry.path()); // a leftover is harmless but for a port clash
+            }
+        }
+    }
     tracing::info!(data_dir = %dir.display(), "copied a replica from its primary");
     Ok(())
+}
+
+/// A loopback TCP port that was free a moment before and that this process
+/// has not handed out yet.
+///
+/// The kernel may give the same ephemeral port twice, since nothing holds
+/// it between the probe and the server's bind. Two clusters of one test on
+/// one port then collide on their socket's lock file: a replica's base
+/// backup copies the primary's, and the primary is alive (CI once failed so).
+pub(crate) fn fresh_port(dir: &Path) -> Result<u16, Error> {
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    // A handful of probes: the kernel's choice is random, so a repeat of a
+    // port already given is rare and two in a row rarer still.
+    for _ in 0..16 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|source| Error::Io {
+                what: "could not find a free port for",
+                path: dir.to_owned(),
+                source,
+            })?
+            .port();
+        let mut given = GIVEN.lock().expect("port list lock");
+        if !given.contains(&port) {
+            given.push(port);
+            return Ok(port);
+        }
+    }
+    Err(Error::Io {
+        what: "could not find a port not already given out for",
+        path: dir.to_owned(),
+        source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+    })
 }
 
 /// The data directory itself holds the socket unless its path is too long.

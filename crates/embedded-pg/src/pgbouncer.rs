@@ -107,14 +107,7 @@ impl PgBouncer {
             source,
         })?;
         run_as.own(&dir)?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .map_err(|source| Error::Io {
-                what: "could not find a free port for",
-                path: dir.clone(),
-                source,
-            })?;
+        let port = crate::cluster::fresh_port(&dir)?;
         let users = dir.join("userlist.txt");
         // Trust on loopback, as the cluster trusts its socket; a user must
         // still be listed.

@@ -128,14 +128,7 @@ pub fn private_options() -> Result<ClusterOptions, Error> {
     ));
     // The port also names the socket, which lives in the cluster's own
     // directory, so only TCP needs it free.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|source| Error::Io {
-            what: "could not find a free port in",
-            path: dir.clone(),
-            source,
-        })?
-        .port();
+    let port = crate::cluster::fresh_port(&dir)?;
     Ok(ClusterOptions::new(dir)
         .port(port)
         .durable(false)

@@ -190,3 +190,26 @@ async fn a_replica_streams_the_primarys_changes_and_lags_as_told() {
     replica.stop().await;
     primary.stop().await;
 }
+
+/// Socket-only clusters in their own directories may share a port number.
+/// A replica's base backup copies the primary's socket lock file, which
+/// names the primary's live postmaster; left in place it kept a replica on
+/// the same port from starting (a CI run once drew the same free port
+/// twice).
+#[tokio::test]
+async fn a_replica_starts_on_the_port_number_of_its_socket_only_primary() {
+    let primary = embedded_pg::testing::private_cluster().await.unwrap();
+    let replica = embedded_pg::testing::private_replica_with(&primary, |o| o.port(primary.port()))
+        .await
+        .unwrap();
+    assert_eq!(
+        query_one(
+            &replica.config("postgres"),
+            "SELECT pg_is_in_recovery()::text"
+        )
+        .await,
+        "true"
+    );
+    replica.stop().await;
+    primary.stop().await;
+}
