@@ -43,7 +43,6 @@ pub mod settings;
 pub mod testing;
 
 use axum::extract::DefaultBodyLimit;
-use axum::middleware::from_fn_with_state;
 use axum::Router;
 use tower::ServiceBuilder;
 
@@ -73,7 +72,7 @@ pub fn app(state: AppState) -> Router {
         // while a `ServiceBuilder` nests them unboxed.
         .layer(
             ServiceBuilder::new()
-                .layer(from_fn_with_state(state.metrics.http(), observe::observe))
+                .layer(observe::ObserveLayer::new(state.metrics.http()))
                 .layer(DefaultBodyLimit::max(state.settings.limits.max_body_bytes)),
         )
         .with_state(state)
@@ -82,5 +81,5 @@ pub fn app(state: AppState) -> Router {
 /// `routes` behind the [`guard`] every authenticated route passes: the
 /// deadline, the token check, and read-your-writes positions on writes.
 fn protected(routes: Router<AppState>, state: &AppState) -> Router<AppState> {
-    routes.route_layer(from_fn_with_state(guard::Guard::new(state), guard::guard))
+    routes.route_layer(guard::GuardLayer::new(state))
 }

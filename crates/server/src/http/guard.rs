@@ -9,11 +9,14 @@
 //! those boxes, and everything inside it, once per layer above it
 //! (BENCHMARKS.md §5, the no-database route's profile).
 
+use std::convert::Infallible;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::{IntoResponse as _, Response};
+use futures_util::future::BoxFuture;
+use tower::{Layer, Service};
 
 use crate::domain::failure::Work;
 use crate::http::deadline::Deadlines;
@@ -23,7 +26,7 @@ use crate::service::state::AppState;
 
 /// What the guard needs: the deadlines and the service (its token
 /// resolver and its writes' commit positions). Shared behind one `Arc`, as
-/// axum clones a middleware's state for every request.
+/// every route's guard holds it.
 #[derive(Debug)]
 pub struct Guard {
     deadlines: Deadlines,
@@ -39,24 +42,83 @@ impl Guard {
             state: state.clone(),
         })
     }
+
+    /// The request through the steps the module names, `inner` being the
+    /// handler.
+    async fn run<S>(&self, req: Request, mut inner: S) -> Response
+    where
+        S: Service<Request, Response = Response, Error = Infallible>,
+    {
+        self.deadlines
+            .enforce(req, |req| async {
+                let req = match extract::authenticate(&self.state.auth, req).await {
+                    Ok(req) => req,
+                    Err(refused) => return refused.into_response(),
+                };
+                let wrote = req.extensions().get::<Work>() == Some(&Work::Write);
+                let Ok(response) = inner.call(req).await;
+                if wrote {
+                    position::stamp_write(&self.state.writes, response).await
+                } else {
+                    response
+                }
+            })
+            .await
+    }
 }
 
-/// The middleware (for `axum::middleware::from_fn_with_state`).
-pub async fn guard(State(guard): State<Arc<Guard>>, req: Request, next: Next) -> Response {
-    guard
-        .deadlines
-        .enforce(req, |req| async {
-            let req = match extract::authenticate(&guard.state.auth, req).await {
-                Ok(req) => req,
-                Err(refused) => return refused.into_response(),
-            };
-            let wrote = req.extensions().get::<Work>() == Some(&Work::Write);
-            let response = next.run(req).await;
-            if wrote {
-                position::stamp_write(&guard.state.writes, response).await
-            } else {
-                response
-            }
-        })
-        .await
+/// The layer of the guard (for `Router::route_layer`).
+///
+/// A hand-written [`Service`] rather than `axum::middleware::from_fn`,
+/// which also boxes the route it wraps again as `Next` on every request
+/// (BENCHMARKS.md §5).
+#[derive(Debug, Clone)]
+pub struct GuardLayer(Arc<Guard>);
+
+impl GuardLayer {
+    /// The layer of `state`'s routes.
+    pub fn new(state: &AppState) -> Self {
+        Self(Guard::new(state))
+    }
+}
+
+impl<S> Layer<S> for GuardLayer {
+    type Service = Guarded<S>;
+
+    fn layer(&self, inner: S) -> Guarded<S> {
+        Guarded {
+            inner,
+            guard: Arc::clone(&self.0),
+        }
+    }
+}
+
+/// `S` behind the guard.
+#[derive(Debug, Clone)]
+pub struct Guarded<S> {
+    inner: S,
+    guard: Arc<Guard>,
+}
+
+impl<S> Service<Request> for Guarded<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        // The handler runs after the token check, in the future: it takes
+        // the service that was polled ready and leaves a clone in its place.
+        let fresh = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, fresh);
+        let guard = Arc::clone(&self.guard);
+        Box::pin(async move { Ok(guard.run(req, inner).await) })
+    }
 }

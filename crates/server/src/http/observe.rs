@@ -19,16 +19,18 @@
 //! - count and latency by method and route template ([`HttpMetrics::record`]);
 //! - a panicking handler costs its request a 500, not the connection.
 
+use std::convert::Infallible;
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::http::HeaderValue;
-use axum::middleware::Next;
+use axum::extract::{MatchedPath, Request};
+use axum::http::{HeaderValue, Method};
 use axum::response::Response;
-use futures_util::FutureExt as _;
-use tracing::Instrument as _;
+use tower::{Layer, Service};
 
 use crate::http::error;
 use crate::metrics::HttpMetrics;
@@ -36,47 +38,172 @@ use crate::metrics::HttpMetrics;
 /// The header that carries a request's id, both ways.
 pub const REQUEST_ID: &str = "x-request-id";
 
-/// The middleware (for `axum::middleware::from_fn_with_state`, with the
-/// service's HTTP metrics as its state).
-pub async fn observe(
-    State(metrics): State<Arc<HttpMetrics>>,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    let start = Instant::now();
-    let id = match req.headers().get(REQUEST_ID) {
-        Some(id) => id.clone(),
-        None => {
-            let id = random_id();
-            req.headers_mut().insert(REQUEST_ID, id.clone());
-            id
+/// The layer, with the service's HTTP metrics.
+///
+/// A hand-written [`Service`] rather than `axum::middleware::from_fn`:
+/// `from_fn` clones the route inside it on every request (a boxed
+/// service, so an allocation and a copy of everything below it), boxes it
+/// again as `Next`, and boxes its future. Routes are always ready, so this
+/// one calls the route it wraps directly and returns an unboxed future
+/// (BENCHMARKS.md §5).
+#[derive(Debug, Clone)]
+pub struct ObserveLayer {
+    metrics: Arc<HttpMetrics>,
+}
+
+impl ObserveLayer {
+    /// Records into `metrics`.
+    pub fn new(metrics: Arc<HttpMetrics>) -> Self {
+        Self { metrics }
+    }
+}
+
+impl<S> Layer<S> for ObserveLayer {
+    type Service = Observe<S>;
+
+    fn layer(&self, inner: S) -> Observe<S> {
+        Observe {
+            inner,
+            metrics: Arc::clone(&self.metrics),
         }
-    };
-    let method = req.method().clone();
-    let route = req.extensions().get::<MatchedPath>().cloned();
-    let span = tracing::info_span!(
-        "request",
-        method = %method,
-        route = route.as_ref().map_or("(no route)", MatchedPath::as_str),
-        request_id = id.to_str().unwrap_or(""),
-    );
-    let mut response = AssertUnwindSafe(next.run(req))
-        .catch_unwind()
-        .instrument(span.clone())
-        .await
-        .unwrap_or_else(|panic| span.in_scope(|| error::panic_response(panic)));
-    let latency = start.elapsed();
-    let status = response.status();
-    span.in_scope(|| {
-        let latency_ms = latency.as_secs_f64() * 1e3;
-        tracing::info!(status = status.as_u16(), latency_ms, "served");
-        if status.is_server_error() {
-            tracing::error!(status = status.as_u16(), latency_ms, "response failed");
+    }
+}
+
+/// `S` observed: see the module's documentation.
+#[derive(Debug, Clone)]
+pub struct Observe<S> {
+    inner: S,
+    metrics: Arc<HttpMetrics>,
+}
+
+impl<S> Service<Request> for Observe<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Observed<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request) -> Self::Future {
+        let start = Instant::now();
+        let id = match req.headers().get(REQUEST_ID) {
+            Some(id) => id.clone(),
+            None => {
+                let id = random_id();
+                req.headers_mut().insert(REQUEST_ID, id.clone());
+                id
+            }
+        };
+        let method = req.method().clone();
+        let route = req.extensions().get::<MatchedPath>().cloned();
+        let span = tracing::info_span!(
+            "request",
+            method = %method,
+            route = route.as_ref().map_or("(no route)", MatchedPath::as_str),
+            request_id = id.to_str().unwrap_or(""),
+        );
+        // A route's `call` only starts its work, and its future does the
+        // rest; a panic in either is caught.
+        let called =
+            span.in_scope(|| std::panic::catch_unwind(AssertUnwindSafe(|| self.inner.call(req))));
+        let (inner, panicked) = match called {
+            Ok(inner) => (Some(inner), None),
+            Err(panic) => (None, Some(panic)),
+        };
+        Observed {
+            inner,
+            panicked,
+            record: Some(Record {
+                start,
+                id,
+                method,
+                route,
+                span,
+                metrics: Arc::clone(&self.metrics),
+            }),
         }
-    });
-    metrics.record(&method, route, status, latency);
-    response.headers_mut().entry(REQUEST_ID).or_insert(id);
-    response
+    }
+}
+
+/// What is recorded once the response is ready.
+struct Record {
+    start: Instant,
+    id: HeaderValue,
+    method: Method,
+    route: Option<MatchedPath>,
+    span: tracing::Span,
+    metrics: Arc<HttpMetrics>,
+}
+
+impl Record {
+    fn finish(self, mut response: Response) -> Response {
+        let latency = self.start.elapsed();
+        let status = response.status();
+        self.span.in_scope(|| {
+            let latency_ms = latency.as_secs_f64() * 1e3;
+            tracing::info!(status = status.as_u16(), latency_ms, "served");
+            if status.is_server_error() {
+                tracing::error!(status = status.as_u16(), latency_ms, "response failed");
+            }
+        });
+        self.metrics
+            .record(&self.method, self.route, status, latency);
+        response.headers_mut().entry(REQUEST_ID).or_insert(self.id);
+        response
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response future of [`Observe`]: the route's future, polled in
+    /// the request's span with panics caught, then recorded.
+    pub struct Observed<F> {
+        #[pin]
+        inner: Option<F>,
+        // A panic of the route's `call`, answered at the first poll.
+        panicked: Option<Box<dyn std::any::Any + Send>>,
+        // Taken once the inner future is finished (or has panicked), so
+        // that it is never polled again.
+        record: Option<Record>,
+    }
+}
+
+impl<F> Future for Observed<F>
+where
+    F: Future<Output = Result<Response, Infallible>>,
+{
+    type Output = Result<Response, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let record = this
+            .record
+            .take()
+            .expect("an Observed future polled after it finished");
+        let polled = match this.inner.as_pin_mut() {
+            Some(inner) => {
+                let _entered = record.span.enter();
+                std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll(cx)))
+            }
+            None => Err(this
+                .panicked
+                .take()
+                .expect("without a route future there is the panic of its call")),
+        };
+        let response = match polled {
+            Ok(Poll::Pending) => {
+                *this.record = Some(record);
+                return Poll::Pending;
+            }
+            Ok(Poll::Ready(Ok(response))) => response,
+            Ok(Poll::Ready(Err(never))) => match never {},
+            Err(panic) => record.span.in_scope(|| error::panic_response(panic)),
+        };
+        Poll::Ready(Ok(record.finish(response)))
+    }
 }
 
 /// A request id as tower-http's `MakeRequestUuid` makes them (a random
@@ -96,7 +223,6 @@ fn random_id() -> HeaderValue {
 mod tests {
     use axum::body::Body;
     use axum::http::StatusCode;
-    use axum::middleware::from_fn_with_state;
     use axum::routing::get;
     use axum::Router;
     use prometheus_client::registry::Registry;
@@ -121,7 +247,7 @@ mod tests {
                     "unreachable"
                 }),
             )
-            .layer(from_fn_with_state(Arc::new(metrics), observe));
+            .layer(ObserveLayer::new(Arc::new(metrics)));
         (router, registry)
     }
 
@@ -162,6 +288,23 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} in:\n{text}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_panic_in_a_services_call_is_a_500_too() {
+        // Routes only start their work in `call`, but a service that does
+        // work there must not take the connection down either.
+        let service = tower::service_fn(
+            |_: Request| -> std::future::Ready<Result<Response, Infallible>> { panic!("in call") },
+        );
+        let mut observed = ObserveLayer::new(Arc::new(HttpMetrics::default())).layer(service);
+        let req = Request::get("/x")
+            .header(REQUEST_ID, "client-8")
+            .body(Body::empty())
+            .unwrap();
+        let res = observed.call(req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(res.headers()[REQUEST_ID], "client-8");
     }
 
     #[test]
