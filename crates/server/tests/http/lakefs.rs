@@ -242,6 +242,39 @@ async fn objects_on_the_one_branch_with_exact_statuses() {
         (status, body),
         (StatusCode::OK, json!({"id": "dev", "commit_id": ""}))
     );
+    // listBranches pages its one branch as lakeFS pages branches.
+    for (query, want) in [
+        ("", vec!["dev"]),
+        ("?prefix=de&amount=10", vec!["dev"]),
+        ("?prefix=main", vec![]),
+        ("?after=dev", vec![]),
+        ("?after=cat", vec!["dev"]),
+    ] {
+        let (status, body) = json_call(
+            r,
+            Method::GET,
+            &format!("/lakefs/repositories/lk-repo/branches{query}"),
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{query}: {body}");
+        let ids: Vec<&str> = body["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, want, "{query}: {body}");
+        assert_eq!(body["pagination"]["has_more"], false, "{query}");
+    }
+    let (status, body) = json_call(
+        r,
+        Method::GET,
+        "/lakefs/repositories/lk-repo/branches?amount=ten",
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     let (status, _) = call(r, Method::DELETE, "/lakefs/repositories/lk-repo", None).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     let (status, _) = call(r, Method::GET, "/lakefs/repositories/lk-repo", None).await;

@@ -162,15 +162,26 @@ async fn branch_of(
 }
 
 /// `GET /repositories/{repository}/branches` (listBranches): its one
-/// branch.
+/// branch, when it matches `prefix` and sorts after `after`, as lakeFS
+/// pages its branches (a client paging on reads an empty second page).
 pub(crate) async fn branches(
     State(state): State<AppState>,
     Caller(caller): Caller,
     PathParams(path): PathParams<RepositoryPath>,
+    RawQuery(q): RawQuery,
     ReadPosition(position): ReadPosition,
 ) -> Result<Json<Page<Ref>>, AppError> {
+    let q = q.as_deref();
+    let prefix = query::text(q, "prefix")?;
+    let after = query::text(q, "after")?;
+    // Checked for its form only: one branch fits any page.
+    query::integer(q, "amount")?;
     let branch = branch_of(&state, &caller, &path.repository, position).await?;
-    Ok(Json(Page::of(vec![branch], false, |b| b.id.clone())))
+    let branches = [branch]
+        .into_iter()
+        .filter(|b| b.id.starts_with(&prefix) && (after.is_empty() || b.id > after))
+        .collect();
+    Ok(Json(Page::of(branches, false, |b| b.id.clone())))
 }
 
 /// `GET /repositories/{repository}/branches/{branch}` (getBranch).
