@@ -28,7 +28,7 @@ use benches::{
 };
 use clap::{Parser, ValueEnum as _};
 use serde_json::Value;
-use server::cli::PolicyArg;
+use server::cli::{ConcurrencyArg, PolicyArg};
 use server::db::Database;
 use server::settings::{defaults, BatchSettings, ReadPath, ReadSettings, Settings};
 
@@ -61,6 +61,10 @@ struct Args {
     /// The server's `--batch-policy` for the batched and cached paths.
     #[arg(long, value_enum, default_value_t = PolicyArg::of(defaults::BATCH_POLICY).expect("every policy has a flag"))]
     batch_policy: PolicyArg,
+    /// The server's batched statements at once: `auto` (its default,
+    /// found by measurement up to `--pool-size`), or a fixed number.
+    #[arg(long, default_value = "auto")]
+    batch_concurrency: ConcurrencyArg,
     /// Runs to make, of: bare (the same JSON from a bare axum route), user
     /// (the no-database ceiling), naive, batched, cached, hot (cached, hot
     /// keys).
@@ -282,6 +286,7 @@ async fn serve_and_drive(
             path: read_path.unwrap_or(ReadPath::Naive),
             batch: BatchSettings {
                 policy: args.batch_policy.into(),
+                concurrency: args.batch_concurrency.0,
                 ..BatchSettings::default()
             },
             timeout: std::time::Duration::from_secs(5),
@@ -314,8 +319,9 @@ async fn serve_and_drive(
         let (batches, loaded) = (b.batches - a.batches, loaded(&b) - loaded(&a));
         if batches > 0 {
             eprintln!(
-                "  {route}: {batches} batches, {:.1} keys per batch",
-                loaded as f64 / batches as f64
+                "  {route}: {batches} batches, {:.1} keys per batch, {} loads at once at the end",
+                loaded as f64 / batches as f64,
+                b.concurrency_limit
             );
         }
     }
