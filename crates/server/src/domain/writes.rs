@@ -171,6 +171,29 @@ impl Writes {
         Ok(written)
     }
 
+    /// Deletes the objects at `paths` of `repository`, those that exist,
+    /// in one statement: all of them or, when it fails, none. Returns how
+    /// many there were.
+    ///
+    /// # Errors
+    ///
+    /// As the database fails (a read-only repository's refusal included).
+    pub async fn delete_many(&self, repository: &str, paths: &[&str]) -> Result<u64, Failure> {
+        if paths.is_empty() {
+            return Ok(0);
+        }
+        let deleted =
+            on_write_connection!(self, |c| objects::delete_many(c, repository, paths).await);
+        for path in paths {
+            let key = ObjectKey {
+                repository: repository.to_owned(),
+                path: (*path).to_owned(),
+            };
+            self.reads.changed(Change::Object(&key)).await;
+        }
+        Ok(deleted)
+    }
+
     /// Deletes an object.
     ///
     /// # Errors

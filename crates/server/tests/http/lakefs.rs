@@ -482,3 +482,105 @@ async fn credentials_from_the_api_for_oneself_or_as_an_admin() {
         "minted {minted_at:?}, its maker {short_at:?}"
     );
 }
+
+/// deleteObjects deletes its valid paths in one statement: all of them, or
+/// (when the database refuses) none, each refused path listed; an invalid
+/// path is listed alone and the others still go.
+#[tokio::test]
+async fn delete_objects_removes_every_valid_path_or_lists_each_refusal() {
+    let app = support::setup(&Settings::default()).await;
+    let r = &app.router;
+    let (status, body) = json_call(
+        r,
+        Method::POST,
+        "/lakefs/repositories",
+        Some(json!({"name": "lk-del", "storage_namespace": "s3://b/d"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let staged: Vec<String> = (0..300).map(|i| format!("d/{i:04}")).collect();
+    for path in &staged {
+        assert_eq!(stage(r, "lk-del", "main", path).await, StatusCode::CREATED);
+    }
+    let list = |repo: &str| format!("/lakefs/repositories/{repo}/refs/main/objects/ls?amount=1000");
+    let delete = "/lakefs/repositories/lk-del/branches/main/objects/delete";
+
+    let stat = "/lakefs/repositories/lk-del/refs/main/objects/stat?path=d/0000";
+    for _ in 0..2 {
+        let (status, _) = call(r, Method::GET, stat, None).await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "read (and cached) before the delete"
+        );
+    }
+
+    // A read-only repository is refused whole, before any statement.
+    let db = support::client(&app.config).await;
+    db.batch_execute("UPDATE repositories SET read_only = true WHERE name = 'lk-del'")
+        .await
+        .unwrap();
+    let (status, body) = json_call(
+        r,
+        Method::POST,
+        delete,
+        Some(json!({"paths": staged[..200]})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    db.batch_execute("UPDATE repositories SET read_only = false WHERE name = 'lk-del'")
+        .await
+        .unwrap();
+
+    // The database refuses the statement: each path is listed, none goes.
+    db.batch_execute(
+        "CREATE FUNCTION refuse_deletes() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN RAISE EXCEPTION 'no deletes today'; END $$; \
+         CREATE TRIGGER refuse_deletes BEFORE DELETE ON objects \
+         FOR EACH STATEMENT EXECUTE FUNCTION refuse_deletes();",
+    )
+    .await
+    .unwrap();
+    let (status, body) = json_call(
+        r,
+        Method::POST,
+        delete,
+        Some(json!({"paths": staged[..200]})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let errors = body["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 200, "{body}");
+    // The statement's error, as any unexpected one, is a 503 that names
+    // no database detail.
+    assert!(
+        errors
+            .iter()
+            .zip(&staged)
+            .all(|(e, path)| e["path"] == path.as_str() && e["status_code"] == 503),
+        "{body}"
+    );
+    let (_, page) = json_call(r, Method::GET, &list("lk-del"), None).await;
+    assert_eq!(paths(&page).len(), 300, "nothing deleted");
+    db.batch_execute("DROP TRIGGER refuse_deletes ON objects")
+        .await
+        .unwrap();
+
+    let mut asked: Vec<&str> = staged[..200].iter().map(String::as_str).collect();
+    asked.push("bad\u{0}path");
+    asked.push("never-staged");
+    let (status, body) = json_call(r, Method::POST, delete, Some(json!({ "paths": asked }))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let errors = body["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{body}");
+    assert_eq!(errors[0]["path"], "bad\u{0}path");
+    assert_eq!(errors[0]["status_code"], 400);
+    let (_, page) = json_call(r, Method::GET, &list("lk-del"), None).await;
+    assert_eq!(
+        paths(&page),
+        staged[200..].iter().map(String::as_str).collect::<Vec<_>>()
+    );
+    // A deleted object read (and cached) before answers 404 at once.
+    let (status, _) = call(r, Method::GET, stat, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}

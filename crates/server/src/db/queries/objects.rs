@@ -337,6 +337,26 @@ pub async fn list<C: GenericClient>(
         .collect()
 }
 
+/// Deletes the objects at `paths` in `repository` in one statement: one
+/// round trip, one transaction, and one invalidation notice for them all.
+/// Returns how many there were.
+///
+/// # Errors
+///
+/// When the statement fails (then none is deleted).
+pub async fn delete_many<C: GenericClient>(
+    client: &C,
+    repository: &str,
+    paths: &[&str],
+) -> Result<u64, tokio_postgres::Error> {
+    client
+        .execute_typed(
+            "DELETE FROM objects WHERE repository = $1 AND path = ANY($2)",
+            &[(&repository, Type::TEXT), (&paths, Type::TEXT_ARRAY)],
+        )
+        .await
+}
+
 /// Deletes the object at `key`; `false` if there was none.
 ///
 /// # Errors

@@ -324,26 +324,29 @@ pub(crate) async fn delete_many(
     }
     let repo = repository(&state, &at, &caller, Action::Write, None).await?;
     let mut errors = Vec::new();
-    for path in list.paths {
-        let key = ObjectKey {
-            repository: repo.name.clone(),
-            path: path.clone(),
-        };
-        let deleted = match input::object_path(&path, "paths") {
-            Ok(()) => state.writes.delete(&key).await,
-            Err(e) => Err(e),
-        };
-        match deleted {
-            Ok(()) | Err(Failure::NoSuchObject { .. }) => {}
-            Err(failure) => {
-                let error = AppError::from(failure);
-                errors.push(ObjectError {
-                    status_code: error.status().as_u16(),
-                    message: error.message().to_owned(),
-                    path,
-                });
-            }
+    // Each path is checked alone; the valid ones go in one statement (one
+    // round trip for up to 1,000 paths), so they fail or succeed together.
+    let mut valid = Vec::with_capacity(list.paths.len());
+    for path in &list.paths {
+        match input::object_path(path, "paths") {
+            Ok(()) => valid.push(path.as_str()),
+            Err(failure) => errors.push(object_error(path, &failure.into())),
         }
     }
+    if let Err(failure) = state.writes.delete_many(&repo.name, &valid).await {
+        // Each path gets the statement's error, as lakeFS lists each
+        // path it could not delete.
+        let error = AppError::from(failure);
+        errors.extend(valid.iter().map(|path| object_error(path, &error)));
+    }
     Ok(Json(ObjectErrorList { errors }))
+}
+
+/// `path`'s entry in deleteObjects' list of failures.
+fn object_error(path: &str, error: &AppError) -> ObjectError {
+    ObjectError {
+        status_code: error.status().as_u16(),
+        message: error.message().to_owned(),
+        path: path.to_owned(),
+    }
 }
