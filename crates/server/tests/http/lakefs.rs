@@ -77,6 +77,14 @@ fn paths(page: &Value) -> Vec<&str> {
         .collect()
 }
 
+/// Creates a repository through the lakeFS API from `body`; its answer.
+async fn create_repository(router: &axum::Router, body: Value) -> Value {
+    let (status, answer) =
+        json_call(router, Method::POST, "/lakefs/repositories", Some(body)).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    answer
+}
+
 async fn stage(router: &axum::Router, repo: &str, branch: &str, path: &str) -> StatusCode {
     let uri = format!(
         "/lakefs/repositories/{repo}/branches/{branch}/objects?path={}",
@@ -143,14 +151,7 @@ async fn both_mount_points_basic_and_bearer_credentials() {
 async fn objects_on_the_one_branch_with_exact_statuses() {
     let app = support::setup(&Settings::default()).await;
     let r = &app.router;
-    let (status, body) = json_call(
-        r,
-        Method::POST,
-        "/lakefs/repositories",
-        Some(json!({"name": "lk-repo", "storage_namespace": "s3://b/lk", "default_branch": "dev", "sample_data": false})),
-    )
-    .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let body = create_repository(r, json!({"name": "lk-repo", "storage_namespace": "s3://b/lk", "default_branch": "dev", "sample_data": false})).await;
     assert_eq!(body["default_branch"], "dev");
     assert_eq!(body["read_only"], false);
     assert_eq!(body["storage_id"], "");
@@ -285,14 +286,11 @@ async fn objects_on_the_one_branch_with_exact_statuses() {
 async fn listings_page_in_byte_order_within_bounds() {
     let app = support::setup(&Settings::default()).await;
     let r = &app.router;
-    let (status, _) = json_call(
+    create_repository(
         r,
-        Method::POST,
-        "/lakefs/repositories",
-        Some(json!({"name": "lk-list", "storage_namespace": "s3://b/l"})),
+        json!({"name": "lk-list", "storage_namespace": "s3://b/l"}),
     )
     .await;
-    assert_eq!(status, StatusCode::CREATED);
     // Byte order: upper case before lower case before non-ASCII, whatever
     // the database's locale would say.
     for p in ["é", "a", "B", "b/1", "b/2"] {
@@ -353,14 +351,11 @@ async fn listings_page_in_byte_order_within_bounds() {
 async fn a_read_only_repository_refuses_writes_through_either_api() {
     let app = support::setup(&Settings::default()).await;
     let r = &app.router;
-    let (status, body) = json_call(
+    let body = create_repository(
         r,
-        Method::POST,
-        "/lakefs/repositories",
-        Some(json!({"name": "lk-frozen", "storage_namespace": "s3://b/f", "read_only": true})),
+        json!({"name": "lk-frozen", "storage_namespace": "s3://b/f", "read_only": true}),
     )
     .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
     assert_eq!(body["read_only"], true);
     assert_eq!(
         stage(r, "lk-frozen", "main", "x").await,
@@ -490,14 +485,11 @@ async fn credentials_from_the_api_for_oneself_or_as_an_admin() {
 async fn delete_objects_removes_every_valid_path_or_lists_each_refusal() {
     let app = support::setup(&Settings::default()).await;
     let r = &app.router;
-    let (status, body) = json_call(
+    create_repository(
         r,
-        Method::POST,
-        "/lakefs/repositories",
-        Some(json!({"name": "lk-del", "storage_namespace": "s3://b/d"})),
+        json!({"name": "lk-del", "storage_namespace": "s3://b/d"}),
     )
     .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
     let staged: Vec<String> = (0..300).map(|i| format!("d/{i:04}")).collect();
     for path in &staged {
         assert_eq!(stage(r, "lk-del", "main", path).await, StatusCode::CREATED);
