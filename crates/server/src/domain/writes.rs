@@ -201,15 +201,12 @@ impl Writes {
     /// [`Failure::NoSuchObject`] if there was none, or as the database
     /// fails.
     pub async fn delete(&self, key: &ObjectKey) -> Result<(), Failure> {
-        let deleted = on_write_connection!(self, |c| objects::delete(c, key).await);
-        self.reads.changed(Change::Object(key)).await;
-        if deleted {
-            Ok(())
-        } else {
-            Err(Failure::NoSuchObject {
+        match self.delete_many(&key.repository, &[&key.path]).await? {
+            0 => Err(Failure::NoSuchObject {
                 repository: key.repository.clone(),
                 path: key.path.clone(),
-            })
+            }),
+            _ => Ok(()),
         }
     }
 

@@ -356,21 +356,3 @@ pub async fn delete_many<C: GenericClient>(
         )
         .await
 }
-
-/// Deletes the object at `key`; `false` if there was none.
-///
-/// # Errors
-///
-/// When the statement fails.
-pub async fn delete<C: GenericClient>(
-    client: &C,
-    key: &ObjectKey,
-) -> Result<bool, tokio_postgres::Error> {
-    let n = client
-        .execute_typed(
-            "DELETE FROM objects WHERE repository = $1 AND path = $2",
-            &[(&key.repository, Type::TEXT), (&key.path, Type::TEXT)],
-        )
-        .await?;
-    Ok(n > 0)
-}
