@@ -181,7 +181,7 @@ where
         let this = self.project();
         let record = this
             .record
-            .take()
+            .as_ref()
             .expect("an Observed future polled after it finished");
         let polled = match this.inner.as_pin_mut() {
             Some(inner) => {
@@ -194,14 +194,12 @@ where
                 .expect("without a route future there is the panic of its call")),
         };
         let response = match polled {
-            Ok(Poll::Pending) => {
-                *this.record = Some(record);
-                return Poll::Pending;
-            }
+            Ok(Poll::Pending) => return Poll::Pending,
             Ok(Poll::Ready(Ok(response))) => response,
             Ok(Poll::Ready(Err(never))) => match never {},
             Err(panic) => record.span.in_scope(|| error::panic_response(panic)),
         };
+        let record = this.record.take().expect("checked above");
         Poll::Ready(Ok(record.finish(response)))
     }
 }
