@@ -147,6 +147,16 @@ async fn a_running_cluster_is_found_and_never_started_twice() {
     assert_eq!(embedded_pg::Running::find(&dir), None, "a stopped server");
 }
 
+/// That `cluster` is a standby, replaying its primary's WAL.
+async fn assert_in_recovery(cluster: &Cluster) {
+    let in_recovery = query_one(
+        &cluster.config("postgres"),
+        "SELECT pg_is_in_recovery()::text",
+    )
+    .await;
+    assert_eq!(in_recovery, "true");
+}
+
 #[tokio::test]
 async fn a_replica_streams_the_primarys_changes_and_lags_as_told() {
     let primary = embedded_pg::testing::private_cluster().await.unwrap();
@@ -155,14 +165,7 @@ async fn a_replica_streams_the_primarys_changes_and_lags_as_told() {
     })
     .await
     .unwrap();
-    assert_eq!(
-        query_one(
-            &replica.config("postgres"),
-            "SELECT pg_is_in_recovery()::text"
-        )
-        .await,
-        "true"
-    );
+    assert_in_recovery(&replica).await;
     let (client, conn) = primary.config("postgres").connect(NoTls).await.unwrap();
     tokio::spawn(conn);
     client
@@ -202,14 +205,7 @@ async fn a_replica_starts_on_the_port_number_of_its_socket_only_primary() {
     let replica = embedded_pg::testing::private_replica_with(&primary, |o| o.port(primary.port()))
         .await
         .unwrap();
-    assert_eq!(
-        query_one(
-            &replica.config("postgres"),
-            "SELECT pg_is_in_recovery()::text"
-        )
-        .await,
-        "true"
-    );
+    assert_in_recovery(&replica).await;
     replica.stop().await;
     primary.stop().await;
 }

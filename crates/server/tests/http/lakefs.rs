@@ -508,17 +508,12 @@ async fn delete_objects_removes_every_valid_path_or_lists_each_refusal() {
     }
 
     // A read-only repository is refused whole, before any statement.
+    let first_200 = json!({"paths": staged[..200]});
     let db = support::client(&app.config).await;
     db.batch_execute("UPDATE repositories SET read_only = true WHERE name = 'lk-del'")
         .await
         .unwrap();
-    let (status, body) = json_call(
-        r,
-        Method::POST,
-        delete,
-        Some(json!({"paths": staged[..200]})),
-    )
-    .await;
+    let (status, body) = json_call(r, Method::POST, delete, Some(first_200.clone())).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     db.batch_execute("UPDATE repositories SET read_only = false WHERE name = 'lk-del'")
         .await
@@ -533,13 +528,7 @@ async fn delete_objects_removes_every_valid_path_or_lists_each_refusal() {
     )
     .await
     .unwrap();
-    let (status, body) = json_call(
-        r,
-        Method::POST,
-        delete,
-        Some(json!({"paths": staged[..200]})),
-    )
-    .await;
+    let (status, body) = json_call(r, Method::POST, delete, Some(first_200.clone())).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let errors = body["errors"].as_array().unwrap();
     assert_eq!(errors.len(), 200, "{body}");
