@@ -295,20 +295,31 @@ async fn serve_and_drive(
         ..Settings::default()
     };
     let (router, state) = benches::server_app(&db.config, args.pool_size, &settings);
-    let router = match read_path {
-        None => bare_router(router).await?,
-        Some(_) => router,
-    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serve = tokio::spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
+    let stopped = async {
+        let _ = stopped.await;
+    };
+    // The app's routes are served by the server's own edge, as
+    // `pgbatch-server` serves them (its limits, body draining and lingering
+    // close included); the bare route by `axum::serve`, the floor.
+    let serve = match read_path {
+        None => {
+            let router = bare_router(router).await?;
+            tokio::spawn(async move {
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(stopped)
+                    .await
             })
-            .await
-    });
+        }
+        Some(_) => tokio::spawn(server::http::serve::serve(
+            listener,
+            router,
+            server::http::serve::EdgeSettings::default(),
+            stopped,
+        )),
+    };
     let warm_up = if args.table.smoke { 1 } else { 3 };
     wrk(args, script, &url, route, keys, warm_up, seed).await?;
     let before = state.reads.kv.batcher_stats();
