@@ -9,15 +9,22 @@
 //! to end on its own. [`serve`] builds each connection with hyper's own
 //! [`http1::Builder`] instead:
 //!
-//! - **Header-read timeout** ([`EdgeSettings::header_read_timeout`]),
-//!   hyper's `header_read_timeout` with a [`TokioTimer`]. In hyper 1.12
-//!   (`src/proto/h1/conn.rs`) the timer starts whenever the connection
-//!   waits for a request head: right after accept, and again when a
-//!   keep-alive connection goes idle after a response (`State::idle` sets
-//!   `notify_read` when the timeout is set, so the next `poll_read_head`
-//!   starts it). It is not reset by each byte received, and it does not run
-//!   while a request is being handled. So it is also the idle keep-alive
-//!   timeout: there is no separate one.
+//! - **Header-read timeout** ([`EdgeSettings::header_read_timeout`]): the
+//!   wait for a request head starts right after accept, and again once a
+//!   keep-alive connection's response is handed to hyper whole (it may
+//!   still be on its way to the client, which so has the timeout to read
+//!   it and send its next head); a head not complete by then closes the
+//!   connection without a response. It is not reset by each byte
+//!   received, and it does not run while a request is being handled. So
+//!   it is also the idle keep-alive timeout: there is no separate one.
+//!   This is what hyper's own `header_read_timeout` does, but hyper 1.12
+//!   (`poll_read_head` in `src/proto/h1/conn.rs`) allocates, registers
+//!   and cancels a new timer for every request, a few percent of the
+//!   no-database route's throughput (BENCHMARKS.md §5). Here each
+//!   connection has one timer, which only moves when it fires: the
+//!   connection records when it started waiting (one clock read per
+//!   response), and the timer, on firing, closes the connection or sets
+//!   itself to the true deadline.
 //! - **Head size** ([`EdgeSettings::max_header_bytes`]), hyper's
 //!   `max_header_size`: a larger request line plus headers gets hyper's
 //!   431 and the connection is closed. (`max_buf_size`, which the default
@@ -67,7 +74,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
@@ -80,7 +87,7 @@ use axum::Router;
 use http_body_util::BodyExt as _;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -251,8 +258,9 @@ pub async fn serve(
     settings.validate()?;
     let max_connections = within_open_files_limit(settings.max_connections);
     let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(settings.header_read_timeout)
+    // The header-read timeout is this module's (see its docs); `None`, not
+    // hyper's default, which would want a timer.
+    http.header_read_timeout(None)
         .max_header_size(settings.max_header_bytes);
     let overloaded = overloaded_response();
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -353,7 +361,7 @@ async fn serve_connection(
     mut stop: watch::Receiver<bool>,
     settings: EdgeSettings,
 ) {
-    let activity = Arc::new(Activity::default());
+    let activity = Arc::new(Activity::new());
     let io = TokioIo::new(Tracked {
         stream,
         activity: activity.clone(),
@@ -387,7 +395,9 @@ async fn serve_connection(
     let mut conn = http.serve_connection(io, service);
     let mut stopped = pin!(stopped(&mut stop));
     let mut stopping = false;
-    let result = std::future::poll_fn(|cx| {
+    let head_timeout = settings.header_read_timeout;
+    let mut head_timer = pin!(tokio::time::sleep(head_timeout));
+    let ended = std::future::poll_fn(|cx| {
         if !stopping && stopped.as_mut().poll(cx).is_ready() {
             stopping = true;
             // Closes an idle connection; otherwise the current response is
@@ -396,19 +406,45 @@ async fn serve_connection(
             if activity.is_quiet() {
                 // Idle, silent, or part way through a request head (which
                 // hyper would otherwise wait for until the header timeout).
-                return Poll::Ready(None);
+                return Poll::Ready(Ended::Stopped);
             }
         }
-        conn.poll_without_shutdown(cx).map(Some)
+        // Ends once the timer, set again, is pending: a deadline set is
+        // always after now.
+        while head_timer.as_mut().poll(cx).is_ready() {
+            let now = tokio::time::Instant::now();
+            match activity.head_deadline(head_timeout) {
+                Some(deadline) if deadline <= now => return Poll::Ready(Ended::HeadTimeout),
+                Some(deadline) => head_timer.as_mut().reset(deadline),
+                None => head_timer.as_mut().reset(now + head_timeout),
+            }
+        }
+        conn.poll_without_shutdown(cx).map(Ended::Served)
     })
     .await;
-    match result {
-        None => return,
-        Some(Err(e)) => tracing::debug!(%peer, error = %e, "connection ended with an error"),
-        Some(Ok(())) => {}
+    match ended {
+        Ended::Stopped => return,
+        Ended::HeadTimeout => {
+            tracing::debug!(%peer, timeout = ?head_timeout, "no complete request head in time; closing");
+        }
+        Ended::Served(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "connection ended with an error");
+        }
+        Ended::Served(Ok(())) => {}
     }
     let stream = conn.into_parts().io.into_inner().stream;
     linger(stream, settings.linger_time).await;
+}
+
+/// Why [`serve_connection`] stopped serving a connection.
+enum Ended {
+    /// Hyper ended it, with this result.
+    Served(Result<(), hyper::Error>),
+    /// It waited for a request head longer than the header-read timeout.
+    HeadTimeout,
+    /// The server is shutting down and the connection had nothing to
+    /// finish.
+    Stopped,
 }
 
 /// A request body that, dropped before its end, leaves what is left of it
@@ -510,23 +546,53 @@ async fn linger(mut stream: TcpStream, linger_time: Duration) {
     }
 }
 
-/// What a connection is doing, as far as shutdown needs to know.
-#[derive(Debug, Default)]
+/// What a connection is doing, as far as shutdown and the header-read
+/// timeout need to know.
+#[derive(Debug)]
 struct Activity {
     /// Requests whose response body has not been dropped by hyper yet.
     requests: AtomicUsize,
     /// The socket's send buffer was full at the last write: hyper still
     /// holds response bytes to send (it writes until the socket refuses).
     write_blocked: AtomicBool,
+    /// When the connection last started waiting for a request head (it
+    /// was accepted, or its last response was handed over), in
+    /// nanoseconds after `born`.
+    waiting_since: AtomicU64,
+    born: tokio::time::Instant,
 }
 
 impl Activity {
+    /// A connection accepted now, waiting for its first request head.
+    fn new() -> Self {
+        Self {
+            requests: AtomicUsize::new(0),
+            write_blocked: AtomicBool::new(false),
+            waiting_since: AtomicU64::new(0),
+            born: tokio::time::Instant::now(),
+        }
+    }
+
     /// Nothing to finish: no request being handled and nothing left to
     /// write.
     fn is_quiet(&self) -> bool {
         // The connection, its service and its socket are polled by one
         // task, so no ordering with other memory is needed.
         self.requests.load(Ordering::Relaxed) == 0 && !self.write_blocked.load(Ordering::Relaxed)
+    }
+
+    /// The wait for a request head starts now.
+    fn start_waiting(&self) {
+        let since = u64::try_from(self.born.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.waiting_since.store(since, Ordering::Relaxed);
+    }
+
+    /// When the wait for the next request head times out; `None` while a
+    /// request is being handled.
+    fn head_deadline(&self, timeout: Duration) -> Option<tokio::time::Instant> {
+        (self.requests.load(Ordering::Relaxed) == 0).then(|| {
+            self.born + Duration::from_nanos(self.waiting_since.load(Ordering::Relaxed)) + timeout
+        })
     }
 }
 
@@ -544,7 +610,9 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.requests.fetch_sub(1, Ordering::Relaxed);
+        if self.0.requests.fetch_sub(1, Ordering::Relaxed) == 1 {
+            self.0.start_waiting();
+        }
     }
 }
 

@@ -37,6 +37,12 @@ async fn slow(State(probe): State<Probe>) -> &'static str {
     "slow done"
 }
 
+/// Longer than [`short_header_timeout`]'s timeout.
+async fn sluggish() -> &'static str {
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    "sluggish done"
+}
+
 async fn stuck(State(probe): State<Probe>) -> &'static str {
     let _ = probe.0.send("stuck");
     std::future::pending::<()>().await;
@@ -47,6 +53,7 @@ fn router(probe: Probe) -> Router {
     Router::new()
         .route("/", get(|| async { "ok" }))
         .route("/slow", get(slow))
+        .route("/sluggish", get(sluggish))
         .route("/stuck", get(stuck))
         .route("/big", get(|| async { vec![b'x'; BIG] }))
         .with_state(probe)
@@ -232,6 +239,42 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_header_timeout() {
     assert!(head.starts_with("http/1.1 200"), "{head}");
     assert!(!head.contains("connection: close"), "{head}");
     assert_eq!(body, b"ok");
+    let idle_since = Instant::now();
+    let received = read_to_close(&mut client, PATIENCE).await;
+    assert!(received.is_empty(), "no response expected: {received:?}");
+    assert!(idle_since.elapsed() >= Duration::from_millis(250));
+}
+
+#[tokio::test]
+async fn a_request_handled_past_the_header_timeout_is_answered_and_its_connection_kept() {
+    let server = Server::start(short_header_timeout()).await;
+    let mut client = server.connect().await;
+    let (head, body) = get_on(&mut client, "/sluggish").await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert_eq!(body, b"sluggish done");
+    // The wait for this head started with the response, not the request.
+    let (head, body) = get_on(&mut client, "/").await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert_eq!(body, b"ok");
+}
+
+#[tokio::test]
+async fn a_keep_alive_connection_in_use_outlives_the_header_timeout() {
+    let server = Server::start(short_header_timeout()).await;
+    let mut client = server.connect().await;
+    let started = Instant::now();
+    // A request every 100 ms for four times the 300 ms timeout: each head
+    // comes well within it, counted from the response before.
+    loop {
+        let (head, body) = get_on(&mut client, "/").await;
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert_eq!(body, b"ok");
+        if started.elapsed() >= Duration::from_millis(1200) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Then idle: closed after the timeout, counted from the last response.
     let idle_since = Instant::now();
     let received = read_to_close(&mut client, PATIENCE).await;
     assert!(received.is_empty(), "no response expected: {received:?}");
