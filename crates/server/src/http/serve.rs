@@ -371,6 +371,16 @@ async fn serve_connection(
         hyper::service::service_fn(move |request: Request<Incoming>| -> Answer {
             let in_flight = InFlight::enter(&activity);
             let (parts, body) = request.into_parts();
+            if body.is_end_stream() {
+                // No body (most GETs): nothing the handler could leave
+                // unread, so no drain to arrange.
+                let response = router
+                    .clone()
+                    .oneshot(Request::from_parts(parts, Body::new(body)));
+                return Box::pin(async move {
+                    Ok(response.await?.map(|body| holding(body, in_flight)))
+                });
+            }
             let left = Arc::new(Mutex::new(None));
             let body = Body::new(Returning {
                 body: Some(body),
