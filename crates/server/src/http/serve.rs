@@ -62,12 +62,12 @@
 //!     closed.
 //!
 //! Hyper answers a malformed or oversized head itself (400, 414 or 431)
-//! with an empty body, and closes a connection past the header-read
-//! timeout without a response (`Server::on_error` in hyper's
+//! with an empty body (`Server::on_error` in hyper's
 //! `src/proto/h1/role.rs`); neither hyper nor hyper-util has a hook to
 //! change those responses, so they do not carry the JSON error body of the
-//! app's own errors. The 503 for a connection over the cap is written here
-//! and does.
+//! app's own errors. A connection past the header-read timeout is closed
+//! without a response, as hyper's own timeout does. The 503 for a
+//! connection over the cap is written here and does.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -419,6 +419,12 @@ async fn serve_connection(
                 return Poll::Ready(Ended::Stopped);
             }
         }
+        // The connection first, as hyper reads before it checks its own
+        // timeout: a head that arrived in time but is read late (a busy
+        // worker) is served, not cut.
+        if let Poll::Ready(served) = conn.poll_without_shutdown(cx) {
+            return Poll::Ready(Ended::Served(served));
+        }
         // Ends once the timer, set again, is pending: a deadline set is
         // always after now.
         while head_timer.as_mut().poll(cx).is_ready() {
@@ -429,7 +435,7 @@ async fn serve_connection(
                 None => head_timer.as_mut().reset(now + head_timeout),
             }
         }
-        conn.poll_without_shutdown(cx).map(Ended::Served)
+        Poll::Pending
     })
     .await;
     match ended {

@@ -37,10 +37,18 @@ async fn slow(State(probe): State<Probe>) -> &'static str {
     "slow done"
 }
 
-/// Longer than [`short_header_timeout`]'s timeout.
+/// Longer than [`short_header_timeout`]'s 300 ms: the connection's timer
+/// fires at 300 ms and 600 ms while it runs, and the wait for the next
+/// head must count from its answer at 550 ms, not from the connection's
+/// start (which would close it at 600 ms).
 async fn sluggish() -> &'static str {
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    tokio::time::sleep(Duration::from_millis(550)).await;
     "sluggish done"
+}
+
+/// The length of the request body, read whole.
+async fn count(body: axum::body::Bytes) -> String {
+    body.len().to_string()
 }
 
 async fn stuck(State(probe): State<Probe>) -> &'static str {
@@ -54,6 +62,7 @@ fn router(probe: Probe) -> Router {
         .route("/", get(|| async { "ok" }))
         .route("/slow", get(slow))
         .route("/sluggish", get(sluggish))
+        .route("/count", axum::routing::post(count))
         .route("/stuck", get(stuck))
         .route("/big", get(|| async { vec![b'x'; BIG] }))
         .with_state(probe)
@@ -252,10 +261,33 @@ async fn a_request_handled_past_the_header_timeout_is_answered_and_its_connectio
     let (head, body) = get_on(&mut client, "/sluggish").await;
     assert!(head.starts_with("http/1.1 200"), "{head}");
     assert_eq!(body, b"sluggish done");
-    // The wait for this head started with the response, not the request.
+    // The wait for this head started with the response, not the request
+    // or the connection: 150 ms later it is still well within it.
+    tokio::time::sleep(Duration::from_millis(150)).await;
     let (head, body) = get_on(&mut client, "/").await;
     assert!(head.starts_with("http/1.1 200"), "{head}");
     assert_eq!(body, b"ok");
+}
+
+#[tokio::test]
+async fn a_body_uploaded_for_longer_than_the_header_timeout_is_answered() {
+    let server = Server::start(short_header_timeout()).await;
+    let mut client = server.connect().await;
+    let body = [b'x'; 100];
+    let head = format!(
+        "POST /count HTTP/1.1\r\nhost: test\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    client.write_all(head.as_bytes()).await.unwrap();
+    // Ten pieces 80 ms apart: 720 ms, over twice the 300 ms timeout, which
+    // counts only the wait for a head.
+    for piece in body.chunks(10) {
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        client.write_all(piece).await.unwrap();
+    }
+    let (head, received) = read_response(&mut client).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert_eq!(received, b"100");
 }
 
 #[tokio::test]
