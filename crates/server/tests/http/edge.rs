@@ -184,6 +184,25 @@ async fn get_on(stream: &mut TcpStream, path: &str) -> (String, Vec<u8>) {
     read_response(stream).await
 }
 
+/// Sends a GET, expects a 200 with `body`, and returns the head.
+async fn get_ok(stream: &mut TcpStream, path: &str, body: &[u8]) -> String {
+    let (head, received) = get_on(stream, path).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert_eq!(received, body);
+    head
+}
+
+/// Expects the server to close `stream` without sending anything, no
+/// sooner than about the 300 ms header timeout after `since`.
+async fn closed_silently_after_the_timeout(stream: &mut TcpStream, since: Instant) {
+    let received = read_to_close(stream, PATIENCE).await;
+    assert!(received.is_empty(), "no response expected: {received:?}");
+    assert!(
+        since.elapsed() >= Duration::from_millis(250),
+        "closed too early"
+    );
+}
+
 /// Reads until the server closes the connection (a reset counts) and
 /// returns what came before; panics if it is still open after `limit`.
 async fn read_to_close(stream: &mut (impl AsyncRead + Unpin), limit: Duration) -> Vec<u8> {
@@ -234,39 +253,27 @@ async fn a_client_trickling_its_head_is_closed_after_the_header_timeout() {
 async fn a_silent_connection_is_closed_after_the_header_timeout() {
     let server = Server::start(short_header_timeout()).await;
     let mut silent = server.connect().await;
-    let started = Instant::now();
-    let received = read_to_close(&mut silent, PATIENCE).await;
-    assert!(received.is_empty(), "no response expected: {received:?}");
-    assert!(started.elapsed() >= Duration::from_millis(250));
+    closed_silently_after_the_timeout(&mut silent, Instant::now()).await;
 }
 
 #[tokio::test]
 async fn an_idle_keep_alive_connection_is_closed_after_the_header_timeout() {
     let server = Server::start(short_header_timeout()).await;
     let mut client = server.connect().await;
-    let (head, body) = get_on(&mut client, "/").await;
-    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let head = get_ok(&mut client, "/", b"ok").await;
     assert!(!head.contains("connection: close"), "{head}");
-    assert_eq!(body, b"ok");
-    let idle_since = Instant::now();
-    let received = read_to_close(&mut client, PATIENCE).await;
-    assert!(received.is_empty(), "no response expected: {received:?}");
-    assert!(idle_since.elapsed() >= Duration::from_millis(250));
+    closed_silently_after_the_timeout(&mut client, Instant::now()).await;
 }
 
 #[tokio::test]
 async fn a_request_handled_past_the_header_timeout_is_answered_and_its_connection_kept() {
     let server = Server::start(short_header_timeout()).await;
     let mut client = server.connect().await;
-    let (head, body) = get_on(&mut client, "/sluggish").await;
-    assert!(head.starts_with("http/1.1 200"), "{head}");
-    assert_eq!(body, b"sluggish done");
+    get_ok(&mut client, "/sluggish", b"sluggish done").await;
     // The wait for this head started with the response, not the request
     // or the connection: 150 ms later it is still well within it.
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let (head, body) = get_on(&mut client, "/").await;
-    assert!(head.starts_with("http/1.1 200"), "{head}");
-    assert_eq!(body, b"ok");
+    get_ok(&mut client, "/", b"ok").await;
 }
 
 #[tokio::test]
@@ -298,19 +305,14 @@ async fn a_keep_alive_connection_in_use_outlives_the_header_timeout() {
     // A request every 100 ms for four times the 300 ms timeout: each head
     // comes well within it, counted from the response before.
     loop {
-        let (head, body) = get_on(&mut client, "/").await;
-        assert!(head.starts_with("http/1.1 200"), "{head}");
-        assert_eq!(body, b"ok");
+        get_ok(&mut client, "/", b"ok").await;
         if started.elapsed() >= Duration::from_millis(1200) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Then idle: closed after the timeout, counted from the last response.
-    let idle_since = Instant::now();
-    let received = read_to_close(&mut client, PATIENCE).await;
-    assert!(received.is_empty(), "no response expected: {received:?}");
-    assert!(idle_since.elapsed() >= Duration::from_millis(250));
+    closed_silently_after_the_timeout(&mut client, Instant::now()).await;
 }
 
 #[tokio::test]
