@@ -371,26 +371,22 @@ async fn serve_connection(
         hyper::service::service_fn(move |request: Request<Incoming>| -> Answer {
             let in_flight = InFlight::enter(&activity);
             let (parts, body) = request.into_parts();
-            if body.is_end_stream() {
-                // No body (most GETs): nothing the handler could leave
-                // unread, so no drain to arrange.
-                let response = router
-                    .clone()
-                    .oneshot(Request::from_parts(parts, Body::new(body)));
-                return Box::pin(async move {
-                    Ok(response.await?.map(|body| holding(body, in_flight)))
-                });
-            }
-            let left = Arc::new(Mutex::new(None));
-            let body = Body::new(Returning {
-                body: Some(body),
-                ended: false,
-                left: Arc::clone(&left),
-            });
+            // No body (most GETs): nothing the handler could leave unread,
+            // so no drain to arrange.
+            let left = (!body.is_end_stream()).then(|| Arc::new(Mutex::new(None)));
+            let body = match &left {
+                Some(left) => Body::new(Returning {
+                    body: Some(body),
+                    ended: false,
+                    left: Arc::clone(left),
+                }),
+                None => Body::new(body),
+            };
             let response = router.clone().oneshot(Request::from_parts(parts, body));
             Box::pin(async move {
                 let mut response = response.await?;
-                let unread = left.lock().unwrap_or_else(PoisonError::into_inner).take();
+                let unread = left
+                    .and_then(|left| left.lock().unwrap_or_else(PoisonError::into_inner).take());
                 if let Some(unread) = unread {
                     if !drain(unread, &settings).await {
                         response
