@@ -176,6 +176,40 @@ pub fn server_app(
     (server::app(state.clone()), state)
 }
 
+/// Where the server in a benchmark's process logs: its `served` line per
+/// request costs CPU (BENCHMARKS.md §5), so a benchmark that serves HTTP
+/// logs as `pgbatch-server` does, only not onto the terminal.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServerLogArgs {
+    /// File the server's log lines go to, formatted as `pgbatch-server`
+    /// writes them to standard error (verbosity from `RUST_LOG`, default
+    /// `info`).
+    #[arg(long, default_value = "/dev/null")]
+    pub server_log: std::path::PathBuf,
+}
+
+impl ServerLogArgs {
+    /// Sets the process's logging up as the server binary's; lines are
+    /// written until the guard is dropped.
+    ///
+    /// # Errors
+    ///
+    /// When the file cannot be opened.
+    pub fn init(&self) -> anyhow::Result<server::logs::LogGuard> {
+        use anyhow::Context as _;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.server_log)
+            .with_context(|| format!("opening {}", self.server_log.display()))?;
+        Ok(server::logs::init_to(
+            server::logs::LogFormat::Text,
+            false,
+            file,
+        ))
+    }
+}
+
 /// Times `iters` sequential requests made from inside a spawned task, so
 /// they run on a runtime worker, where real request handlers run. Request
 /// `k` gets `k` (`0..iters`) as its argument.

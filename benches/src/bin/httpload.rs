@@ -81,6 +81,8 @@ struct Args {
     /// CSV file results are appended to.
     #[arg(long, default_value = "target/loadgen/http.csv")]
     csv: PathBuf,
+    #[command(flatten)]
+    log: benches::ServerLogArgs,
 }
 
 /// What one wrk run measured (latencies in microseconds).
@@ -119,6 +121,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
+    let _logs = args.log.init()?;
     args.table.apply_smoke("httpload");
     if args.table.smoke {
         args.seconds = 1;

@@ -54,6 +54,8 @@ struct Args {
     /// Interleaved rounds.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    #[command(flatten)]
+    log: benches::ServerLogArgs,
 }
 
 #[global_allocator]
@@ -62,6 +64,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
+    let _logs = args.log.init()?;
     args.table.apply_smoke("randomread");
     if args.table.smoke {
         args.objects = 3_000;

@@ -24,6 +24,7 @@
 //! cluster    replicas (which database serves a read) and coherence (whether caches may be used)
 //! db         the database, migrations and pool; queries/* (all SQL), TLS to Postgres, demo data
 //! settings   typed settings with their defaults
+//! logs       where log lines go: standard error, through a writer thread
 //! ```
 //!
 //! A read goes `http::routes` → [`Reads`](domain::reads::Reads) →
@@ -37,6 +38,7 @@ pub mod cluster;
 pub mod db;
 pub mod domain;
 pub mod http;
+pub mod logs;
 pub mod metrics;
 pub mod service;
 pub mod settings;

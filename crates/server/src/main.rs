@@ -6,13 +6,12 @@ use std::path::Path;
 
 use anyhow::Context as _;
 use clap::Parser;
-use server::cli::{Cli, Command, LogFormat, ServeArgs, TokenCommand, UserCommand};
+use server::cli::{Cli, Command, ServeArgs, TokenCommand, UserCommand};
 use server::db::queries::kv::kv_pk;
 use server::db::seed::{self, SeedReport};
 use server::db::{self, Database, Postgres};
 use server::domain::auth;
 use server::{app, AppState};
-use tracing_subscriber::EnvFilter;
 
 /// mimalloc instead of glibc's malloc: per request, the server allocates
 /// and frees many small buffers across threads (hyper, tokio-postgres,
@@ -24,7 +23,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    // Logs go to standard error, so standard output carries only what a
+    // command prints for scripts (a token, a report): `TOKEN=$(server
+    // token create alice)` captures the token alone.
+    let _logs = server::logs::init(cli.log_format);
     let settings = cli.db.settings();
     // Admin commands use a running server's cluster instead of starting a
     // second postmaster on its directory; `serve` refuses to share one.
@@ -36,25 +38,6 @@ async fn main() -> anyhow::Result<()> {
     // Stop the embedded Postgres cleanly whether or not serving failed.
     database.close().await;
     result
-}
-
-/// Logs go to standard error, so standard output carries only what a
-/// command prints for scripts (a token, a report): `TOKEN=$(server token
-/// create alice)` captures the token alone.
-fn init_logging(format: LogFormat) {
-    use std::io::IsTerminal as _;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => {
-            let colour = std::io::stderr().is_terminal()
-                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-            builder.with_ansi(colour).init();
-        }
-    }
 }
 
 async fn run(cli: &Cli, database: &Database) -> anyhow::Result<()> {

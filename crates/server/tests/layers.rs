@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 /// and from what follows it.
 const LAYERS: &[&str] = &[
     "lib", "cli", "testing", "http", "service", "metrics", "domain", "cluster", "db", "settings",
+    "logs",
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

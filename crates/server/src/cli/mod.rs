@@ -18,9 +18,12 @@ mod values;
 
 use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 
 pub use self::flags::{DbArgs, SeedArgs, ServeArgs};
+/// The format of log lines (`--log-format`), defined with the logs.
+pub use crate::logs::LogFormat;
+
 pub use self::values::{
     parse_expiry, parse_lag, AdmissionArg, ConcurrencyArg, OnOff, PolicyArg, PoolerArg, ReadPathArg,
 };
@@ -52,15 +55,6 @@ pub struct Cli {
     /// per line. Verbosity follows `RUST_LOG` (default `info`).
     #[arg(long, global = true, env = "PGBATCH_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-}
-
-/// The format of log lines.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line, for log collectors.
-    Json,
 }
 
 /// The subcommands.

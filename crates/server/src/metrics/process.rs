@@ -1,6 +1,7 @@
 //! The standard `process_*` metrics (CPU time, resident memory, open and
 //! most file descriptors, threads, start time), read from `/proc/self` at
-//! scrape time.
+//! scrape time, and the process's log lines dropped
+//! (`log_lines_dropped_total`, see [`crate::logs`]).
 //!
 //! Hand-written because prometheus-client has no process collector, and
 //! the crates that add one pull in a second metrics stack; these are a few
@@ -85,6 +86,15 @@ fn page_size() -> Option<u64> {
 
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        if let Some(dropped) = crate::logs::dropped_lines() {
+            let dropped = ConstCounter::new(dropped);
+            dropped.encode(encoder.encode_descriptor(
+                "log_lines_dropped",
+                "Log lines dropped because standard error could not keep up",
+                None,
+                dropped.metric_type(),
+            )?)?;
+        }
         let Some(p) = ProcessStats::read() else {
             return Ok(());
         };

@@ -1,0 +1,214 @@
+//! The server binary's logs (`server::logs`), run as operators run it:
+//! every request's `served` line reaches standard error, the last ones
+//! too when it stops, and a standard error nobody reads (a stalled log
+//! collector) costs log lines, counted, never requests.
+
+mod support;
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::ADMIN_TOKEN;
+
+/// `pgbatch-server serve` on a seeded database of its own, on a free
+/// loopback port, with standard error piped to the test.
+fn start(config: &tokio_postgres::Config, dir: &std::path::Path) -> (Child, SocketAddr) {
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_pgbatch-server"))
+        .arg("serve")
+        .arg("--listen")
+        .arg(addr.to_string())
+        .arg("--data-dir")
+        .arg(dir)
+        .arg("--admin-token-file")
+        .arg(dir.join("admin-token"))
+        .env("DATABASE_URL", key_values(config))
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .env_remove("PGBATCH_LOG_FORMAT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while TcpStream::connect(addr).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the server never listened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (child, addr)
+}
+
+/// `config` as a `DATABASE_URL` in key=value form (the test cluster is
+/// reached over a Unix socket, which a URL spells awkwardly).
+fn key_values(config: &tokio_postgres::Config) -> String {
+    let mut parts = Vec::new();
+    for host in config.get_hosts() {
+        match host {
+            tokio_postgres::config::Host::Tcp(name) => parts.push(format!("host={name}")),
+            tokio_postgres::config::Host::Unix(path) => {
+                parts.push(format!("host={}", path.display()));
+            }
+        }
+    }
+    if let Some(port) = config.get_ports().first() {
+        parts.push(format!("port={port}"));
+    }
+    if let Some(user) = config.get_user() {
+        parts.push(format!("user={user}"));
+    }
+    if let Some(password) = config.get_password() {
+        let password = String::from_utf8_lossy(password)
+            .replace('\\', "\\\\")
+            .replace('\'', "\\'");
+        parts.push(format!("password='{password}'"));
+    }
+    if let Some(dbname) = config.get_dbname() {
+        parts.push(format!("dbname={dbname}"));
+    }
+    parts.join(" ")
+}
+
+/// One keep-alive connection that sends requests and reads each answer
+/// whole, each within a bound.
+struct Client(BufReader<TcpStream>);
+
+impl Client {
+    fn connect(addr: SocketAddr) -> Self {
+        let stream = TcpStream::connect(addr).unwrap();
+        stream.set_nodelay(true).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        stream
+            .set_write_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        Self(BufReader::new(stream))
+    }
+
+    /// `GET path` with `id` as its `x-request-id`: the status and body.
+    fn get(&mut self, path: &str, id: &str) -> (u16, String) {
+        // One write: a request in pieces would wait on Nagle's algorithm.
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {ADMIN_TOKEN}\r\n\
+             x-request-id: {id}\r\n\r\n"
+        );
+        self.0.get_mut().write_all(request.as_bytes()).unwrap();
+        let mut status = String::new();
+        self.0
+            .read_line(&mut status)
+            .unwrap_or_else(|e| panic!("no answer to request {id}: {e}"));
+        let code = status
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("not a status line: {status:?}"));
+        let mut length = 0;
+        loop {
+            let mut line = String::new();
+            self.0.read_line(&mut line).unwrap();
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':') {
+                if name.eq_ignore_ascii_case("content-length") {
+                    length = value.trim().parse().unwrap();
+                }
+            }
+        }
+        let mut body = vec![0; length];
+        self.0.read_exact(&mut body).unwrap();
+        (code, String::from_utf8(body).unwrap())
+    }
+}
+
+/// Stops `child` as a service manager does, and waits for it (bounded).
+fn terminate(child: &mut Child) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the server did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_is_logged_and_the_last_lines_are_written_at_exit() {
+    let config = support::database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, addr) = start(&config, dir.path());
+    let stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        BufReader::new(stderr).read_to_string(&mut text).unwrap();
+        text
+    });
+    let mut client = Client::connect(addr);
+    for n in 0..300 {
+        let (status, _) = client.get("/api/v1/user", &format!("logged-{n}"));
+        assert_eq!(status, 200);
+    }
+    drop(client);
+    // At once: the lines still queued must be written on the way out.
+    terminate(&mut child);
+    let logs = reader.join().unwrap();
+    for n in 0..300 {
+        let id = format!("request_id=\"logged-{n}\"");
+        let line = logs
+            .lines()
+            .find(|l| l.contains(&id) && l.contains("served"))
+            .unwrap_or_else(|| panic!("no served line for request {n}:\n{logs}"));
+        assert!(line.contains("status=200"), "{line}");
+        assert!(line.contains("route=\"/api/v1/user\""), "{line}");
+        assert!(!line.contains(ADMIN_TOKEN), "a token was logged: {line}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_standard_error_drops_log_lines_not_requests() {
+    let config = support::database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, addr) = start(&config, dir.path());
+    // Held open and never read: once the pipe's buffer (64 KiB here) is
+    // full, every write to it blocks, as a log collector that stopped
+    // reading would make it.
+    let stalled = child.stderr.take().unwrap();
+    let mut client = Client::connect(addr);
+    // Past the pipe's buffer and the writer's queue (16,384 lines): 20,000 lines of
+    // about 200 bytes.
+    let start = Instant::now();
+    for n in 0..20_000 {
+        let (status, _) = client.get("/api/v1/user", &format!("stalled-{n}"));
+        assert_eq!(status, 200, "request {n}");
+    }
+    let (status, metrics) = client.get("/metrics", "scrape");
+    assert_eq!(status, 200);
+    let dropped: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("log_lines_dropped_total "))
+        .unwrap_or_else(|| panic!("no log_lines_dropped_total in:\n{metrics}"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        dropped > 0,
+        "20,000 lines fit into a stalled pipe? ({:?})",
+        start.elapsed()
+    );
+    drop(client);
+    terminate(&mut child);
+    drop(stalled);
+}
