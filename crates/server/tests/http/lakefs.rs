@@ -13,7 +13,7 @@ use axum::http::{Method, Request, StatusCode};
 use base64::Engine as _;
 use http_body_util::BodyExt as _;
 use serde_json::{json, Value};
-use server::settings::Settings;
+use server::settings::{ReadPath, Settings};
 use std::time::Duration;
 use support::ADMIN_TOKEN;
 use tower::ServiceExt as _;
@@ -480,10 +480,11 @@ async fn credentials_from_the_api_for_oneself_or_as_an_admin() {
 
 /// deleteObjects deletes its valid paths in one statement: all of them, or
 /// (when the database refuses) none, each refused path listed; an invalid
-/// path is listed alone and the others still go.
+/// path is listed alone and the others still go, and leave this
+/// instance's cache at once.
 #[tokio::test]
 async fn delete_objects_removes_every_valid_path_or_lists_each_refusal() {
-    let app = support::setup(&Settings::default()).await;
+    let app = support::setup(&support::read_path(ReadPath::Cached)).await;
     let r = &app.router;
     create_repository(
         r,
@@ -498,14 +499,6 @@ async fn delete_objects_removes_every_valid_path_or_lists_each_refusal() {
     let delete = "/lakefs/repositories/lk-del/branches/main/objects/delete";
 
     let stat = "/lakefs/repositories/lk-del/refs/main/objects/stat?path=d/0000";
-    for _ in 0..2 {
-        let (status, _) = call(r, Method::GET, stat, None).await;
-        assert_eq!(
-            status,
-            StatusCode::OK,
-            "read (and cached) before the delete"
-        );
-    }
 
     // A read-only repository is refused whole, before any statement.
     let first_200 = json!({"paths": staged[..200]});
@@ -547,6 +540,19 @@ async fn delete_objects_removes_every_valid_path_or_lists_each_refusal() {
         .await
         .unwrap();
 
+    // Cached before the delete, with the change notification that would
+    // also evict it turned off: the delete must evict it itself.
+    db.batch_execute("ALTER TABLE objects DISABLE TRIGGER objects_notify_delete")
+        .await
+        .unwrap();
+    let hits = || async { cache_hits(&support::metrics_text(r).await) };
+    let before = hits().await;
+    for _ in 0..2 {
+        let (status, _) = call(r, Method::GET, stat, None).await;
+        assert_eq!(status, StatusCode::OK, "read before the delete");
+    }
+    assert!(hits().await > before, "the second read was not a cache hit");
+
     let mut asked: Vec<&str> = staged[..200].iter().map(String::as_str).collect();
     asked.push("bad\u{0}path");
     asked.push("never-staged");
@@ -564,4 +570,15 @@ async fn delete_objects_removes_every_valid_path_or_lists_each_refusal() {
     // A deleted object read (and cached) before answers 404 at once.
     let (status, _) = call(r, Method::GET, stat, None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+/// `cache_hits_total` of the object stat cache in a scrape.
+fn cache_hits(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"cache_hits_total{cache="object_stat"} "#))
+        .unwrap_or_else(|| panic!("no object stat cache hits in:\n{metrics}"))
+        .trim()
+        .parse()
+        .unwrap()
 }
