@@ -203,7 +203,7 @@ impl ServerLogArgs {
             .open(&self.server_log)
             .with_context(|| format!("opening {}", self.server_log.display()))?;
         Ok(server::logs::init_to(
-            server::logs::LogFormat::Text,
+            server::logs::Format::Text,
             false,
             file,
         ))

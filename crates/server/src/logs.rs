@@ -4,17 +4,26 @@
 //! Written in place, each request's `served` line cost the thread serving
 //! it a `write` to standard error under its lock: with the lock contended
 //! between the runtime's workers, that took 12% of the server's CPU on
-//! the no-database route, and the route read 66k requests per second with
-//! logs on against 86k with them off (BENCHMARKS.md §5). Here a request
-//! hands its line to a bounded queue, and the writer thread drains it
-//! through a buffer, one `write` per many lines, flushing whenever the
-//! queue is empty, so a line is late by at most one write.
+//! the no-database route, which read 68k requests per second with logs on
+//! against 90k with them off (BENCHMARKS.md §5); and once standard error
+//! was a full pipe nobody read, every request hung. Here a request hands
+//! its line to a bounded queue and goes on; the writer thread takes every
+//! line waiting, writes them in blocks of up to 64 KiB, and writes again
+//! as soon as the queue is empty, so no line waits for others to come.
 //!
-//! A full queue (standard error slower than the lines coming in: a
-//! stalled pipe, a log collector that stopped reading) drops the line
-//! rather than holding up a request, and counts it in
-//! `log_lines_dropped_total` ([`dropped_lines`]). The writer is
-//! `tracing-appender`'s, the ecosystem's non-blocking writer.
+//! A line is dropped, and counted in `log_lines_dropped_total`
+//! ([`dropped_lines`]), when the queue is full (standard error slower than
+//! the lines coming in: a stalled pipe, a log collector that stopped
+//! reading) or when standard error refuses its block (a full disk, a
+//! closed pipe). Requests never wait for standard error, and a panic is
+//! logged through the queue too, as the default hook would write it to
+//! standard error from the panicking thread.
+//!
+//! Hand-written rather than `tracing-appender`'s non-blocking writer, which
+//! this module used at first: that one loses the lines of a failed write
+//! without counting them, and its guard prints to standard output (which
+//! carries only a command's output: a token, a report) when the queue is
+//! full at exit. The queue is crossbeam's.
 //!
 //! JSON lines have the shape of `tracing-subscriber`'s JSON format, but are
 //! written by [`JsonLines`]: that format parses each span's fields back
@@ -22,16 +31,17 @@
 //! took 9% of the server's CPU on the no-database route.
 
 use std::fmt;
-use std::io::Write;
-use std::sync::OnceLock;
+use std::io::{self, Write};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
-use clap::ValueEnum;
+use crossbeam_channel::{Receiver, Sender};
 use tracing::{Event, Subscriber};
-use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
 use tracing_serde::fields::AsMap as _;
 use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::time::{FormatTime as _, SystemTime};
-use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormattedFields};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormattedFields, MakeWriter};
 use tracing_subscriber::registry::{LookupSpan, SpanRef};
 use tracing_subscriber::EnvFilter;
 
@@ -40,80 +50,210 @@ use tracing_subscriber::EnvFilter;
 /// second.
 pub const QUEUED_LINES: usize = 16_384;
 
-/// The writer thread's buffer: many lines per `write`.
-const BUFFER_BYTES: usize = 64 * 1024;
+/// The writer thread writes lines in blocks of up to this many bytes.
+const BLOCK_BYTES: usize = 64 * 1024;
+
+/// How long the guard waits at exit for the lines queued before it.
+const EXIT_WAIT: Duration = Duration::from_secs(1);
 
 /// The format of log lines.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
     /// Human-readable lines.
     Text,
     /// One JSON object per line, for log collectors.
     Json,
 }
 
-/// The lines dropped so far because the queue was full, once [`init`] has
-/// run.
-static DROPPED: OnceLock<ErrorCounter> = OnceLock::new();
+/// The lines dropped so far, once [`init`] has run.
+static DROPPED: OnceLock<Arc<AtomicU64>> = OnceLock::new();
 
-/// Keeps the writer thread: dropping it writes out the lines still queued
-/// (for up to a second), so `main` holds it until it returns.
+/// Keeps the writer thread: dropping it writes out the lines queued so far
+/// (waiting up to a second), so `main` holds it until it returns.
 #[derive(Debug)]
 #[must_use = "dropping the guard stops the log writer"]
 pub struct LogGuard {
-    _writer: WorkerGuard,
+    queue: Sender<Message>,
+}
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        let deadline = Instant::now() + EXIT_WAIT;
+        let (done, written) = crossbeam_channel::bounded(1);
+        if self
+            .queue
+            .send_deadline(Message::Stop(done), deadline)
+            .is_ok()
+        {
+            let _ = written.recv_deadline(deadline);
+        }
+    }
 }
 
 /// Logs of the process, at the verbosity `RUST_LOG` asks for (default
 /// `info`), in `format`, to standard error; coloured text only on a
-/// terminal, and never with `NO_COLOR` set.
+/// terminal, and never with `NO_COLOR` set. Panics are logged as `error`
+/// lines.
 ///
 /// # Panics
 ///
 /// When a global subscriber was already set.
-pub fn init(format: LogFormat) -> LogGuard {
+pub fn init(format: Format) -> LogGuard {
     use std::io::IsTerminal as _;
-    let colour = format == LogFormat::Text
-        && std::io::stderr().is_terminal()
+    let colour = format == Format::Text
+        && io::stderr().is_terminal()
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    init_to(format, colour, std::io::stderr())
+    let guard = init_to(format, colour, io::stderr());
+    // A panic's report goes through the queue too: written to standard
+    // error by the panicking thread, it would wait on a full pipe.
+    std::panic::set_hook(Box::new(|panic| {
+        let thread = std::thread::current();
+        let backtrace = std::backtrace::Backtrace::capture();
+        match backtrace.status() {
+            std::backtrace::BacktraceStatus::Captured => tracing::error!(
+                thread = thread.name().unwrap_or("(unnamed)"),
+                "{panic}\n{backtrace}"
+            ),
+            _ => tracing::error!(thread = thread.name().unwrap_or("(unnamed)"), "{panic}"),
+        }
+    }));
+    guard
 }
 
-/// As [`init`], but to `out`, coloured if `colour`: benchmarks measure the
-/// server's logging as shipped without filling their own output.
+/// As [`init`], but to `out`, coloured if `colour`, and with panics
+/// reported as usual: benchmarks measure the server's logging as shipped
+/// without filling their own output.
 ///
 /// # Panics
 ///
 /// When a global subscriber was already set.
-pub fn init_to(format: LogFormat, colour: bool, out: impl Write + Send + 'static) -> LogGuard {
-    let (writer, guard) = NonBlockingBuilder::default()
-        .buffered_lines_limit(QUEUED_LINES)
-        .lossy(true)
-        .thread_name("pgbatch-logs")
-        .finish(std::io::BufWriter::with_capacity(BUFFER_BYTES, out));
-    // A second `init` fails below, on the global subscriber, before any
-    // line could be counted in the wrong counter.
-    let _ = DROPPED.set(writer.error_counter());
+pub fn init_to(format: Format, colour: bool, out: impl Write + Send + 'static) -> LogGuard {
+    let (queue, lines) = crossbeam_channel::bounded(QUEUED_LINES);
+    let dropped = Arc::clone(DROPPED.get_or_init(Arc::default));
+    let writer = Arc::clone(&dropped);
+    std::thread::Builder::new()
+        .name("pgbatch-logs".to_owned())
+        .spawn(move || write_out(&lines, out, &writer))
+        .expect("a thread for the log writer");
+    let make_writer = Queue {
+        lines: queue.clone(),
+        dropped,
+    };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(writer);
+        .with_writer(make_writer);
     match format {
-        LogFormat::Json => builder
+        Format::Json => builder
             .fmt_fields(JsonFields::new())
             .event_format(JsonLines)
             .init(),
-        LogFormat::Text => builder.with_ansi(colour).init(),
+        Format::Text => builder.with_ansi(colour).init(),
     }
-    LogGuard { _writer: guard }
+    LogGuard { queue }
 }
 
-/// Lines dropped because the queue to the writer thread was full, or
-/// `None` before [`init`] (tests, embedders with their own subscriber).
+/// Lines dropped because the queue to the writer thread was full or
+/// standard error refused them, or `None` before [`init`] (tests,
+/// embedders with their own subscriber).
 pub fn dropped_lines() -> Option<u64> {
-    DROPPED
-        .get()
-        .map(|counter| u64::try_from(counter.dropped_lines()).unwrap_or(u64::MAX))
+    DROPPED.get().map(|dropped| dropped.load(Relaxed))
+}
+
+/// What the writer thread is sent.
+#[derive(Debug)]
+enum Message {
+    Line(Vec<u8>),
+    /// Write out what came before, then say so.
+    Stop(Sender<()>),
+}
+
+/// The queue's sending end, as the writer of each formatted line.
+#[derive(Debug)]
+struct Queue {
+    lines: Sender<Message>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl<'a> MakeWriter<'a> for Queue {
+    type Writer = &'a Queue;
+
+    fn make_writer(&'a self) -> &'a Queue {
+        self
+    }
+}
+
+impl Write for &Queue {
+    /// Queues `line` (the formatter writes each line whole, at once), or
+    /// drops it when the queue is full.
+    fn write(&mut self, line: &[u8]) -> io::Result<usize> {
+        if self.lines.try_send(Message::Line(line.to_vec())).is_err() {
+            self.dropped.fetch_add(1, Relaxed);
+        }
+        Ok(line.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The writer thread: takes every line waiting, writes them to `out` in
+/// blocks, and writes again as soon as the queue is empty, until stopped
+/// or every sender is gone.
+fn write_out(lines: &Receiver<Message>, mut out: impl Write, dropped: &AtomicU64) {
+    let mut block = Block::default();
+    loop {
+        let Ok(mut message) = lines.recv() else {
+            return;
+        };
+        loop {
+            match message {
+                Message::Line(line) => {
+                    if block.bytes.len() + line.len() > BLOCK_BYTES {
+                        block.write(&mut out, dropped);
+                    }
+                    block.bytes.extend_from_slice(&line);
+                    block.lines += 1;
+                }
+                Message::Stop(done) => {
+                    block.write(&mut out, dropped);
+                    let _ = done.send(());
+                    return;
+                }
+            }
+            match lines.try_recv() {
+                Ok(next) => message = next,
+                Err(_) => break,
+            }
+        }
+        block.write(&mut out, dropped);
+    }
+}
+
+/// Lines gathered for one `write`.
+#[derive(Debug, Default)]
+struct Block {
+    bytes: Vec<u8>,
+    lines: u64,
+}
+
+impl Block {
+    /// Writes the block to `out`; lines `out` refuses are counted dropped.
+    fn write(&mut self, out: &mut impl Write, dropped: &AtomicU64) {
+        if self.lines == 0 {
+            return;
+        }
+        if out
+            .write_all(&self.bytes)
+            .and_then(|()| out.flush())
+            .is_err()
+        {
+            dropped.fetch_add(self.lines, Relaxed);
+        }
+        self.bytes.clear();
+        self.lines = 0;
+    }
 }
 
 /// Writes an event as one JSON object per line, in the shape of
@@ -154,13 +294,17 @@ where
             line.extend_from_slice(b",\"span\":");
             write_span(&mut line, span)?;
         }
-        if let (Some(_), Some(leaf)) = (&current, ctx.lookup_current()) {
+        if current.is_some() {
+            // From the root to the span entered last, which is not the
+            // `span` above when the event names its parent.
             line.extend_from_slice(b",\"spans\":[");
-            for (n, span) in leaf.scope().from_root().enumerate() {
-                if n > 0 {
-                    line.push(b',');
+            if let Some(leaf) = ctx.lookup_current() {
+                for (n, span) in leaf.scope().from_root().enumerate() {
+                    if n > 0 {
+                        line.push(b',');
+                    }
+                    write_span(&mut line, &span)?;
                 }
-                write_span(&mut line, &span)?;
             }
             line.push(b']');
         }
@@ -211,12 +355,12 @@ mod tests {
     struct Buffer(Arc<Mutex<Vec<u8>>>);
 
     impl Write for Buffer {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
             self.0.lock().unwrap().extend_from_slice(buf);
             Ok(buf.len())
         }
 
-        fn flush(&mut self) -> std::io::Result<()> {
+        fn flush(&mut self) -> io::Result<()> {
             Ok(())
         }
     }
@@ -234,6 +378,8 @@ mod tests {
     /// field was recorded after it was made.
     fn emit() {
         tracing::info!(status = 200, latency_ms = 0.25, "served");
+        let alone = tracing::info_span!("alone", n = 1u64);
+        tracing::info!(parent: &alone, "explicit parent, no span entered");
         let request = tracing::info_span!(
             "request",
             method = "GET",
@@ -281,16 +427,61 @@ mod tests {
             .collect()
     }
 
+    /// A standard error that refuses every write, as a full disk does.
+    struct Refusing;
+
+    impl Write for Refusing {
+        fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+            Err(io::Error::other("no space left on device"))
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// `lines`, then a stop, through the writer thread's loop into `out`:
+    /// whether the stop was answered, and the lines counted dropped.
+    fn write_through(lines: &[Vec<u8>], out: impl Write) -> (bool, u64) {
+        let (queue, received) = crossbeam_channel::bounded(lines.len() + 1);
+        for line in lines {
+            queue.send(Message::Line(line.clone())).unwrap();
+        }
+        let (done, written) = crossbeam_channel::bounded(1);
+        queue.send(Message::Stop(done)).unwrap();
+        let dropped = AtomicU64::new(0);
+        write_out(&received, out, &dropped);
+        (written.try_recv().is_ok(), dropped.load(Relaxed))
+    }
+
+    #[test]
+    fn queued_lines_are_written_in_order_before_the_stop_is_answered() {
+        // Three blocks' worth, so blocks are cut and written in turn.
+        let lines: Vec<Vec<u8>> = (0..3 * BLOCK_BYTES / 100)
+            .map(|n| format!("{n:099}\n").into_bytes())
+            .collect();
+        let out = Buffer::default();
+        assert_eq!(write_through(&lines, out.clone()), (true, 0));
+        assert_eq!(*out.0.lock().unwrap(), lines.concat());
+    }
+
+    #[test]
+    fn lines_standard_error_refuses_are_counted_dropped() {
+        let lines = vec![b"one\n".to_vec(), b"two\n".to_vec(), b"three\n".to_vec()];
+        assert_eq!(write_through(&lines, Refusing), (true, 3));
+    }
+
     #[test]
     fn json_lines_say_what_the_json_format_says() {
         let ours = lines(true);
-        assert_eq!(ours.len(), 5, "{ours:#?}");
+        assert_eq!(ours.len(), 6, "{ours:#?}");
         assert_eq!(ours, lines(false));
+        assert_eq!(ours[1]["spans"], serde_json::json!([]), "{:#?}", ours[1]);
         assert_eq!(
-            ours[1]["span"]["request_id"], "an \"id\"\nwith\\escapes",
+            ours[2]["span"]["request_id"], "an \"id\"\nwith\\escapes",
             "{:#?}",
-            ours[1]
+            ours[2]
         );
-        assert_eq!(ours[2]["spans"].as_array().unwrap().len(), 2);
+        assert_eq!(ours[3]["spans"].as_array().unwrap().len(), 2);
     }
 }

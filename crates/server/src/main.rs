@@ -26,7 +26,7 @@ async fn main() -> anyhow::Result<()> {
     // Logs go to standard error, so standard output carries only what a
     // command prints for scripts (a token, a report): `TOKEN=$(server
     // token create alice)` captures the token alone.
-    let _logs = server::logs::init(cli.log_format);
+    let _logs = server::logs::init(cli.log_format.into());
     let settings = cli.db.settings();
     // Admin commands use a running server's cluster instead of starting a
     // second postmaster on its directory; `serve` refuses to share one.

@@ -12,39 +12,76 @@ use std::time::{Duration, Instant};
 
 use support::ADMIN_TOKEN;
 
+/// A running `pgbatch-server serve`, killed if the test ends first.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// `pgbatch-server serve` on a seeded database of its own, on a free
-/// loopback port, with standard error piped to the test.
-fn start(config: &tokio_postgres::Config, dir: &std::path::Path) -> (Child, SocketAddr) {
+/// loopback port, with standard error piped to the test and none of the
+/// test's own `PGBATCH_*` settings.
+async fn start() -> Server {
+    let config = support::database().await;
+    let dir = tempfile::tempdir().unwrap();
     let addr = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_pgbatch-server"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pgbatch-server"));
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("PGBATCH_") {
+            command.env_remove(name);
+        }
+    }
+    let child = command
         .arg("serve")
         .arg("--listen")
         .arg(addr.to_string())
         .arg("--data-dir")
-        .arg(dir)
+        .arg(dir.path())
         .arg("--admin-token-file")
-        .arg(dir.join("admin-token"))
-        .env("DATABASE_URL", key_values(config))
+        .arg(dir.path().join("admin-token"))
+        .env("DATABASE_URL", key_values(&config))
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
-        .env_remove("PGBATCH_LOG_FORMAT")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut server = Server {
+        child,
+        addr,
+        _dir: dir,
+    };
     let start = Instant::now();
     while TcpStream::connect(addr).is_err() {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            let mut logs = String::new();
+            let _ = server
+                .child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut logs);
+            panic!("the server exited ({status}) before listening:\n{logs}");
+        }
         assert!(
             start.elapsed() < Duration::from_secs(60),
             "the server never listened"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    (child, addr)
+    server
 }
 
 /// `config` as a `DATABASE_URL` in key=value form (the test cluster is
@@ -147,23 +184,20 @@ fn terminate(child: &mut Child) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_is_logged_and_the_last_lines_are_written_at_exit() {
-    let config = support::database().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (mut child, addr) = start(&config, dir.path());
-    let stderr = child.stderr.take().unwrap();
+    let mut server = start().await;
+    let stderr = server.child.stderr.take().unwrap();
     let reader = std::thread::spawn(move || {
         let mut text = String::new();
         BufReader::new(stderr).read_to_string(&mut text).unwrap();
         text
     });
-    let mut client = Client::connect(addr);
+    let mut client = Client::connect(server.addr);
     for n in 0..300 {
         let (status, _) = client.get("/api/v1/user", &format!("logged-{n}"));
         assert_eq!(status, 200);
     }
     drop(client);
-    // At once: the lines still queued must be written on the way out.
-    terminate(&mut child);
+    terminate(&mut server.child);
     let logs = reader.join().unwrap();
     for n in 0..300 {
         let id = format!("request_id=\"logged-{n}\"");
@@ -175,40 +209,42 @@ async fn every_request_is_logged_and_the_last_lines_are_written_at_exit() {
         assert!(line.contains("route=\"/api/v1/user\""), "{line}");
         assert!(!line.contains(ADMIN_TOKEN), "a token was logged: {line}");
     }
+    // Logged on the way out, after the last request: written before exit.
+    assert!(
+        logs.contains("stopped serving HTTP; stopping"),
+        "no line from the way out:\n{logs}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_standard_error_drops_log_lines_not_requests() {
-    let config = support::database().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (mut child, addr) = start(&config, dir.path());
-    // Held open and never read: once the pipe's buffer (64 KiB here) is
-    // full, every write to it blocks, as a log collector that stopped
-    // reading would make it.
-    let stalled = child.stderr.take().unwrap();
-    let mut client = Client::connect(addr);
-    // Past the pipe's buffer and the writer's queue (16,384 lines): 20,000 lines of
-    // about 200 bytes.
-    let start = Instant::now();
-    for n in 0..20_000 {
+    let mut server = start().await;
+    // Held open and never read: once the pipe is full, every write to it
+    // blocks, as a log collector that stopped reading would make it. Its
+    // size is set, so the lines it holds are known (about 350).
+    let stalled = server.child.stderr.take().unwrap();
+    nix::fcntl::fcntl(&stalled, nix::fcntl::FcntlArg::F_SETPIPE_SZ(64 * 1024)).unwrap();
+    let mut client = Client::connect(server.addr);
+    // Past the pipe, the writer thread's block (about 350 lines more) and
+    // its queue.
+    let requests = server::logs::QUEUED_LINES + 5_000;
+    for n in 0..requests {
         let (status, _) = client.get("/api/v1/user", &format!("stalled-{n}"));
         assert_eq!(status, 200, "request {n}");
     }
     let (status, metrics) = client.get("/metrics", "scrape");
     assert_eq!(status, 200);
-    let dropped: u64 = metrics
+    let dropped: usize = metrics
         .lines()
         .find_map(|l| l.strip_prefix("log_lines_dropped_total "))
         .unwrap_or_else(|| panic!("no log_lines_dropped_total in:\n{metrics}"))
         .trim()
         .parse()
         .unwrap();
-    assert!(
-        dropped > 0,
-        "20,000 lines fit into a stalled pipe? ({:?})",
-        start.elapsed()
-    );
+    assert!(dropped > 0, "{requests} lines fit into a stalled pipe?");
     drop(client);
-    terminate(&mut child);
+    // The writer is stuck on the pipe: the exit waits for it a second, no
+    // longer.
+    terminate(&mut server.child);
     drop(stalled);
 }

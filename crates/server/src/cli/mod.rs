@@ -18,12 +18,9 @@ mod values;
 
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 pub use self::flags::{DbArgs, SeedArgs, ServeArgs};
-/// The format of log lines (`--log-format`), defined with the logs.
-pub use crate::logs::LogFormat;
-
 pub use self::values::{
     parse_expiry, parse_lag, AdmissionArg, ConcurrencyArg, OnOff, PolicyArg, PoolerArg, ReadPathArg,
 };
@@ -55,6 +52,24 @@ pub struct Cli {
     /// per line. Verbosity follows `RUST_LOG` (default `info`).
     #[arg(long, global = true, env = "PGBATCH_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+/// The format of log lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+impl From<LogFormat> for crate::logs::Format {
+    fn from(format: LogFormat) -> Self {
+        match format {
+            LogFormat::Text => Self::Text,
+            LogFormat::Json => Self::Json,
+        }
+    }
 }
 
 /// The subcommands.
