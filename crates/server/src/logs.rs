@@ -107,6 +107,12 @@ pub fn init(format: Format) -> LogGuard {
     // A panic's report goes through the queue too: written to standard
     // error by the panicking thread, it would wait on a full pipe.
     std::panic::set_hook(Box::new(|panic| {
+        // With errors filtered out (`RUST_LOG=off`), as the default hook
+        // would: a panic is never silent.
+        if !tracing::enabled!(tracing::Level::ERROR) {
+            eprintln!("{panic}");
+            return;
+        }
         let thread = std::thread::current();
         let backtrace = std::backtrace::Backtrace::capture();
         match backtrace.status() {
