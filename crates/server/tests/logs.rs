@@ -50,7 +50,7 @@ async fn start() -> Server {
         .arg(dir.path())
         .arg("--admin-token-file")
         .arg(dir.path().join("admin-token"))
-        .env("DATABASE_URL", key_values(&config))
+        .env("DATABASE_URL", support::key_values(&config))
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
@@ -82,36 +82,6 @@ async fn start() -> Server {
         std::thread::sleep(Duration::from_millis(20));
     }
     server
-}
-
-/// `config` as a `DATABASE_URL` in key=value form (the test cluster is
-/// reached over a Unix socket, which a URL spells awkwardly).
-fn key_values(config: &tokio_postgres::Config) -> String {
-    let mut parts = Vec::new();
-    for host in config.get_hosts() {
-        match host {
-            tokio_postgres::config::Host::Tcp(name) => parts.push(format!("host={name}")),
-            tokio_postgres::config::Host::Unix(path) => {
-                parts.push(format!("host={}", path.display()));
-            }
-        }
-    }
-    if let Some(port) = config.get_ports().first() {
-        parts.push(format!("port={port}"));
-    }
-    if let Some(user) = config.get_user() {
-        parts.push(format!("user={user}"));
-    }
-    if let Some(password) = config.get_password() {
-        let password = String::from_utf8_lossy(password)
-            .replace('\\', "\\\\")
-            .replace('\'', "\\'");
-        parts.push(format!("password='{password}'"));
-    }
-    if let Some(dbname) = config.get_dbname() {
-        parts.push(format!("dbname={dbname}"));
-    }
-    parts.join(" ")
 }
 
 /// One keep-alive connection that sends requests and reads each answer

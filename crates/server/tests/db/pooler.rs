@@ -38,20 +38,6 @@ async fn behind(mode: PoolMode) -> (Cluster, PgBouncer) {
     (cluster, bouncer)
 }
 
-/// `key=value` connection settings of `config` (host, port, user, dbname).
-fn url_of(config: &tokio_postgres::Config) -> String {
-    let host = match &config.get_hosts()[0] {
-        tokio_postgres::config::Host::Tcp(h) => h.clone(),
-        tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
-    };
-    format!(
-        "host={host} port={} user={} dbname={}",
-        config.get_ports()[0],
-        config.get_user().unwrap(),
-        config.get_dbname().unwrap()
-    )
-}
-
 /// An instance as `serve` builds it, over `database_url` (and
 /// `direct_url`), with `pooler` and `settings`.
 async fn instance(
@@ -90,9 +76,9 @@ fn authed(method: Method, uri: &str, body: Body) -> Request<Body> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_path_works_through_a_transaction_mode_pooler() {
     let (cluster, bouncer) = behind(PoolMode::Transaction).await;
-    let direct = url_of(&cluster.config("postgres"));
+    let direct = support::key_values(&cluster.config("postgres"));
     let (database, state, router) = instance(
-        &url_of(&bouncer.config("postgres")),
+        &support::key_values(&bouncer.config("postgres")),
         Some(&direct),
         Pooler::Auto,
         &cached(),
@@ -209,8 +195,8 @@ async fn every_path_works_through_a_transaction_mode_pooler() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_behind_the_pooler_stay_coherent_with_a_direct_url() {
     let (cluster, bouncer) = behind(PoolMode::Transaction).await;
-    let pooled = url_of(&bouncer.config("postgres"));
-    let direct = url_of(&cluster.config("postgres"));
+    let pooled = support::key_values(&bouncer.config("postgres"));
+    let direct = support::key_values(&cluster.config("postgres"));
     let (_, a, a_router) = instance(&pooled, Some(&direct), Pooler::Transaction, &cached()).await;
     let (_, b, b_router) = instance(&pooled, Some(&direct), Pooler::Transaction, &cached()).await;
     for s in [&a, &b] {
@@ -242,7 +228,7 @@ async fn two_instances_behind_the_pooler_stay_coherent_with_a_direct_url() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_direct_url_the_caches_are_bypassed_and_never_stale() {
     let (cluster, bouncer) = behind(PoolMode::Transaction).await;
-    let pooled = url_of(&bouncer.config("postgres"));
+    let pooled = support::key_values(&bouncer.config("postgres"));
     let (_, a, a_router) = instance(&pooled, None, Pooler::Auto, &cached()).await;
     let (_, b, b_router) = instance(&pooled, None, Pooler::Auto, &cached()).await;
     let path = object_path(11);
@@ -272,7 +258,7 @@ async fn without_a_direct_url_the_caches_are_bypassed_and_never_stale() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_through_the_pooler_is_found_deaf() {
     let (cluster, bouncer) = behind(PoolMode::Transaction).await;
-    let pooled = url_of(&bouncer.config("postgres"));
+    let pooled = support::key_values(&bouncer.config("postgres"));
     // Made to listen through the pooler, as a server told the URL is direct
     // would: LISTEN is accepted, then nothing arrives.
     let (_, state, _) = instance(&pooled, None, Pooler::Transaction, &cached()).await;
@@ -292,10 +278,10 @@ async fn a_listener_through_the_pooler_is_found_deaf() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_wrong_pooler_setting_is_named_not_called_an_outage() {
     let (cluster, bouncer) = behind(PoolMode::Transaction).await;
-    let pooled = url_of(&bouncer.config("postgres"));
+    let pooled = support::key_values(&bouncer.config("postgres"));
     let (database, state, router) = instance(
         &pooled,
-        Some(&url_of(&cluster.config("postgres"))),
+        Some(&support::key_values(&cluster.config("postgres"))),
         Pooler::None,
         &Settings::default(),
     )
@@ -312,7 +298,7 @@ async fn the_wrong_pooler_setting_is_named_not_called_an_outage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_mode_pooler_is_found_and_works() {
     let (cluster, bouncer) = behind(PoolMode::Session).await;
-    let pooled = url_of(&bouncer.config("postgres"));
+    let pooled = support::key_values(&bouncer.config("postgres"));
     let (database, state, router) = instance(&pooled, None, Pooler::Auto, &cached()).await;
     assert_eq!(database.pooler, Pooler::Session);
     until("the listener proved delivery", || {
@@ -341,9 +327,9 @@ async fn behind_the_pooler_a_write_gives_up_in_postgres_too() {
         },
         ..Settings::default()
     };
-    let direct = url_of(&cluster.config("postgres"));
+    let direct = support::key_values(&cluster.config("postgres"));
     let (_db, state, router) = instance(
-        &url_of(&bouncer.config("postgres")),
+        &support::key_values(&bouncer.config("postgres")),
         Some(&direct),
         Pooler::Transaction,
         &settings,

@@ -60,6 +60,37 @@ pub fn read_path(path: ReadPath) -> Settings {
     }
 }
 
+/// `config` as `key=value` connection settings (host, port, user,
+/// password, dbname), for a `DATABASE_URL`: the test cluster is reached
+/// over a Unix socket, which a URL spells awkwardly.
+pub fn key_values(config: &tokio_postgres::Config) -> String {
+    let mut parts = Vec::new();
+    for host in config.get_hosts() {
+        match host {
+            tokio_postgres::config::Host::Tcp(name) => parts.push(format!("host={name}")),
+            tokio_postgres::config::Host::Unix(path) => {
+                parts.push(format!("host={}", path.display()));
+            }
+        }
+    }
+    if let Some(port) = config.get_ports().first() {
+        parts.push(format!("port={port}"));
+    }
+    if let Some(user) = config.get_user() {
+        parts.push(format!("user={user}"));
+    }
+    if let Some(password) = config.get_password() {
+        let password = String::from_utf8_lossy(password)
+            .replace('\\', "\\\\")
+            .replace('\'', "\\'");
+        parts.push(format!("password='{password}'"));
+    }
+    if let Some(dbname) = config.get_dbname() {
+        parts.push(format!("dbname={dbname}"));
+    }
+    parts.join(" ")
+}
+
 /// An app over `target` (a config, or a config with its TLS connector)
 /// with `settings`, on a read pool of 4 connections.
 pub async fn app_on(target: impl Into<server::db::Postgres>, settings: &Settings) -> TestApp {
