@@ -299,8 +299,6 @@ where
         if let Some(span) = &current {
             line.extend_from_slice(b",\"span\":");
             write_span(&mut line, span)?;
-        }
-        if current.is_some() {
             // From the root to the span entered last, which is not the
             // `span` above when the event names its parent.
             line.extend_from_slice(b",\"spans\":[");

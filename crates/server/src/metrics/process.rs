@@ -90,7 +90,7 @@ impl Collector for ProcessCollector {
             let dropped = ConstCounter::new(dropped);
             dropped.encode(encoder.encode_descriptor(
                 "log_lines_dropped",
-                "Log lines dropped because standard error could not keep up",
+                "Log lines dropped: standard error could not keep up, or refused them",
                 None,
                 dropped.metric_type(),
             )?)?;
