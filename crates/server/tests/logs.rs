@@ -206,13 +206,7 @@ async fn a_stalled_standard_error_drops_log_lines_not_requests() {
     }
     let (status, metrics) = client.get("/metrics", "scrape");
     assert_eq!(status, 200);
-    let dropped: usize = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("log_lines_dropped_total "))
-        .unwrap_or_else(|| panic!("no log_lines_dropped_total in:\n{metrics}"))
-        .trim()
-        .parse()
-        .unwrap();
+    let dropped = support::metric_value(&metrics, "log_lines_dropped_total");
     assert!(dropped > 0, "{requests} lines fit into a stalled pipe?");
     drop(client);
     // The writer is stuck on the pipe: the exit waits for it a second, no

@@ -545,7 +545,10 @@ async fn delete_objects_removes_every_valid_path_or_lists_each_refusal() {
     db.batch_execute("ALTER TABLE objects DISABLE TRIGGER objects_notify_delete")
         .await
         .unwrap();
-    let hits = || async { cache_hits(&support::metrics_text(r).await) };
+    let hits = || async {
+        let metrics = support::metrics_text(r).await;
+        support::metric_value(&metrics, r#"cache_hits_total{cache="object_stat"}"#)
+    };
     let before = hits().await;
     for _ in 0..2 {
         let (status, _) = call(r, Method::GET, stat, None).await;
@@ -570,15 +573,4 @@ async fn delete_objects_removes_every_valid_path_or_lists_each_refusal() {
     // A deleted object read (and cached) before answers 404 at once.
     let (status, _) = call(r, Method::GET, stat, None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-}
-
-/// `cache_hits_total` of the object stat cache in a scrape.
-fn cache_hits(metrics: &str) -> u64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(r#"cache_hits_total{cache="object_stat"} "#))
-        .unwrap_or_else(|| panic!("no object stat cache hits in:\n{metrics}"))
-        .trim()
-        .parse()
-        .unwrap()
 }

@@ -229,6 +229,18 @@ pub async fn metrics_text(router: &Router) -> String {
     String::from_utf8(bytes.to_vec()).unwrap()
 }
 
+/// The value of the sample `sample` (name and labels, as exported) in a
+/// scrape's text; panics, showing the scrape, when it is not there.
+pub fn metric_value(metrics: &str, sample: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {sample} in:\n{metrics}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 /// The python of a tool's private virtual environment, made (once) by the
 /// project's script `scripts/<script>`, which prints it.
 pub fn venv_python(script: &str) -> std::path::PathBuf {
