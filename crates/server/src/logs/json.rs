@@ -5,9 +5,10 @@ use std::fmt;
 use tracing::{Event, Subscriber};
 use tracing_serde::fields::AsMap as _;
 use tracing_subscriber::fmt::format::{JsonFields, Writer};
-use tracing_subscriber::fmt::time::{FormatTime as _, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormattedFields};
 use tracing_subscriber::registry::{LookupSpan, SpanRef};
+
+use super::clock;
 
 /// Writes an event as one JSON object per line, in the shape of
 /// `tracing-subscriber`'s JSON format (`timestamp`, `level`, `fields`,
@@ -29,7 +30,7 @@ where
     ) -> fmt::Result {
         let meta = event.metadata();
         let mut timestamp = String::with_capacity(32);
-        SystemTime.format_time(&mut Writer::new(&mut timestamp))?;
+        clock::write_now(&mut Writer::new(&mut timestamp))?;
         let mut line = Vec::with_capacity(256);
         line.extend_from_slice(b"{\"timestamp\":");
         json_str(&mut line, &timestamp)?;
