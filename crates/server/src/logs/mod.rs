@@ -8,8 +8,8 @@
 //! against 90k with them off (BENCHMARKS.md §5); and once standard error
 //! was a full pipe nobody read, every request hung. Here a request hands
 //! its line to a bounded queue and goes on; the writer thread takes every
-//! line waiting, writes them in blocks of up to 64 KiB, and writes again
-//! as soon as the queue is empty, so no line waits for others to come.
+//! line waiting and writes them in blocks of up to 64 KiB: at once after
+//! a quiet spell, every 2 ms while lines keep coming.
 //!
 //! A line is dropped, and counted in `log_lines_dropped_total`
 //! ([`dropped_lines`]), when the queue is full (standard error slower than

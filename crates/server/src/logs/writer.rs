@@ -3,6 +3,7 @@
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 use tracing_subscriber::fmt::MakeWriter;
@@ -48,36 +49,46 @@ impl Write for &Queue {
     }
 }
 
-/// The writer thread: takes every line waiting, writes them to `out` in
-/// blocks, and writes again as soon as the queue is empty, until stopped
-/// or every sender is gone.
+/// How long the writer thread lets lines gather after writing while they
+/// keep coming. Blocked on the queue instead, it was woken for every few
+/// lines, and spun and yielded each time before sleeping again: 2% of the
+/// server's CPU on the no-database route (BENCHMARKS.md §5). A sleeping
+/// writer is not woken by the lines queued meanwhile; after a quiet spell
+/// it blocks on the queue, so an idle server has no timer running.
+const GATHER: Duration = Duration::from_millis(2);
+
+/// The writer thread: takes every line waiting and writes them to `out` in
+/// blocks; while lines keep coming, every [`GATHER`], else as soon as one
+/// comes; until stopped or every sender is gone.
 pub(super) fn write_out(lines: &Receiver<Message>, mut out: impl Write, dropped: &AtomicU64) {
     let mut block = Block::default();
-    loop {
-        let Ok(mut message) = lines.recv() else {
-            return;
-        };
-        loop {
-            match message {
-                Message::Line(line) => {
-                    if block.bytes.len() + line.len() > BLOCK_BYTES {
-                        block.write(&mut out, dropped);
+    while let Ok(first) = lines.recv() {
+        let mut next = Some(first);
+        while let Some(mut message) = next {
+            loop {
+                match message {
+                    Message::Line(line) => {
+                        if block.bytes.len() + line.len() > BLOCK_BYTES {
+                            block.write(&mut out, dropped);
+                        }
+                        block.bytes.extend_from_slice(&line);
+                        block.lines += 1;
                     }
-                    block.bytes.extend_from_slice(&line);
-                    block.lines += 1;
+                    Message::Stop(done) => {
+                        block.write(&mut out, dropped);
+                        let _ = done.send(());
+                        return;
+                    }
                 }
-                Message::Stop(done) => {
-                    block.write(&mut out, dropped);
-                    let _ = done.send(());
-                    return;
+                match lines.try_recv() {
+                    Ok(more) => message = more,
+                    Err(_) => break,
                 }
             }
-            match lines.try_recv() {
-                Ok(next) => message = next,
-                Err(_) => break,
-            }
+            block.write(&mut out, dropped);
+            std::thread::sleep(GATHER);
+            next = lines.try_recv().ok();
         }
-        block.write(&mut out, dropped);
     }
 }
 
@@ -171,6 +182,33 @@ pub(super) mod tests {
         let out = Buffer::default();
         assert_eq!(write_through(&lines, out.clone()), (true, 0));
         assert_eq!(*out.0.lock().unwrap(), lines.concat());
+    }
+
+    #[test]
+    fn a_line_is_written_without_waiting_for_more_lines_or_a_stop() {
+        let (queue, received) = crossbeam_channel::bounded(16);
+        let out = Buffer::default();
+        let writer = {
+            let out = out.clone();
+            std::thread::spawn(move || write_out(&received, out, &AtomicU64::new(0)))
+        };
+        let written = |expected: &[u8]| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while *out.0.lock().unwrap() != expected {
+                assert!(std::time::Instant::now() < deadline, "not written");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        // While the writer sleeps between blocks, and after it went back
+        // to waiting on the queue.
+        for pause in [0, 50] {
+            std::thread::sleep(Duration::from_millis(pause));
+            let before = out.0.lock().unwrap().clone();
+            queue.send(Message::Line(b"one\n".to_vec())).unwrap();
+            written(&[before.as_slice(), b"one\n"].concat());
+        }
+        drop(queue);
+        writer.join().unwrap();
     }
 
     #[test]
