@@ -5,7 +5,7 @@
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::Response;
 use tokio_postgres::types::PgLsn;
 
@@ -16,6 +16,10 @@ use crate::http::error::AppError;
 /// The header that carries a write's commit position, in Postgres's
 /// notation (`16/B374D848`), and in which a read presents it.
 pub const HEADER: &str = "x-pgbatch-lsn";
+
+/// [`HEADER`] as a header name: a `&str` key is checked and lowered byte
+/// by byte on every lookup, and every authenticated request looks.
+const HEADER_NAME: HeaderName = HeaderName::from_static(HEADER);
 
 /// The position a read presents in [`HEADER`], if any.
 #[derive(Debug, Clone, Copy, Default)]
@@ -29,7 +33,7 @@ impl ReadPosition {
     /// [`Failure::Invalid`] (`invalid_lsn`) when the header is present and
     /// not a WAL position.
     pub fn of(headers: &HeaderMap) -> Result<Self, Failure> {
-        let Some(value) = headers.get(HEADER) else {
+        let Some(value) = headers.get(&HEADER_NAME) else {
             return Ok(Self(None));
         };
         let text = value.to_str().map_err(|_| {
@@ -63,7 +67,7 @@ pub async fn stamp_write(writes: &Writes, mut response: Response) -> Response {
     match writes.commit_position().await {
         Ok(lsn) => {
             if let Ok(value) = HeaderValue::from_str(&lsn.to_string()) {
-                response.headers_mut().insert(HEADER, value);
+                response.headers_mut().insert(HEADER_NAME, value);
             }
         }
         Err(e) => tracing::warn!(error = %e, "could not read the commit position for a write"),
