@@ -30,7 +30,7 @@
 //! from JSON text for every line, twice (the `span` and the `spans`), which
 //! took 9% of the server's CPU on the no-database route. Text lines
 //! without colours are written by [`TextLines`], byte for byte as the
-//! default format writes them, at about half its cost.
+//! default format writes them, at about two thirds of its cost.
 
 mod clock;
 mod json;

@@ -199,9 +199,9 @@ pub(super) mod tests {
                 std::thread::sleep(Duration::from_millis(1));
             }
         };
-        // While the writer sleeps between blocks, and after it went back
-        // to waiting on the queue.
-        for pause in [0, 50] {
+        // While the writer waits on the queue, then (most likely) while it
+        // sleeps after writing, then after it went back to the queue.
+        for pause in [0, 0, 50] {
             std::thread::sleep(Duration::from_millis(pause));
             let before = out.0.lock().unwrap().clone();
             queue.send(Message::Line(b"one\n".to_vec())).unwrap();
