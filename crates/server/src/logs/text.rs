@@ -153,6 +153,23 @@ impl Visitor<'_> {
         write!(Sanitizing(&mut self.writer), "{value:?}")
     }
 
+    /// A number or a bool as `name=value`, its value written by `write`
+    /// as `Debug` would write it; as the message, through `Debug`.
+    fn scalar<T: fmt::Debug>(
+        &mut self,
+        field: &Field,
+        value: T,
+        write: impl FnOnce(&mut Writer<'_>, T) -> fmt::Result,
+    ) {
+        if field.name() == MESSAGE {
+            return self.record_debug(field, &value);
+        }
+        self.field(|v| {
+            v.name(field)?;
+            write(&mut v.writer, value)
+        });
+    }
+
     /// Writes one field unless an earlier one failed.
     fn field(&mut self, write: impl FnOnce(&mut Self) -> fmt::Result) {
         if self.result.is_ok() {
@@ -183,42 +200,24 @@ impl Visit for Visitor<'_> {
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        if field.name() == MESSAGE {
-            return self.record_debug(field, &value);
-        }
-        self.field(|v| {
-            v.name(field)?;
-            v.writer.write_str(itoa::Buffer::new().format(value))
+        self.scalar(field, value, |w, n| {
+            w.write_str(itoa::Buffer::new().format(n))
         });
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        if field.name() == MESSAGE {
-            return self.record_debug(field, &value);
-        }
-        self.field(|v| {
-            v.name(field)?;
-            v.writer.write_str(itoa::Buffer::new().format(value))
+        self.scalar(field, value, |w, n| {
+            w.write_str(itoa::Buffer::new().format(n))
         });
     }
 
     fn record_f64(&mut self, field: &Field, value: f64) {
-        if field.name() == MESSAGE {
-            return self.record_debug(field, &value);
-        }
-        self.field(|v| {
-            v.name(field)?;
-            write_f64(&mut v.writer, value)
-        });
+        self.scalar(field, value, write_f64);
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        if field.name() == MESSAGE {
-            return self.record_debug(field, &value);
-        }
-        self.field(|v| {
-            v.name(field)?;
-            v.writer.write_str(if value { "true" } else { "false" })
+        self.scalar(field, value, |w, b| {
+            w.write_str(if b { "true" } else { "false" })
         });
     }
 
