@@ -64,25 +64,16 @@ pub(super) fn write_out(lines: &Receiver<Message>, mut out: impl Write, dropped:
     let mut block = Block::default();
     while let Ok(first) = lines.recv() {
         let mut next = Some(first);
-        while let Some(mut message) = next {
-            loop {
+        while let Some(message) = next {
+            // It and every message waiting behind it.
+            for message in std::iter::once(message).chain(lines.try_iter()) {
                 match message {
-                    Message::Line(line) => {
-                        if block.bytes.len() + line.len() > BLOCK_BYTES {
-                            block.write(&mut out, dropped);
-                        }
-                        block.bytes.extend_from_slice(&line);
-                        block.lines += 1;
-                    }
+                    Message::Line(line) => block.add(&line, &mut out, dropped),
                     Message::Stop(done) => {
                         block.write(&mut out, dropped);
                         let _ = done.send(());
                         return;
                     }
-                }
-                match lines.try_recv() {
-                    Ok(more) => message = more,
-                    Err(_) => break,
                 }
             }
             block.write(&mut out, dropped);
@@ -100,6 +91,15 @@ struct Block {
 }
 
 impl Block {
+    /// Adds `line`, writing the block first if `line` would overfill it.
+    fn add(&mut self, line: &[u8], out: &mut impl Write, dropped: &AtomicU64) {
+        if self.bytes.len() + line.len() > BLOCK_BYTES {
+            self.write(out, dropped);
+        }
+        self.bytes.extend_from_slice(line);
+        self.lines += 1;
+    }
+
     /// Writes the block to `out`; lines `out` refuses are counted dropped.
     fn write(&mut self, out: &mut impl Write, dropped: &AtomicU64) {
         if self.lines == 0 {
