@@ -7,7 +7,7 @@ mod support;
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStderr, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::ADMIN_TOKEN;
@@ -26,26 +26,28 @@ impl Drop for Server {
     }
 }
 
-/// `pgbatch-server serve` on a seeded database of its own, on a free
-/// loopback port, with standard error piped to the test and none of the
-/// test's own `PGBATCH_*` settings.
-async fn start() -> Server {
+/// `pgbatch-server serve` on a seeded database of its own, with none of
+/// the test's own `PGBATCH_*` settings; and its standard error, read up to
+/// the line that says where it serves.
+///
+/// It listens on a loopback port it binds itself and names in its
+/// `serving` line. A port probed free by the test could be taken before
+/// the server binds it (the kernel hands a free port to two callers
+/// alike): the server then exits, and the test talks to whatever holds
+/// the port (CI once saw a reset so).
+async fn start() -> (Server, BufReader<ChildStderr>) {
     let config = support::database().await;
     let dir = tempfile::tempdir().unwrap();
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
     let mut command = Command::new(env!("CARGO_BIN_EXE_pgbatch-server"));
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("PGBATCH_") {
             command.env_remove(name);
         }
     }
-    let child = command
+    let mut child = command
         .arg("serve")
         .arg("--listen")
-        .arg(addr.to_string())
+        .arg("127.0.0.1:0")
         .arg("--data-dir")
         .arg(dir.path())
         .arg("--admin-token-file")
@@ -58,30 +60,57 @@ async fn start() -> Server {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut server = Server {
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    // Read on a thread of its own, so that a server that neither serves
+    // nor exits fails the test rather than hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(serving_addr(stderr));
+    });
+    let started = rx.recv_timeout(Duration::from_secs(60));
+    let (addr, stderr) = match started {
+        Ok(Ok(started)) => started,
+        Ok(Err(logs)) => {
+            let status = child.wait().unwrap();
+            panic!("the server exited ({status}) before serving:\n{logs}");
+        }
+        Err(_) => {
+            let _ = child.kill();
+            panic!("the server did not serve within 60 s");
+        }
+    };
+    let server = Server {
         child,
         addr,
         _dir: dir,
     };
-    let start = Instant::now();
-    while TcpStream::connect(addr).is_err() {
-        if let Some(status) = server.child.try_wait().unwrap() {
-            let mut logs = String::new();
-            let _ = server
-                .child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut logs);
-            panic!("the server exited ({status}) before listening:\n{logs}");
+    (server, stderr)
+}
+
+/// Reads `stderr` up to the server's `serving` line: the address it names,
+/// and the rest of `stderr`; or, if it ends first, what it held.
+fn serving_addr(
+    mut stderr: BufReader<ChildStderr>,
+) -> Result<(SocketAddr, BufReader<ChildStderr>), String> {
+    let mut logs = String::new();
+    loop {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap_or(0) == 0 {
+            return Err(logs);
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the server never listened"
-        );
-        std::thread::sleep(Duration::from_millis(20));
+        let addr = line
+            .contains(" serving")
+            .then(|| {
+                line.split_whitespace()
+                    .find_map(|field| field.strip_prefix("addr="))
+                    .and_then(|addr| addr.parse().ok())
+            })
+            .flatten();
+        if let Some(addr) = addr {
+            return Ok((addr, stderr));
+        }
+        logs.push_str(&line);
     }
-    server
 }
 
 /// One keep-alive connection that sends requests and reads each answer
@@ -154,11 +183,10 @@ fn terminate(child: &mut Child) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_and_the_shutdown_are_logged() {
-    let mut server = start().await;
-    let stderr = server.child.stderr.take().unwrap();
+    let (mut server, mut stderr) = start().await;
     let reader = std::thread::spawn(move || {
         let mut text = String::new();
-        BufReader::new(stderr).read_to_string(&mut text).unwrap();
+        stderr.read_to_string(&mut text).unwrap();
         text
     });
     let mut client = Client::connect(server.addr);
@@ -190,12 +218,15 @@ async fn every_request_and_the_shutdown_are_logged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_standard_error_drops_log_lines_not_requests() {
-    let mut server = start().await;
+    let (mut server, stalled) = start().await;
     // Held open and never read: once the pipe is full, every write to it
     // blocks, as a log collector that stopped reading would make it. Its
     // size is set, so the lines it holds are known (about 350).
-    let stalled = server.child.stderr.take().unwrap();
-    nix::fcntl::fcntl(&stalled, nix::fcntl::FcntlArg::F_SETPIPE_SZ(64 * 1024)).unwrap();
+    nix::fcntl::fcntl(
+        stalled.get_ref(),
+        nix::fcntl::FcntlArg::F_SETPIPE_SZ(64 * 1024),
+    )
+    .unwrap();
     let mut client = Client::connect(server.addr);
     // Past the pipe, the writer thread's block (about 350 lines more) and
     // its queue.
