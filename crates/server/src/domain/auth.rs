@@ -5,7 +5,8 @@
 //! Tokens are 256-bit random values, stored only as SHA-256 digests. A
 //! request's token is hashed and the digest looked up, through a
 //! coalescing cache (TTL 20 s, jitter 3 s by default), so steady traffic
-//! makes no database round trip per request. Looking up a digest
+//! makes no database round trip per request, and in front of it a memo of
+//! the few tokens seen in the last moments (`memo`). Looking up a digest
 //! leaks nothing useful through timing: the time can at most depend on how
 //! much of the *digest* matches a stored one, and knowing that does not
 //! help anyone construct a token.
@@ -27,6 +28,9 @@ use crate::db::Postgres;
 use crate::domain::failure::Failure;
 use crate::domain::input;
 use crate::settings::AuthSettings;
+
+mod memo;
+use memo::Memo;
 
 /// A token's SHA-256 digest, the only form in which tokens are stored.
 pub type TokenDigest = [u8; 32];
@@ -139,9 +143,16 @@ impl Principal {
 #[derive(Debug, Clone)]
 pub struct Authenticator {
     router: ReadRouter,
-    cache: Option<Cache<TokenDigest, Arc<Principal>>>,
+    cache: Option<TokenCache>,
     /// The cache is used only while this allows.
     coherence: Coherence,
+}
+
+/// The token cache, and the memo in front of it.
+#[derive(Debug, Clone)]
+struct TokenCache {
+    store: Cache<TokenDigest, Arc<Principal>>,
+    memo: Arc<Memo>,
 }
 
 impl Authenticator {
@@ -163,7 +174,7 @@ impl Authenticator {
             None => None,
             Some(c) => {
                 let router = router.clone();
-                Some(c.builder("auth").build(move |digest: TokenDigest| {
+                let store = c.builder("auth").build(move |digest: TokenDigest| {
                     let router = router.clone();
                     async move {
                         find_principal(&router, Needs::CacheFill, &digest)
@@ -171,7 +182,11 @@ impl Authenticator {
                             .map(|p| p.map(Arc::new))
                             .map_err(pgbatch::Error::load)
                     }
-                })?)
+                })?;
+                Some(TokenCache {
+                    store,
+                    memo: Arc::new(Memo::new(c.ttl)),
+                })
             }
         };
         Ok(Self {
@@ -208,7 +223,7 @@ impl Authenticator {
         let needs = match (position, &self.cache) {
             (Some(lsn), _) => Needs::CacheFillAt(lsn),
             (None, Some(cache)) if self.coherence.caches_usable() => {
-                return Ok(cache.get(digest).await?);
+                return cache.principal(&digest).await;
             }
             // Uncached reads follow the cache's rule too, so a token
             // revoked while the listener is down is refused.
@@ -314,7 +329,9 @@ impl Authenticator {
         // Also without a cache: uncached lookups follow the fill rule.
         self.router.begin_invalidation();
         if let Some(cache) = &self.cache {
-            cache.invalidate_all();
+            cache.store.invalidate_all();
+            // After the store: see `Memo::invalidate`.
+            cache.memo.invalidate();
         }
     }
 
@@ -327,21 +344,47 @@ impl Authenticator {
         };
         for digest in digests {
             if let Ok(digest) = TokenDigest::try_from(digest.as_slice()) {
-                cache.invalidate(&digest).await;
+                cache.store.invalidate(&digest).await;
             }
         }
+        // All of the memo, after the store (see `Memo::invalidate`): a
+        // token's change is rare next to its reads, and the memo is
+        // refilled in one cache lookup per token.
+        cache.memo.invalidate();
     }
 
     /// Applies the token cache's pending bookkeeping, before reading counts.
     pub async fn sync_cache(&self) {
         if let Some(cache) = &self.cache {
-            cache.run_pending_tasks().await;
+            cache.store.run_pending_tasks().await;
         }
     }
 
-    /// The token cache's counters, if the cache is on.
+    /// The token cache's counters, if the cache is on; its hits count the
+    /// memo's.
     pub fn cache_stats(&self) -> Option<pgbatch::cache::CacheStats> {
-        self.cache.as_ref().map(Cache::stats)
+        self.cache.as_ref().map(|cache| {
+            let mut stats = cache.store.stats();
+            stats.hits += cache.memo.hits();
+            stats
+        })
+    }
+}
+
+impl TokenCache {
+    /// The principal of `digest` from the memo, else from the store (then
+    /// kept in the memo).
+    async fn principal(&self, digest: &TokenDigest) -> Result<Option<Arc<Principal>>, Failure> {
+        if let Some(principal) = self.memo.get(digest) {
+            return Ok(Some(principal));
+        }
+        // Read before the lookup: see `Memo::put`.
+        let generation = self.memo.generation();
+        let found = self.store.get(*digest).await?;
+        if let Some(principal) = &found {
+            self.memo.put(digest, principal, generation);
+        }
+        Ok(found)
     }
 }
 

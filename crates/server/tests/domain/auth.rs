@@ -286,6 +286,61 @@ async fn a_revoked_token_stops_working_within_the_cache_ttl() {
     );
 }
 
+/// What the invalidation listener calls when another instance changes
+/// tokens or policies: it takes effect on the next request, though the
+/// token was just used (so its principal is in the memo in front of the
+/// cache as well as in the cache). Users and rows are changed with
+/// triggers off, so no notification races the calls made here.
+#[tokio::test]
+async fn forgetting_a_token_or_all_principals_takes_effect_on_the_next_request() {
+    let config = support::database().await;
+    let app = support::app_on(&config, &auth_cache(true)).await;
+    let mut c = client(&config).await;
+    c.batch_execute("SET session_replication_role = replica")
+        .await
+        .unwrap();
+    let mut tokens = Vec::new();
+    for name in ["dana", "erin"] {
+        auth::create_user(&mut c, name, &["demo".to_owned()], &[])
+            .await
+            .unwrap();
+        let token = auth::new_token().unwrap();
+        auth::add_token(&c, name, &token, "test").await.unwrap();
+        tokens.push(token);
+    }
+    let [dana, erin] = <[String; 2]>::try_from(tokens).unwrap();
+    let uri = stat_uri("demo", &object_path(1));
+    let status = |token: &str| {
+        let request = get_as(&uri, Some(token));
+        async { send(&app.router, request).await.0 }
+    };
+    for _ in 0..3 {
+        assert_eq!(status(&dana).await, StatusCode::OK);
+        assert_eq!(status(&erin).await, StatusCode::OK);
+    }
+
+    let digest = auth::digest(&dana);
+    c.execute(
+        "DELETE FROM tokens WHERE digest = $1",
+        &[&digest.as_slice()],
+    )
+    .await
+    .unwrap();
+    assert_eq!(status(&dana).await, StatusCode::OK, "still cached");
+    app.state.auth.forget(&[digest.to_vec()]).await;
+    assert_eq!(status(&dana).await, StatusCode::UNAUTHORIZED, "forgotten");
+
+    c.execute(
+        "DELETE FROM policies WHERE user_id = (SELECT id FROM users WHERE name = 'erin')",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(status(&erin).await, StatusCode::OK, "still cached");
+    app.state.auth.forget_all();
+    assert_eq!(status(&erin).await, StatusCode::FORBIDDEN, "forgotten");
+}
+
 /// The token file itself is `main`'s, tested there: written once, for its
 /// owner only.
 #[tokio::test]
