@@ -6,6 +6,7 @@
 //! Also [`authenticate`], which resolves the bearer token and puts the
 //! [`Caller`] into the request (run by [`crate::http::guard`]).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use axum::extract::{FromRequest, FromRequestParts, Path, RawQuery, Request};
@@ -149,15 +150,16 @@ pub async fn authenticate(auth: &Authenticator, mut req: Request) -> Result<Requ
     Ok(req)
 }
 
-/// The token an `Authorization` header carries: a bearer token, or a Basic
-/// pair of the token's id and the token.
-fn credential(value: Option<&HeaderValue>) -> Result<String, AppError> {
+/// The token an `Authorization` header carries: a bearer token (borrowed
+/// from the header, as every request has one), or a Basic pair of the
+/// token's id and the token.
+fn credential(value: Option<&HeaderValue>) -> Result<Cow<'_, str>, AppError> {
     let is_basic = value
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once(' '))
         .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("basic"));
     if !is_basic {
-        return bearer_token(value).map(str::to_owned);
+        return bearer_token(value).map(Cow::Borrowed);
     }
     let malformed = |msg: &str| AppError::unauthorized("malformed_token", msg);
     let encoded = value
@@ -184,7 +186,7 @@ fn credential(value: Option<&HeaderValue>) -> Result<String, AppError> {
             "the access key id is not the id of this secret (`token list` shows ids)",
         ));
     }
-    Ok(token.to_owned())
+    Ok(Cow::Owned(token.to_owned()))
 }
 
 /// Whether `a` and `b` are equal, taking as long whatever their contents.
