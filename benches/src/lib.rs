@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use pgbatch::Loader;
 
+pub mod cpu;
 pub mod delay_proxy;
 pub mod reads;
 

@@ -10,6 +10,11 @@
 //! The server runs in this process on its own router and pool, over the
 //! same `random_read_test` table as the in-process load generator; wrk runs
 //! as a separate process (`./scripts/ensure-bench-tools.sh` installs it).
+//! All of them share the machine's cores, so each run also reports the CPU
+//! time per request of the server (this process), of wrk and of Postgres,
+//! and the share of the machine left idle ([`benches::cpu`]): while nothing
+//! is idle, a route's throughput against another's is the inverse of their
+//! total CPU per request, and these columns say where the difference is.
 //!
 //! ```text
 //! cargo run --release -p benches --bin httpload             # 10M rows, 300 connections
@@ -21,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use anyhow::{bail, Context as _};
+use benches::cpu::{CpuSnapshot, CpuUse};
 use benches::reads::TableArgs;
 use benches::{
     print_markdown,
@@ -95,6 +101,8 @@ struct WrkResult {
     p50_us: f64,
     p99_us: f64,
     max_us: f64,
+    /// CPU time spent during the run, by process.
+    cpu: Option<CpuUse>,
 }
 
 impl WrkResult {
@@ -326,7 +334,12 @@ async fn serve_and_drive(
     let warm_up = if args.table.smoke { 1 } else { 3 };
     wrk(args, script, &url, route, keys, warm_up, seed).await?;
     let before = state.reads.kv.batcher_stats();
-    let result = wrk(args, script, &url, route, keys, args.seconds, seed).await?;
+    let cluster = db.cluster.as_ref();
+    let cpu_before = CpuSnapshot::take(cluster);
+    let mut result = wrk(args, script, &url, route, keys, args.seconds, seed).await?;
+    let cpu = CpuSnapshot::take(cluster).since(&cpu_before);
+    eprintln!("  {route}: {}", cpu.describe(result.requests));
+    result.cpu = Some(cpu);
     // How well the run batched: the database's cost per key depends on it.
     if let (Some(a), Some(b)) = (before, state.reads.kv.batcher_stats()) {
         let loaded = |s: &pgbatch::StatsSnapshot| s.found + s.not_found + s.failed_keys;
@@ -398,6 +411,7 @@ async fn wrk(
         p50_us: num("p50_us"),
         p99_us: num("p99_us"),
         max_us: num("max_us"),
+        cpu: None,
     };
     if result.requests == 0 {
         bail!("wrk completed no requests: {stdout}");
@@ -437,6 +451,10 @@ fn print_table(results: &[Outcome], args: &Args) {
         ("p99 ms", Right),
         ("max ms", Right),
         ("errors", Right),
+        ("server CPU µs/req", Right),
+        ("Postgres CPU µs/req", Right),
+        ("wrk CPU µs/req", Right),
+        ("idle", Right),
     ];
     print_markdown(
         &columns,
@@ -454,6 +472,9 @@ fn print_table(results: &[Outcome], args: &Args) {
                 format!("{:.2}", r.max_us / 1e3),
                 r.errors.to_string(),
             ]
+            .into_iter()
+            .chain(cpu_cells(r))
+            .collect()
         }),
     );
     let share_of = |path: &str| {
@@ -501,6 +522,25 @@ fn print_table(results: &[Outcome], args: &Args) {
     if results.iter().any(|o| o.result.errors > 0) {
         println!("warning: some requests failed (see the errors column)");
     }
+}
+
+/// The CPU columns of a run: server, Postgres and wrk per request, and
+/// the idle share; `-` where not measured.
+fn cpu_cells(r: &WrkResult) -> [String; 4] {
+    let us = |d: Option<std::time::Duration>| {
+        d.map_or_else(
+            || "-".to_owned(),
+            |d| format!("{:.1}", CpuUse::per_request_us(d, r.requests)),
+        )
+    };
+    let cpu = r.cpu.as_ref();
+    [
+        us(cpu.map(|c| c.server)),
+        us(cpu.and_then(|c| c.postgres)),
+        us(cpu.map(|c| c.load)),
+        cpu.and_then(|c| c.idle)
+            .map_or_else(|| "-".to_owned(), |i| format!("{:.0}%", i * 100.0)),
+    ]
 }
 
 fn append_csv(

@@ -560,13 +560,28 @@ impl Cluster {
     ///
     /// When the postmaster's PID cannot be read from `postmaster.pid`.
     pub fn freeze(&self) -> Result<Frozen, Error> {
-        let postmaster = self.postmaster_pid()?;
-        // Children first, so none sees its parent stop while it runs on.
-        let mut pids = children_of(postmaster);
-        pids.push(postmaster);
-        let frozen = Frozen { pids };
+        // Children first (as `processes` lists them), so none sees its
+        // parent stop while it runs on.
+        let frozen = Frozen {
+            pids: self.processes()?,
+        };
         frozen.signal(nix::sys::signal::Signal::SIGSTOP);
         Ok(frozen)
+    }
+
+    /// The PIDs of the postmaster and of every process it has started
+    /// (backends, background workers) at this moment: what a benchmark
+    /// reads to charge the server's CPU time to a run.
+    ///
+    /// # Errors
+    ///
+    /// When the postmaster's PID cannot be read from `postmaster.pid`.
+    pub fn processes(&self) -> Result<Vec<i32>, Error> {
+        let postmaster = self.postmaster_pid()?;
+        // Children first: `freeze` relies on the order.
+        let mut pids = children_of(postmaster);
+        pids.push(postmaster);
+        Ok(pids)
     }
 
     fn postmaster_pid(&self) -> Result<i32, Error> {

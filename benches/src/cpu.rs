@@ -1,0 +1,227 @@
+//! Where a run's CPU time went: the server under test (this process), the
+//! load generator (a child process, such as wrk), Postgres (the embedded
+//! cluster's processes) and what the machine left idle.
+//!
+//! When all of them share the machine's cores and it is saturated (idle
+//! near zero), one route's throughput against another's is the inverse of
+//! their CPU time per request, summed over every process. These figures
+//! say which process a gap between two routes comes from, measured in the
+//! same run as the throughput.
+//!
+//! Read from `getrusage` and `/proc` rather than through a crate: the
+//! few fields needed here are one line of each, and Linux is the only
+//! platform the benchmarks run on.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use nix::sys::resource::{getrusage, Usage, UsageWho};
+
+/// The kernel's unit for the times in `/proc/<pid>/stat` and `/proc/stat`
+/// (`USER_HZ`): 100 on every Linux architecture the benchmarks run on.
+const TICKS_PER_SECOND: u64 = 100;
+
+/// CPU times at one moment, to subtract from a later one.
+#[derive(Debug, Clone)]
+pub struct CpuSnapshot {
+    server: Duration,
+    children: Duration,
+    /// CPU time of each of the cluster's processes by (PID, start time),
+    /// so that a PID used again by a new process is not taken for the old.
+    postgres: Option<HashMap<(i32, u64), Duration>>,
+    /// Idle and total ticks of the whole machine.
+    machine: Option<(u64, u64)>,
+}
+
+/// CPU time spent between two snapshots.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CpuUse {
+    /// This process: the server under test (its runtime's threads and its
+    /// log writer).
+    pub server: Duration,
+    /// Child processes that ended in between: the load generator.
+    pub load: Duration,
+    /// The cluster's processes; `None` without an embedded cluster (a
+    /// `DATABASE_URL` elsewhere) or when they could not be read.
+    pub postgres: Option<Duration>,
+    /// The share of the machine's CPU time nobody used, from 0 to 1.
+    pub idle: Option<f64>,
+}
+
+impl CpuSnapshot {
+    /// CPU times now, the Postgres processes' read from `cluster`'s.
+    pub fn take(cluster: Option<&embedded_pg::Cluster>) -> Self {
+        Self {
+            server: usage(UsageWho::RUSAGE_SELF),
+            children: usage(UsageWho::RUSAGE_CHILDREN),
+            postgres: cluster.and_then(|c| c.processes().ok()).map(|pids| {
+                pids.into_iter()
+                    .filter_map(|pid| {
+                        let (start, cpu) = process_cpu(pid)?;
+                        Some(((pid, start), cpu))
+                    })
+                    .collect()
+            }),
+            machine: machine_ticks(),
+        }
+    }
+
+    /// What was spent from `earlier` to this snapshot. A Postgres process
+    /// that started in between counts whole; one that ended in between is
+    /// not counted (a run's pooled connections outlive it).
+    pub fn since(&self, earlier: &Self) -> CpuUse {
+        let postgres = match (&self.postgres, &earlier.postgres) {
+            (Some(now), Some(before)) => Some(
+                now.iter()
+                    .map(|(id, cpu)| {
+                        cpu.saturating_sub(before.get(id).copied().unwrap_or_default())
+                    })
+                    .sum(),
+            ),
+            _ => None,
+        };
+        let idle = match (self.machine, earlier.machine) {
+            (Some((idle, total)), Some((idle0, total0))) if total > total0 => {
+                Some(idle.saturating_sub(idle0) as f64 / (total - total0) as f64)
+            }
+            _ => None,
+        };
+        CpuUse {
+            server: self.server.saturating_sub(earlier.server),
+            load: self.children.saturating_sub(earlier.children),
+            postgres,
+            idle,
+        }
+    }
+}
+
+impl CpuUse {
+    /// Microseconds of CPU per request, of `spent` over `requests`.
+    pub fn per_request_us(spent: Duration, requests: u64) -> f64 {
+        spent.as_secs_f64() * 1e6 / requests.max(1) as f64
+    }
+
+    /// One line for a run of `requests` requests: CPU per request by
+    /// process, and the idle share.
+    pub fn describe(&self, requests: u64) -> String {
+        let us = |d: Duration| Self::per_request_us(d, requests);
+        let mut line = format!(
+            "CPU per request: server {:.1} µs, load generator {:.1} µs",
+            us(self.server),
+            us(self.load)
+        );
+        if let Some(pg) = self.postgres {
+            line += &format!(", Postgres {:.1} µs", us(pg));
+        }
+        if let Some(idle) = self.idle {
+            line += &format!("; machine idle {:.0}%", idle * 100.0);
+        }
+        line
+    }
+}
+
+fn usage(who: UsageWho) -> Duration {
+    getrusage(who).map_or(Duration::ZERO, |u: Usage| {
+        let micros =
+            |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
+        Duration::from_micros(micros(u.user_time()) + micros(u.system_time()))
+    })
+}
+
+/// A process's start time (in ticks since boot) and its user plus system
+/// CPU time, from `/proc/<pid>/stat`; `None` once it has ended.
+fn process_cpu(pid: i32) -> Option<(u64, Duration)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_process_stat(&stat)
+}
+
+/// [`process_cpu`] of the text of a `/proc/<pid>/stat`.
+fn parse_process_stat(stat: &str) -> Option<(u64, Duration)> {
+    // The command, in parentheses, may hold spaces and parentheses: the
+    // fields are counted from after the last `)`. There, field 3 (state)
+    // is the first; utime and stime are fields 14 and 15, starttime 22.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+    let ticks = field(14)? + field(15)?;
+    Some((field(22)?, ticks_to_duration(ticks)))
+}
+
+/// The machine's idle ticks (idle and waiting for I/O) and all its ticks,
+/// from the first line of `/proc/stat`.
+fn machine_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    parse_machine_ticks(stat.lines().next()?)
+}
+
+/// [`machine_ticks`] of the `cpu` line of `/proc/stat`.
+fn parse_machine_ticks(line: &str) -> Option<(u64, u64)> {
+    let mut fields = line.split_whitespace();
+    if fields.next()? != "cpu" {
+        return None;
+    }
+    // user nice system idle iowait irq softirq steal; guest time is
+    // already part of user time, so the columns after steal are left out.
+    let ticks: Vec<u64> = fields
+        .take(8)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    if ticks.len() < 5 {
+        return None;
+    }
+    Some((ticks[3] + ticks[4], ticks.iter().sum()))
+}
+
+fn ticks_to_duration(ticks: u64) -> Duration {
+    Duration::from_millis(ticks * 1000 / TICKS_PER_SECOND)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_stat_is_read_past_a_command_with_spaces_and_parentheses() {
+        // A postgres backend's line (fields 3 to 22, then the rest).
+        let stat = "4242 (postgres: a) b) S 4200 4200 4200 0 -1 4194560 900 0 0 0 \
+                    250 37 0 0 20 0 1 0 123456 2000000 500 18446744073709551615";
+        assert_eq!(
+            parse_process_stat(stat),
+            Some((123_456, Duration::from_millis(2_870)))
+        );
+        assert_eq!(parse_process_stat("4242 (cut short) S 1 2"), None);
+    }
+
+    #[test]
+    fn the_machine_line_gives_idle_and_total_ticks() {
+        let line = "cpu  100 5 50 800 20 1 2 7 30 0";
+        // idle 800 + iowait 20; total of the first eight (guest is in user).
+        assert_eq!(parse_machine_ticks(line), Some((820, 985)));
+        assert_eq!(parse_machine_ticks("cpu0 1 2 3 4 5 6 7 8"), None);
+    }
+
+    #[test]
+    fn this_process_is_charged_for_the_work_it_does() {
+        let before = CpuSnapshot::take(None);
+        // Bounded by the wall clock, as a busy machine may lend this test
+        // little of its CPU.
+        let started = std::time::Instant::now();
+        let mut x = 0u64;
+        let spent = loop {
+            for _ in 0..100_000 {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+            let spent = CpuSnapshot::take(None).since(&before);
+            if spent.server >= Duration::from_millis(30) {
+                break spent;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "no CPU time charged: {spent:?}"
+            );
+        };
+        assert_eq!(spent.postgres, None);
+        let idle = spent.idle.expect("/proc/stat is readable");
+        assert!((0.0..=1.0).contains(&idle), "{idle}");
+    }
+}
