@@ -13,6 +13,7 @@
 //! platform the benchmarks run on.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use nix::sys::resource::{getrusage, Usage, UsageWho};
@@ -111,10 +112,10 @@ impl CpuUse {
             us(self.load)
         );
         if let Some(pg) = self.postgres {
-            line += &format!(", Postgres {:.1} µs", us(pg));
+            let _ = write!(line, ", Postgres {:.1} µs", us(pg));
         }
         if let Some(idle) = self.idle {
-            line += &format!("; machine idle {:.0}%", idle * 100.0);
+            let _ = write!(line, "; machine idle {:.0}%", idle * 100.0);
         }
         line
     }
@@ -122,9 +123,12 @@ impl CpuUse {
 
 fn usage(who: UsageWho) -> Duration {
     getrusage(who).map_or(Duration::ZERO, |u: Usage| {
-        let micros =
-            |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
-        Duration::from_micros(micros(u.user_time()) + micros(u.system_time()))
+        // Never negative: these are times spent.
+        let time = |t: nix::sys::time::TimeVal| {
+            Duration::from_secs(u64::try_from(t.tv_sec()).unwrap_or(0))
+                + Duration::from_micros(u64::try_from(t.tv_usec()).unwrap_or(0))
+        };
+        time(u.user_time()) + time(u.system_time())
     })
 }
 
@@ -200,6 +204,67 @@ mod tests {
         assert_eq!(parse_machine_ticks("cpu0 1 2 3 4 5 6 7 8"), None);
     }
 
+    /// A snapshot of the given Postgres processes ((PID, start), ms) and
+    /// idle and total machine ticks.
+    fn snapshot(
+        server_ms: u64,
+        postgres: &[((i32, u64), u64)],
+        machine: (u64, u64),
+    ) -> CpuSnapshot {
+        CpuSnapshot {
+            server: Duration::from_millis(server_ms),
+            children: Duration::from_millis(server_ms / 2),
+            postgres: Some(
+                postgres
+                    .iter()
+                    .map(|&(id, ms)| (id, Duration::from_millis(ms)))
+                    .collect(),
+            ),
+            machine: Some(machine),
+        }
+    }
+
+    #[test]
+    fn postgres_processes_count_what_they_spent_in_between() {
+        let before = snapshot(
+            1_000,
+            &[((10, 5), 300), ((11, 5), 200), ((12, 5), 50)],
+            (100, 1_000),
+        );
+        let after = snapshot(
+            1_600,
+            // 10 ran on; 11 ended (its PID now names a new process, 40 ms
+            // old); 12 ended; 13 started in between.
+            &[((10, 5), 450), ((11, 900), 40), ((13, 950), 70)],
+            (130, 1_200),
+        );
+        let spent = after.since(&before);
+        assert_eq!(spent.server, Duration::from_millis(600));
+        assert_eq!(spent.load, Duration::from_millis(300));
+        assert_eq!(spent.postgres, Some(Duration::from_millis(150 + 40 + 70)));
+        assert_eq!(spent.idle, Some(30.0 / 200.0));
+        assert_eq!(CpuUse::per_request_us(spent.server, 1_000), 600.0);
+        assert_eq!(
+            spent.describe(1_000),
+            "CPU per request: server 600.0 µs, load generator 300.0 µs, \
+             Postgres 260.0 µs; machine idle 15%"
+        );
+    }
+
+    #[test]
+    fn without_a_cluster_or_machine_figures_those_parts_are_left_out() {
+        let mut before = snapshot(0, &[], (0, 0));
+        let mut after = snapshot(10, &[], (0, 0));
+        before.postgres = None;
+        after.postgres = None;
+        let spent = after.since(&before);
+        assert_eq!((spent.postgres, spent.idle), (None, None));
+        assert_eq!(
+            spent.describe(1),
+            "CPU per request: server 10000.0 µs, load generator 5000.0 µs"
+        );
+    }
+
     #[test]
     fn this_process_is_charged_for_the_work_it_does() {
         let before = CpuSnapshot::take(None);
@@ -220,6 +285,13 @@ mod tests {
                 "no CPU time charged: {spent:?}"
             );
         };
+        // Other tests' threads count too, but no more than every core
+        // for the whole time (with a tick of slack): a unit read wrong
+        // would be out by a factor of a thousand.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let most = started.elapsed() * u32::try_from(cores).unwrap_or(u32::MAX)
+            + Duration::from_millis(20);
+        assert!(spent.server <= most, "{spent:?} in {:?}", started.elapsed());
         assert_eq!(spent.postgres, None);
         let idle = spent.idle.expect("/proc/stat is readable");
         assert!((0.0..=1.0).contains(&idle), "{idle}");

@@ -569,9 +569,10 @@ impl Cluster {
         Ok(frozen)
     }
 
-    /// The PIDs of the postmaster and of every process it has started
-    /// (backends, background workers) at this moment: what a benchmark
-    /// reads to charge the server's CPU time to a run.
+    /// The PIDs of the postmaster and of its children at this moment:
+    /// every process of the cluster, as the postmaster starts them all
+    /// itself (backends, background workers, autovacuum). A benchmark
+    /// reads their CPU times to charge Postgres's share to a run.
     ///
     /// # Errors
     ///
