@@ -357,8 +357,17 @@ impl BatchSettings {
             .policy(self.policy)
             .max_delay(self.max_delay)
             .timeout(timeout)
+            // A load still running a second past its callers' deadline
+            // (its statement timeout fires at the deadline) is on a node
+            // that stopped answering: abandoned, its connection is
+            // discarded and its slot freed (`pgbatch::pg::Lease`).
+            .load_timeout(timeout + LOAD_GRACE)
     }
 }
+
+/// How long past its callers' deadline a load may run before it is
+/// abandoned.
+pub const LOAD_GRACE: Duration = Duration::from_secs(1);
 
 /// Settings of a coalescing TTL cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

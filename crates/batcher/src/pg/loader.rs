@@ -104,7 +104,10 @@ impl PgError {
     /// Whether the pool had no free connection within its wait timeout: the
     /// database is saturated, and the caller should shed load.
     pub fn is_pool_timeout(&self) -> bool {
-        matches!(self, PgError::Pool(PoolError::Timeout(_)))
+        matches!(
+            self,
+            PgError::Pool(PoolError::Timeout(deadpool_postgres::TimeoutType::Wait))
+        )
     }
 
     /// Whether the server cancelled the statement because it ran past
@@ -113,11 +116,20 @@ impl PgError {
         self.kind() == DbErrorKind::StatementTimeout
     }
 
-    /// The kind of the server's error report ([`DbErrorKind::Other`] when
-    /// there is none, as for pool errors).
+    /// The kind of the failure, as [`classify`](super::classify) sorts
+    /// it. A pool that could not open a connection in time (or at all)
+    /// is [`DbErrorKind::Unavailable`]; one that had none free within its
+    /// wait timeout is [`DbErrorKind::Other`] (see
+    /// [`is_pool_timeout`](Self::is_pool_timeout)).
     pub fn kind(&self) -> DbErrorKind {
-        self.as_db_error()
-            .map_or(DbErrorKind::Other, DbErrorKind::of)
+        match self {
+            PgError::Query(e) | PgError::Pool(PoolError::Backend(e)) => super::classify(e),
+            PgError::Pool(PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)) => {
+                DbErrorKind::Other
+            }
+            PgError::Pool(PoolError::Timeout(_)) => DbErrorKind::Unavailable,
+            PgError::Pool(_) => DbErrorKind::Other,
+        }
     }
 
     /// The server's error report, if the server returned one.
@@ -229,17 +241,39 @@ impl<Q: BatchQuery> PgLoader<Q> {
     ///
     /// [`PgError`] when no connection is available or the statement fails.
     pub async fn load_one(&self, key: &Q::Key) -> Result<Option<Q::Value>, PgError> {
-        let mut client = self.pool.get().await?;
         let q = &*self.query;
         let params = q.query.single_params(key);
-        let rows = q
-            .statements
-            .query(&mut client, &q.single, &as_refs(&params))
-            .await?;
+        let rows = self.run(&q.single, &as_refs(&params)).await?;
         match rows.first() {
             Some(row) => Ok(Some(q.query.map_row(row)?.1)),
             None => Ok(None),
         }
+    }
+
+    /// Runs `sql` on a leased connection; if the node turned out to be
+    /// gone or no longer a primary, once more on a new connection (a read
+    /// is safe to repeat; the pool has discarded the old node's
+    /// connections, so the new one goes to whichever node its connector
+    /// finds).
+    async fn run(&self, sql: &Sql, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, PgError> {
+        match self.run_once(sql, params).await {
+            Err(e) if e.kind() == DbErrorKind::Unavailable => {
+                tracing::debug!(error = %e, "database node lost; reading again on a new connection");
+                self.run_once(sql, params).await
+            }
+            done => done,
+        }
+    }
+
+    async fn run_once(
+        &self,
+        sql: &Sql,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, PgError> {
+        let mut lease = super::Lease::get(&self.pool).await?;
+        let rows = self.query.statements.query(&mut lease, sql, params).await;
+        lease.settle(&rows);
+        Ok(rows?)
     }
 }
 
@@ -258,16 +292,12 @@ impl<Q: BatchQuery> Loader<Q::Key, Q::Value> for PgLoader<Q> {
     /// one are what a lightly loaded batcher sends, and a plain equality
     /// costs the server less than `= ANY` over a one-element array.
     async fn load(&self, keys: Vec<Q::Key>) -> Result<HashMap<Q::Key, Q::Value>, PgError> {
-        let mut client = self.pool.get().await?;
         let q = &*self.query;
         let (sql, params) = match keys.as_slice() {
             [key] => (&q.single, q.query.single_params(key)),
             _ => (&q.batch, q.query.batch_params(&keys)),
         };
-        let rows = q
-            .statements
-            .query(&mut client, sql, &as_refs(&params))
-            .await?;
+        let rows = self.run(sql, &as_refs(&params)).await?;
         let mut found = HashMap::with_capacity(rows.len());
         for row in &rows {
             let (key, value) = q.query.map_row(row)?;

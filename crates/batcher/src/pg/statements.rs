@@ -6,7 +6,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use deadpool_postgres::{Client, Transaction};
+use deadpool_postgres::{ClientWrapper as Client, Transaction};
 use futures_util::future::{join3, Either};
 use tokio::sync::OnceCell;
 use tokio_postgres::types::{ToSql, Type};

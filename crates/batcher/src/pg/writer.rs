@@ -158,11 +158,39 @@ impl<Q: UpsertQuery> PgWriter<Q> {
 
     /// Writes `rows` (distinct keys) in one transaction; on a row fault,
     /// writes them one by one under savepoints so only the faulty rows fail.
+    ///
+    /// If the node turned out to be gone or no longer a primary, the batch
+    /// is written once more on a new connection: an upsert is safe to
+    /// repeat (it may have committed before the connection was lost; the
+    /// rows are the same, and a row it created reads as updated then).
     async fn upsert(
         &self,
         rows: &[Q::Row],
     ) -> Result<HashMap<Q::Key, Result<bool, Arc<RowError>>>, PgError> {
-        let mut client = self.pool.get().await?;
+        match self.upsert_once(rows).await {
+            Err(e) if e.kind() == DbErrorKind::Unavailable => {
+                tracing::debug!(error = %e, "database node lost; writing the batch again on a new connection");
+                self.upsert_once(rows).await
+            }
+            done => done,
+        }
+    }
+
+    async fn upsert_once(
+        &self,
+        rows: &[Q::Row],
+    ) -> Result<HashMap<Q::Key, Result<bool, Arc<RowError>>>, PgError> {
+        let mut lease = super::Lease::get(&self.pool).await?;
+        let written = self.upsert_on(&mut lease, rows).await;
+        lease.settle(&written);
+        written
+    }
+
+    async fn upsert_on(
+        &self,
+        client: &mut deadpool_postgres::ClientWrapper,
+        rows: &[Q::Row],
+    ) -> Result<HashMap<Q::Key, Result<bool, Arc<RowError>>>, PgError> {
         let tx = client.transaction().await?;
         self.statements.begin(&tx).await?;
         let params = self.query.batch_params(rows);
@@ -182,7 +210,7 @@ impl<Q: UpsertQuery> PgWriter<Q> {
             }
             Err(e) if is_row_fault(&e) => {
                 tx.rollback().await?;
-                self.upsert_one_by_one(&mut client, rows).await
+                self.upsert_one_by_one(client, rows).await
             }
             Err(e) => Err(e.into()),
         }
@@ -190,7 +218,7 @@ impl<Q: UpsertQuery> PgWriter<Q> {
 
     async fn upsert_one_by_one(
         &self,
-        client: &mut deadpool_postgres::Client,
+        client: &mut deadpool_postgres::ClientWrapper,
         rows: &[Q::Row],
     ) -> Result<HashMap<Q::Key, Result<bool, Arc<RowError>>>, PgError> {
         let mut tx = client.transaction().await?;

@@ -13,7 +13,9 @@ use std::fmt;
 
 use anyhow::Context as _;
 use embedded_pg::{Cluster, ClusterOptions};
-use pgbatch::pg::DbErrorKind;
+use std::time::Duration;
+
+use pgbatch::pg::{Connector, DbErrorKind, Lease, TargetSessionAttrs};
 use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
 
@@ -40,7 +42,16 @@ mod embedded {
 ///
 /// When the database cannot be reached.
 pub async fn detect_pooler(target: &Postgres) -> anyhow::Result<Pooler> {
-    let first = target.connect().await.context("could not connect")?;
+    let first = target
+        .connect_patiently(STARTUP_CONNECT_TIMEOUT)
+        .await
+        .context("could not connect")?;
+    tokio::time::timeout(DETECT_TIMEOUT, detect_on(target, first))
+        .await
+        .with_context(|| format!("the database did not answer within {DETECT_TIMEOUT:?}"))?
+}
+
+async fn detect_on(target: &Postgres, first: tokio_postgres::Client) -> anyhow::Result<Pooler> {
     let mut second = target.connect().await.context("could not connect")?;
     let p1 = backend_pid(&first).await?;
     let tx = second.transaction().await?;
@@ -50,9 +61,9 @@ pub async fn detect_pooler(target: &Postgres) -> anyhow::Result<Pooler> {
     if p2 == p1 || p3 != p1 {
         return Ok(Pooler::Transaction);
     }
-    let mut with_options = target.config.clone();
-    with_options.options("-c statement_timeout=0");
-    match with_options.connect(target.tls.clone()).await {
+    let mut with_options = target.clone();
+    with_options.config.options("-c statement_timeout=0");
+    match with_options.connect().await {
         Err(e) if pgbatch::pg::classify(&e) == DbErrorKind::SessionStateLost => Ok(Pooler::Session),
         _ => Ok(Pooler::None),
     }
@@ -74,6 +85,8 @@ pub struct Postgres {
     /// The pooler its connections go through (never [`Pooler::Auto`] once
     /// [`Database::open`] has found out).
     pub pooler: Pooler,
+    /// What a node among its hosts must be to be connected to.
+    pub attrs: TargetSessionAttrs,
 }
 
 impl fmt::Debug for Postgres {
@@ -81,6 +94,7 @@ impl fmt::Debug for Postgres {
         f.debug_struct("Postgres")
             .field("config", &self.config)
             .field("pooler", &self.pooler)
+            .field("attrs", &self.attrs)
             .finish_non_exhaustive()
     }
 }
@@ -91,6 +105,7 @@ impl fmt::Debug for Postgres {
 impl From<tokio_postgres::Config> for Postgres {
     fn from(config: tokio_postgres::Config) -> Self {
         Self {
+            attrs: config.get_target_session_attrs().into(),
             config,
             tls: tls::default_connector(),
             pooler: Pooler::None,
@@ -116,20 +131,29 @@ impl From<&Database> for Postgres {
             config: database.config.clone(),
             tls: database.tls.clone(),
             pooler: database.pooler,
+            attrs: database.attrs,
         }
     }
 }
 
 impl Postgres {
+    /// What opens its connections: each host in turn under a deadline of
+    /// its own (connect, login, role check), the ones that failed lately
+    /// last, until one is what [`attrs`](Self::attrs) asks for.
+    pub fn connector(&self) -> Connector<Tls> {
+        Connector::new(self.config.clone(), self.tls.clone()).target_session_attrs(self.attrs)
+    }
+
     /// One connection, driven by a task of its own until the client is
     /// dropped.
     ///
     /// # Errors
     ///
-    /// When the server cannot be reached, refuses the login, or the TLS
-    /// handshake or certificate check fails.
+    /// When no host can be reached in time, refuses the login, fails the
+    /// TLS handshake or certificate check, or is not what
+    /// [`attrs`](Self::attrs) asks for.
     pub async fn connect(&self) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-        let (client, conn) = self.config.connect(self.tls.clone()).await?;
+        let (client, conn) = self.connector().connect().await?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "database connection ended");
@@ -137,7 +161,48 @@ impl Postgres {
         });
         Ok(client)
     }
+
+    /// [`connect`](Self::connect), tried again (backing off from 100 ms to
+    /// 1 s) while the database is unavailable, for at most `within`: at
+    /// start, during a failover, the service comes up as soon as a node
+    /// that fits accepts connections. An error that is not an outage
+    /// (a refused login, a TLS failure) is returned at once.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect), the last one once `within` has passed.
+    pub async fn connect_patiently(
+        &self,
+        within: Duration,
+    ) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.connect().await {
+                Ok(client) => return Ok(client),
+                Err(e)
+                    if pgbatch::pg::classify(&e) == DbErrorKind::Unavailable
+                        && tokio::time::Instant::now() + backoff < deadline =>
+                {
+                    tracing::warn!(error = %e, retry_in = ?backoff, "the database is not reachable yet");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
 }
+
+/// How long start-up waits for the database to accept connections (a
+/// restart during a failover waits for the promoted node).
+pub const STARTUP_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long pooler detection may take once connected.
+const DETECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the migrations may take in all.
+pub const MIGRATION_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The database the service runs on.
 #[derive(Debug)]
@@ -154,6 +219,9 @@ pub struct Database {
     /// The pooler `config` goes through, resolved (never
     /// [`Pooler::Auto`]).
     pub pooler: Pooler,
+    /// What a node among `config`'s hosts must be: `read-write` unless the
+    /// URL says otherwise and names one host.
+    pub attrs: TargetSessionAttrs,
     /// A direct connection to the same database (`--direct-url`), for what
     /// needs a session: migrations and the invalidation listener.
     pub direct: Option<Postgres>,
@@ -189,17 +257,17 @@ impl Database {
             .iter()
             .enumerate()
             .map(|(i, url)| {
-                target_of(url, &settings.tls)
+                target_of(url, &settings.tls, false)
                     .with_context(|| format!("replica URL number {} is not usable", i + 1))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         let direct = settings
             .direct_url
             .as_deref()
-            .map(|url| target_of(url, &settings.tls).context("the direct URL is not usable"))
+            .map(|url| target_of(url, &settings.tls, true).context("the direct URL is not usable"))
             .transpose()?;
         if let Some(url) = &settings.url {
-            let mut target = target_of(url, &settings.tls)?;
+            let mut target = target_of(url, &settings.tls, true)?;
             target.pooler = match settings.pooler {
                 Pooler::Auto => {
                     let found = detect_pooler(&target).await.context(
@@ -214,6 +282,7 @@ impl Database {
                 config,
                 tls,
                 pooler,
+                attrs,
             } = target;
             // Replicas are reached as the primary is (a managed offering
             // fronts both with the same kind of pooler), and the read
@@ -227,6 +296,7 @@ impl Database {
                 cluster: None,
                 replicas,
                 pooler,
+                attrs,
                 direct,
             });
         }
@@ -258,6 +328,7 @@ impl Database {
             cluster: Some(cluster),
             replicas: Vec::new(),
             pooler: Pooler::None,
+            attrs: TargetSessionAttrs::Any,
             direct: None,
         })
     }
@@ -295,6 +366,7 @@ impl Database {
                     cluster: None,
                     replicas: Vec::new(),
                     pooler: Pooler::None,
+                    attrs: TargetSessionAttrs::Any,
                     direct: None,
                 });
             }
@@ -312,8 +384,21 @@ impl Database {
 
 /// The target a connection string names, its TLS settings overridden by
 /// flags (which win over the URL).
-fn target_of(url: &str, overrides: &crate::settings::TlsOverrides) -> anyhow::Result<Postgres> {
-    let (mut config, mut tls_settings) = tls::parse_url(url)?;
+fn target_of(
+    url: &str,
+    overrides: &crate::settings::TlsOverrides,
+    writable: bool,
+) -> anyhow::Result<Postgres> {
+    let (mut config, mut tls_settings, attrs) = tls::parse_url_with_target(url)?;
+    // Several hosts for the primary: the one that takes writes, wherever
+    // it is after a failover (libpq's default, `any`, would take a
+    // standby first if it is listed first).
+    let hosts = config.get_hosts().len().max(config.get_hostaddrs().len());
+    let attrs = attrs.unwrap_or(if writable && hosts > 1 {
+        TargetSessionAttrs::ReadWrite
+    } else {
+        TargetSessionAttrs::Any
+    });
     if let Some(mode) = overrides.mode {
         tls_settings.mode = mode;
     }
@@ -326,6 +411,7 @@ fn target_of(url: &str, overrides: &crate::settings::TlsOverrides) -> anyhow::Re
         config,
         tls,
         pooler: Pooler::None,
+        attrs,
     })
 }
 
@@ -333,8 +419,15 @@ async fn create_database_if_missing(
     admin: &tokio_postgres::Config,
     name: &str,
 ) -> anyhow::Result<()> {
-    let client = Postgres::from(admin).connect().await?;
-    system::create_database_if_missing(&client, name).await?;
+    let client = Postgres::from(admin)
+        .connect_patiently(STARTUP_CONNECT_TIMEOUT)
+        .await?;
+    tokio::time::timeout(
+        DETECT_TIMEOUT,
+        system::create_database_if_missing(&client, name),
+    )
+    .await
+    .context("creating the database timed out")??;
     Ok(())
 }
 
@@ -346,11 +439,17 @@ async fn create_database_if_missing(
 /// When the database is unreachable or a migration fails (then nothing of
 /// that migration is applied).
 pub async fn migrate(target: impl Into<Postgres>) -> anyhow::Result<()> {
-    let mut client = target
+    let client = target
         .into()
-        .connect()
+        .connect_patiently(STARTUP_CONNECT_TIMEOUT)
         .await
         .context("could not connect to run migrations")?;
+    tokio::time::timeout(MIGRATION_TIMEOUT, migrate_on(client))
+        .await
+        .with_context(|| format!("the migrations did not finish within {MIGRATION_TIMEOUT:?}"))?
+}
+
+async fn migrate_on(mut client: tokio_postgres::Client) -> anyhow::Result<()> {
     let runner = embedded::migrations::runner();
     accept_superseded(&client, runner.get_migrations())
         .await
@@ -432,13 +531,31 @@ async fn accept_superseded(
 pub fn pool(
     target: impl Into<Postgres>,
     pool_size: usize,
-    statement_timeout: std::time::Duration,
+    statement_timeout: Duration,
 ) -> anyhow::Result<pgbatch::pg::Pool> {
-    let Postgres {
-        mut config,
-        tls,
-        pooler,
-    } = target.into();
+    let target = target.into();
+    pool_with(
+        &target.connector(),
+        target.pooler,
+        pool_size,
+        statement_timeout,
+    )
+}
+
+/// As [`pool`], opening connections through a clone of `connector`, so
+/// that pools to one database share what it learned of the hosts (after a
+/// failover, which one is gone).
+///
+/// # Errors
+///
+/// As [`pool`].
+pub fn pool_with(
+    connector: &Connector<Tls>,
+    pooler: Pooler,
+    pool_size: usize,
+    statement_timeout: Duration,
+) -> anyhow::Result<pgbatch::pg::Pool> {
+    let mut config = connector.config().clone();
     if pooler == Pooler::None {
         let timeout = format!(
             "-c statement_timeout={}",
@@ -450,10 +567,9 @@ pub fn pool(
         };
         config.options(&options);
     }
-    pgbatch::pg::pool_with_tls(
-        config,
+    pgbatch::pg::pool_with_connector(
+        connector.with_config(config),
         &pgbatch::pg::PoolOptions::with_max_size(pool_size),
-        tls,
     )
     .context("invalid pool settings")
 }
@@ -464,7 +580,9 @@ pub fn pool(
 ///
 /// When no connection can be had or the database does not answer.
 pub async fn ping(pool: &pgbatch::pg::Pool) -> anyhow::Result<()> {
-    let client = pool.get().await?;
-    system::ping(&client).await?;
+    let client = Lease::get(pool).await?;
+    let answered = system::ping(&client).await;
+    client.settle(&answered);
+    answered?;
     Ok(())
 }

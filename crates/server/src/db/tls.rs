@@ -84,11 +84,31 @@ pub struct TlsSettings {
 ///
 /// A malformed string, or an unknown `sslmode`.
 pub fn parse_url(url: &str) -> anyhow::Result<(tokio_postgres::Config, TlsSettings)> {
+    let (config, tls, _) = parse_url_with_target(url)?;
+    Ok((config, tls))
+}
+
+/// As [`parse_url`], also taking out libpq's `target_session_attrs`
+/// (tokio-postgres refuses `primary`, `standby` and `prefer-standby`):
+/// `None` when the string has none.
+///
+/// # Errors
+///
+/// As [`parse_url`], and an unknown `target_session_attrs`.
+pub fn parse_url_with_target(
+    url: &str,
+) -> anyhow::Result<(
+    tokio_postgres::Config,
+    TlsSettings,
+    Option<pgbatch::pg::TargetSessionAttrs>,
+)> {
     let mut tls = TlsSettings::default();
+    let mut attrs = None;
     let mut take = |key: &str, value: &str| -> anyhow::Result<bool> {
         match key {
             "sslmode" => tls.mode = SslMode::parse(value)?,
             "sslrootcert" => tls.root_cert = Some(PathBuf::from(value)),
+            "target_session_attrs" => attrs = Some(value.parse()?),
             _ => return Ok(false),
         }
         Ok(true)
@@ -130,7 +150,7 @@ pub fn parse_url(url: &str) -> anyhow::Result<(tokio_postgres::Config, TlsSettin
         .parse()
         .context("DATABASE_URL is not a valid Postgres connection string")?;
     config.ssl_mode(tls.mode.for_tokio_postgres());
-    Ok((config, tls))
+    Ok((config, tls, attrs))
 }
 
 /// The connector for `settings`.

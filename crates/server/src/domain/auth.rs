@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use pgbatch::cache::Cache;
-use pgbatch::pg::{PgError, Pool, Statements};
+use pgbatch::pg::{Lease, PgError, Pool, Statements};
 use rand::TryRngCore;
 use sha2::{Digest as _, Sha256};
 use tokio_postgres::types::PgLsn;
@@ -240,10 +240,12 @@ impl Authenticator {
     ///
     /// As a lookup's: the pool or the database failing.
     pub async fn tokens_of(&self, user: &str) -> Result<Vec<TokenInfo>, Failure> {
-        let client = self.router.primary().get().await.map_err(PgError::from)?;
-        Ok(sql::list_tokens(&**client, Some(user))
+        let client = Lease::get(self.router.primary())
             .await
-            .map_err(PgError::from)?)
+            .map_err(PgError::from)?;
+        let listed = sql::list_tokens(&**client, Some(user)).await;
+        client.settle(&listed);
+        Ok(listed.map_err(PgError::from)?)
     }
 
     /// Revokes the token with id `id` (see [`TokenInfo`]): one of
@@ -260,10 +262,12 @@ impl Authenticator {
     pub async fn revoke(&self, caller: &Principal, id: &str) -> Result<(), Failure> {
         input::token_id(id)?;
         let owner = (!caller.may(Action::Write, "*")).then_some(caller.user.as_str());
-        let client = self.router.primary().get().await.map_err(PgError::from)?;
-        let digests = sql::delete_token(&**client, id, owner)
+        let client = Lease::get(self.router.primary())
             .await
             .map_err(PgError::from)?;
+        let deleted = sql::delete_token(&**client, id, owner).await;
+        client.settle(&deleted);
+        let digests = deleted.map_err(PgError::from)?;
         if digests.is_empty() {
             return Err(Failure::NoSuchToken(id.to_owned()));
         }
@@ -312,10 +316,13 @@ impl Authenticator {
             }
         };
         let token = new_token().map_err(Failure::Unavailable)?;
-        let client = self.router.primary().get().await.map_err(PgError::from)?;
-        let stored = sql::insert_token(&**client, &digest(&token), user, description, expires_in)
+        let client = Lease::get(self.router.primary())
             .await
             .map_err(PgError::from)?;
+        let inserted =
+            sql::insert_token(&**client, &digest(&token), user, description, expires_in).await;
+        client.settle(&inserted);
+        let stored = inserted.map_err(PgError::from)?;
         // Nothing inserted: a new random token collides with none, so
         // there is no such user.
         if !stored {
@@ -418,8 +425,10 @@ async fn load_principal(
     statements: Statements,
     digest: &TokenDigest,
 ) -> Result<Option<Principal>, PgError> {
-    let mut client = pool.get().await?;
-    let found = sql::user_of_token(&mut client, &statements, digest).await?;
+    let mut client = Lease::get(pool).await?;
+    let found = sql::user_of_token(&mut client, &statements, digest).await;
+    client.settle(&found);
+    let found = found?;
     Ok(found.map(|owner| Principal {
         user: owner.user,
         grants: owner.grants,

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt as _;
 use pgbatch::cache::CacheStats;
-use pgbatch::pg::{BatchQuery, PgError};
+use pgbatch::pg::{BatchQuery, Lease, PgError, Statements};
 use pgbatch::{BuildError, StatsSnapshot};
 use tokio_postgres::types::PgLsn;
 
@@ -306,8 +306,10 @@ impl Reads {
         let listed = self
             .router
             .read(needs, |i| async move {
-                let client = pools[i].get().await?;
-                Ok::<_, PgError>(repositories::list(&**client).await?)
+                let client = Lease::get(&pools[i]).await?;
+                let found = repositories::list(&**client).await;
+                client.settle(&found);
+                Ok::<_, PgError>(found?)
             })
             .await?;
         Ok(listed)
@@ -329,8 +331,10 @@ impl Reads {
         Ok(self
             .router
             .read(needs, |i| async move {
-                let client = pools[i].get().await?;
-                Ok::<_, PgError>(repositories::get(&**client, name).await?)
+                let client = Lease::get(&pools[i]).await?;
+                let found = repositories::get(&**client, name).await;
+                client.settle(&found);
+                Ok::<_, PgError>(found?)
             })
             .await?)
     }
@@ -346,8 +350,10 @@ impl Reads {
     pub async fn repository_on_primary(&self, name: &str) -> Result<Option<Repository>, Failure> {
         let primary = self.router.primary();
         let repo = async {
-            let client = primary.get().await?;
-            Ok::<_, PgError>(repositories::get(&**client, name).await?)
+            let client = Lease::get(primary).await?;
+            let found = repositories::get(&**client, name).await;
+            client.settle(&found);
+            Ok::<_, PgError>(found?)
         }
         .await?;
         Ok(repo)
@@ -374,15 +380,14 @@ impl Reads {
         Ok(self
             .router
             .read(needs, |i| async move {
-                let mut client = pools[i].get().await?;
-                if statements.timeout().is_none() {
-                    return Ok(list_on(&**client, repository, request).await?);
-                }
-                let tx = client.transaction().await?;
-                statements.begin(&tx).await?;
-                let page = list_on(&*tx, repository, request).await?;
-                tx.commit().await?;
-                Ok::<_, PgError>(page)
+                let mut client = Lease::get(&pools[i]).await?;
+                let page = if statements.timeout().is_none() {
+                    list_on(&**client, repository, request).await
+                } else {
+                    list_in_transaction(&mut client, statements, repository, request).await
+                };
+                client.settle(&page);
+                Ok::<_, PgError>(page?)
             })
             .await?)
     }
@@ -395,6 +400,21 @@ impl Reads {
 
 /// A page of `repository`'s objects as `request` asks, by range scans on
 /// `client`.
+/// A page in one transaction that sets the statement timeout (behind a
+/// pooler, whose connections carry none).
+async fn list_in_transaction(
+    client: &mut deadpool_postgres::ClientWrapper,
+    statements: Statements,
+    repository: &str,
+    request: &ListRequest,
+) -> Result<Listing, tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    statements.begin(&tx).await?;
+    let page = list_on(&*tx, repository, request).await?;
+    tx.commit().await?;
+    Ok(page)
+}
+
 async fn list_on<C: tokio_postgres::GenericClient + Sync>(
     client: &C,
     repository: &str,

@@ -39,20 +39,27 @@ fn failed(e: impl Into<PgError>) -> Failure {
 /// two types, and borrows either.)
 macro_rules! on_write_connection {
     ($writes:expr, |$c:ident| $work:expr) => {{
-        let mut client = $writes.pool.get().await.map_err(failed)?;
-        if $writes.statements.timeout().is_none() {
+        let mut client = pgbatch::pg::Lease::get(&$writes.pool)
+            .await
+            .map_err(failed)?;
+        let done: Result<_, tokio_postgres::Error> = if $writes.statements.timeout().is_none() {
             let $c = &**client;
-            $work.map_err(failed)?
+            $work
         } else {
-            let tx = client.transaction().await.map_err(failed)?;
-            $writes.statements.begin(&tx).await.map_err(failed)?;
-            let out = {
-                let $c = &*tx;
-                $work.map_err(failed)?
-            };
-            tx.commit().await.map_err(failed)?;
-            out
-        }
+            async {
+                let tx = client.transaction().await?;
+                $writes.statements.begin(&tx).await?;
+                let out = {
+                    let $c = &*tx;
+                    $work?
+                };
+                tx.commit().await?;
+                Ok(out)
+            }
+            .await
+        };
+        client.settle(&done);
+        done.map_err(failed)?
     }};
 }
 
@@ -109,10 +116,12 @@ impl Writes {
             .build(loader_fn(move |_: Vec<()>| {
                 let pool = position_pool.clone();
                 async move {
-                    let client = pool.get().await.map_err(PgError::from)?;
-                    let lsn = system::wal_position(&**client)
+                    let client = pgbatch::pg::Lease::get(&pool)
                         .await
                         .map_err(PgError::from)?;
+                    let lsn = system::wal_position(&**client).await;
+                    client.settle(&lsn);
+                    let lsn = lsn.map_err(PgError::from)?;
                     Ok::<_, PgError>(HashMap::from([((), lsn)]))
                 }
             }))?;
@@ -233,14 +242,17 @@ impl Writes {
             .imports
             .try_acquire()
             .map_err(|_| Failure::Overloaded)?;
-        let mut client = self.import_pool.get().await.map_err(failed)?;
-        if !repositories::exists(&**client, repository)
+        let mut client = pgbatch::pg::Lease::get(&self.import_pool)
             .await
-            .map_err(failed)?
-        {
+            .map_err(failed)?;
+        let exists = repositories::exists(&**client, repository).await;
+        if !exists.map_err(failed)? {
+            client.release();
             return Err(Failure::NoSuchRepository(repository.to_owned()));
         }
         let source = NdjsonObjects::new(body, repository, &self.import);
+        // A failed import may have left its connection mid-COPY: it goes
+        // (the lease is dropped unreleased), only a finished one returns.
         let counts = copy::import_with(
             &mut client,
             &OBJECT_TABLE,
@@ -249,6 +261,7 @@ impl Writes {
             self.import_statements,
         )
         .await?;
+        client.release();
         // An import may touch any number of keys: drop the whole cache
         // rather than remember them all.
         self.reads.changed(Change::Objects).await;

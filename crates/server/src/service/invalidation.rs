@@ -27,19 +27,20 @@
 //! marked incoherent, bypassed, and the listener reconnects. The caches
 //! are first used only after such a ping has come through, so a listener
 //! that never hears anything never lets them be used. Until a silent
-//! failure is found, for at most about three seconds, a cache may serve
+//! failure is found, for at most the ping timeout (2 s), a cache may serve
 //! what a lost notification would have dropped. The caches' TTL stays as a
 //! last bound.
 //!
 //! A ping is sent while notifications go on being applied, never in their
-//! way: under load the pool's connections may all be busy. A ping that
+//! way: under load the pool's connections may all be busy. Whenever no
+//! ping has come through for the ping timeout (2 s), the caches are
+//! bypassed until one does, whatever the reason: a listener whose node
+//! hangs (a failed-over primary) is never trusted for longer. A ping that
 //! cannot be sent (no connection in time, or the send failed) is tried
 //! again at once or at the next interval, whichever is later, and does
-//! not take the listener down as long as the last ping arrived within ten
-//! intervals; the kernel's keepalives still watch the connection
-//! meanwhile. So while no ping can be sent, a silent failure is found
-//! only after those ten intervals (about 12 s by default), not three
-//! seconds.
+//! not take the listener down as long as the last ping arrived within
+//! three intervals and the timeout (about 5 s by default); then it
+//! connects again, to whichever host is the primary now.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -208,16 +209,16 @@ async fn session(
     let mut config = target.config.clone();
     config
         .application_name(APPLICATION_NAME)
-        .connect_timeout(step)
         // The kernel gives up on a peer that stopped answering, even
         // between pings.
         .keepalives(true)
         .keepalives_idle(settings.ping_every)
         .tcp_user_timeout(settings.ping_every + step);
-    let (client, mut connection) = tokio::time::timeout(step, config.connect(target.tls.clone()))
-        .await
-        .context("connecting timed out")?
-        .context("could not connect")?;
+    // Each host gets `step` (connect, login, the role check): a hung first
+    // host, an old primary after a failover, does not use up the others'
+    // time. The primary is whichever host takes writes now.
+    let connector = target.connector().with_config(config).host_timeout(step);
+    let (client, mut connection) = connector.connect().await.context("could not connect")?;
     let (tx, mut notifications) = mpsc::channel(BACKLOG);
     // The connection's messages are read by a task of its own: the client
     // needs it driven to run LISTEN and the position reads.
@@ -281,6 +282,12 @@ async fn session(
                             proved = true;
                             coherence.connected();
                             tracing::info!(channel = CHANNEL, "listening for cache invalidations");
+                        } else if !coherence.caches_usable() {
+                            // Everything sent before this ping has arrived
+                            // (notifications come in commit order), so
+                            // the caches missed nothing meanwhile.
+                            coherence.set_usable(true);
+                            tracing::info!("the invalidation listener is proved again; caches used again");
                         }
                     }
                     continue;
@@ -294,6 +301,14 @@ async fn session(
                 // anything (`Lookup::invalidate`, `Authenticator::forget`).
                 caches.apply(invalidation).await;
                 coherence.count_received();
+            }
+            // No proof for `step`: the listener's node may be gone (a
+            // hung primary answers nothing, not even an error), so the
+            // caches are bypassed from now until a ping comes through.
+            () = tokio::time::sleep_until((last_proof + step).into()), if proved && coherence.caches_usable() => {
+                coherence.set_usable(false);
+                tracing::warn!(since_last_proof = ?last_proof.elapsed(),
+                    "no ping has reached the invalidation listener lately; caches bypassed until one does");
             }
             ticket = caches.router.position_wanted() => {
                 settle(&client, &caches.router, ticket, step).await?;
@@ -336,9 +351,10 @@ async fn session(
 }
 
 /// How long a proved listener may go without a ping arriving, because
-/// none could be sent, before it is given up: ten intervals.
+/// none could be sent, before it is given up and connects again: three
+/// intervals (the caches are bypassed from the first missed proof on).
 fn unproved_limit(settings: &InvalidationSettings) -> std::time::Duration {
-    settings.ping_every * 10 + settings.ping_timeout
+    settings.ping_every * 3 + settings.ping_timeout
 }
 
 /// A ping expected: its payload, and once it is sent, when it must have
@@ -368,8 +384,10 @@ impl Ping {
     /// may deliver a client's own notification to it and nothing else.
     async fn notify(sender: &Pool, nonce: String, step: std::time::Duration) -> anyhow::Result<()> {
         let sent = async {
-            let client = sender.get().await?;
-            system::notify(&**client, PING_CHANNEL, &nonce).await?;
+            let client = pgbatch::pg::Lease::get(sender).await?;
+            let sent = system::notify(&**client, PING_CHANNEL, &nonce).await;
+            client.settle(&sent);
+            sent?;
             anyhow::Ok(())
         };
         tokio::time::timeout(step, sent)

@@ -58,12 +58,17 @@ impl Pools {
     ) -> anyhow::Result<Self> {
         let target = target.into();
         let write_size = settings.write.batch.concurrency.max() + WRITE_POOL_EXTRA;
+        // One connector for the three: once one pool finds a node gone
+        // after a failover, the others try the promoted one first too.
+        let connector = target.connector();
+        let pooler = target.pooler;
         Ok(Self {
-            pooler: target.pooler,
-            read: db::pool(&target, read_size, settings.read.timeout)?,
-            write: db::pool(&target, write_size, settings.write.timeout)?,
-            import: db::pool(
-                &target,
+            pooler,
+            read: db::pool_with(&connector, pooler, read_size, settings.read.timeout)?,
+            write: db::pool_with(&connector, pooler, write_size, settings.write.timeout)?,
+            import: db::pool_with(
+                &connector,
+                pooler,
                 settings.import.concurrency,
                 settings.import.timeout,
             )?,

@@ -352,7 +352,10 @@ async fn health_readiness_and_metrics() {
     );
     assert_eq!(
         send(&app.router, get("/readyz")).await,
-        (StatusCode::OK, json!({"status": "ready"}))
+        (
+            StatusCode::OK,
+            json!({"status": "ready", "caches": "in_use"})
+        )
     );
     send(&app.router, get(&stat_uri("demo", &object_path(1)))).await;
     send(&app.router, get(&format!("/api/v1/kv/{}", kv_pk(1)))).await;

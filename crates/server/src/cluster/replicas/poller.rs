@@ -109,8 +109,10 @@ impl ReadRouter {
     }
 
     async fn primary_position(&self) -> Result<PgLsn, PgError> {
-        let client = self.primary().get().await?;
-        Ok(sql::wal_position(&**client).await?)
+        let client = pgbatch::pg::Lease::get(self.primary()).await?;
+        let position = sql::wal_position(&**client).await;
+        client.settle(&position);
+        Ok(position?)
     }
 }
 
@@ -127,10 +129,12 @@ async fn poll_replica(
             .as_ref()
             .is_none_or(tokio_postgres::Client::is_closed)
         {
-            let mut config = replica.target.config.clone();
-            config.connect_timeout(settings.poll_timeout);
-            let (c, connection) = config
-                .connect(replica.target.tls.clone())
+            // Every host its URL names, as the replica's pool connects.
+            let (c, connection) = replica
+                .target
+                .connector()
+                .host_timeout(settings.poll_timeout)
+                .connect()
                 .await
                 .map_err(|e| format!("could not connect: {e}"))?;
             tokio::spawn(async move {

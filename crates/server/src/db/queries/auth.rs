@@ -40,7 +40,7 @@ pub struct TokenOwner {
 ///
 /// When the statement fails.
 pub async fn user_of_token(
-    client: &mut deadpool_postgres::Client,
+    client: &mut deadpool_postgres::ClientWrapper,
     statements: &Statements,
     digest: &[u8],
 ) -> Result<Option<TokenOwner>, tokio_postgres::Error> {
