@@ -163,7 +163,11 @@ fn take_parameter(s: &str, key: &str) -> (String, Option<String>) {
             .split('&')
             .filter(|pair| match pair.split_once('=') {
                 Some((k, v)) if k == key => {
-                    value = Some(percent_decode(v).unwrap_or_else(|| v.to_owned()));
+                    value = Some(
+                        percent_encoding::percent_decode_str(v)
+                            .decode_utf8_lossy()
+                            .into_owned(),
+                    );
                     false
                 }
                 _ => !pair.is_empty(),
@@ -176,37 +180,71 @@ fn take_parameter(s: &str, key: &str) -> (String, Option<String>) {
         };
         (rest, value)
     } else {
+        // `key = value` pairs, a value quoted when it holds spaces: cut out
+        // the one pair, leaving the rest byte for byte.
+        let mut rest = String::with_capacity(s.len());
         let mut value = None;
-        let kept: Vec<&str> = s
-            .split_whitespace()
-            .filter(|pair| match pair.split_once('=') {
-                Some((k, v)) if k == key => {
-                    value = Some(v.trim_matches('\'').to_owned());
-                    false
-                }
-                _ => true,
-            })
-            .collect();
-        (kept.join(" "), value)
+        let mut pos = 0;
+        while let Some((start, end, k, v)) = next_pair(s, pos) {
+            if k == key {
+                // The pair and the space before it.
+                rest.push_str(s[pos..start].trim_end());
+                value = Some(v);
+            } else {
+                rest.push_str(&s[pos..end]);
+            }
+            pos = end;
+        }
+        rest.push_str(&s[pos..]);
+        (rest, value)
     }
 }
 
-/// `%XX` escapes decoded; `None` when they do not make UTF-8.
-fn percent_decode(s: &str) -> Option<String> {
+/// The next `key = value` pair of a libpq `key=value` string from byte
+/// `from`: where it starts and ends, its key, and its value unquoted.
+fn next_pair(s: &str, from: usize) -> Option<(usize, usize, &str, String)> {
     let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
+    let mut i = from;
+    while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+        i += 1;
+    }
+    if i >= bytes.len() {
+        return None;
+    }
+    let start = i;
+    while i < bytes.len() && bytes[i] != b'=' && !bytes[i].is_ascii_whitespace() {
+        i += 1;
+    }
+    let key = &s[start..i];
+    while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+        i += 1;
+    }
+    if i < bytes.len() && bytes[i] == b'=' {
+        i += 1;
+    }
+    while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+        i += 1;
+    }
+    let mut value = String::new();
+    if i < bytes.len() && bytes[i] == b'\'' {
+        i += 1;
+        while i < bytes.len() && bytes[i] != b'\'' {
+            if bytes[i] == b'\\' && i + 1 < bytes.len() {
+                i += 1;
+            }
+            let c = s[i..].chars().next()?;
+            value.push(c);
+            i += c.len_utf8();
+        }
+        i = (i + 1).min(bytes.len());
+    } else {
+        let value_start = i;
+        while i < bytes.len() && !bytes[i].is_ascii_whitespace() {
             i += 1;
         }
+        value.push_str(&s[value_start..i]);
     }
-    String::from_utf8(out).ok()
+    Some((start, i, key, value))
 }
 
 /// How long a host that failed is tried after the others.
@@ -788,11 +826,20 @@ mod tests {
     }
 
     #[test]
-    fn percent_escapes_decode() {
-        assert_eq!(
-            percent_decode("read%2Dwrite").as_deref(),
-            Some("read-write")
+    fn the_rest_of_a_string_is_kept_as_it_was() {
+        let (rest, value) = take_parameter(
+            "host=a password='x  y' target_session_attrs = 'standby' dbname=d",
+            "target_session_attrs",
         );
-        assert_eq!(percent_decode("plain").as_deref(), Some("plain"));
+        assert_eq!(value.as_deref(), Some("standby"));
+        assert_eq!(rest, "host=a password='x  y' dbname=d");
+        let (rest, value) = take_parameter(
+            "postgresql://u@h/d?target_session_attrs=read%2Dwrite&sslmode=disable",
+            "target_session_attrs",
+        );
+        assert_eq!(value.as_deref(), Some("read-write"));
+        assert_eq!(rest, "postgresql://u@h/d?sslmode=disable");
+        let (rest, value) = take_parameter("host=a", "target_session_attrs");
+        assert_eq!((rest.as_str(), value), ("host=a", None));
     }
 }
