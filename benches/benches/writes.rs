@@ -36,6 +36,7 @@ fn row(i: u64) -> ObjectRow {
         checksum: format!("{:032x}", u128::from(i) * 0x9E37_79B9_7F4A_7C15),
         content_type: "application/octet-stream".to_owned(),
         metadata: serde_json::json!({ "i": i.to_string() }),
+        mtime: None,
     }
 }
 

@@ -60,6 +60,7 @@ fn row(i: u64, address: &str) -> ObjectRow {
         checksum: "c".to_owned(),
         content_type: "application/octet-stream".to_owned(),
         metadata: serde_json::json!({}),
+        mtime: None,
     }
 }
 

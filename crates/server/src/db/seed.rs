@@ -230,6 +230,7 @@ impl<I: Iterator<Item = u64> + Send> RowSource for ObjectRows<I> {
             checksum: format!("{h:016x}{:016x}", mix(h)),
             content_type: "application/vnd.apache.parquet".to_owned(),
             metadata: self.metadata[(n % 16) as usize].clone(),
+            mtime: None,
         };
         Ok(Some(row.into_values()))
     }

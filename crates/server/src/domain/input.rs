@@ -307,6 +307,7 @@ impl ObjectBody {
             checksum: self.checksum,
             content_type,
             metadata: serde_json::Value::Object(metadata),
+            mtime: None,
         })
     }
 }

@@ -163,7 +163,9 @@ impl From<PathRejection> for AppError {
 
 impl IntoResponse for AppError {
     fn into_response(self) -> Response {
-        if self.status.is_server_error() {
+        // 501 is an answer (an operation this server leaves out), not a
+        // failure to log.
+        if self.status.is_server_error() && self.status != StatusCode::NOT_IMPLEMENTED {
             match &self.cause {
                 Some(cause) => tracing::error!(code = self.code, error = ?cause, "request failed"),
                 None => tracing::warn!(code = self.code, "request failed"),

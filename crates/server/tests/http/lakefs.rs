@@ -239,10 +239,41 @@ async fn objects_on_the_one_branch_with_exact_statuses() {
         None,
     )
     .await;
-    assert_eq!(
-        (status, body),
-        (StatusCode::OK, json!({"id": "dev", "commit_id": ""}))
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["id"], "dev");
+    // A head commit id as lakeFS's look (64 hex digits), the same each time.
+    let head = body["commit_id"].as_str().unwrap().to_owned();
+    assert!(
+        head.len() == 64 && head.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{head}"
     );
+    let (_, again) = json_call(
+        r,
+        Method::GET,
+        "/lakefs/repositories/lk-repo/branches/dev",
+        None,
+    )
+    .await;
+    assert_eq!(again["commit_id"], head.as_str());
+    // Reading at it, or at any commit id, is history this server does not
+    // keep: 501, not a 404.
+    for at in [head.as_str(), "abc1234"] {
+        let (status, body) = json_call(
+            r,
+            Method::GET,
+            &format!("/lakefs/repositories/lk-repo/refs/{at}/objects/stat?path=a"),
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .contains("no commit history"),
+            "{body}"
+        );
+    }
     // listBranches pages its one branch as lakeFS pages branches.
     for (query, want) in [
         ("", vec!["dev"]),
@@ -375,8 +406,17 @@ async fn a_read_only_repository_refuses_writes_through_either_api() {
         body["message"].as_str().unwrap().contains("read-only"),
         "{body}"
     );
-    // Deleting it is allowed.
-    let (status, _) = call(r, Method::DELETE, "/lakefs/repositories/lk-frozen", None).await;
+    // Deleting it needs `force`, as lakeFS has it.
+    let (status, body) = json_call(r, Method::DELETE, "/lakefs/repositories/lk-frozen", None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["message"], "read-only repository");
+    let (status, _) = call(
+        r,
+        Method::DELETE,
+        "/lakefs/repositories/lk-frozen?force=true",
+        None,
+    )
+    .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
 }
 
@@ -420,8 +460,15 @@ async fn credentials_from_the_api_for_oneself_or_as_an_admin() {
     // Not for someone else, whether or not they exist; an admin may.
     for other in ["admin", "nobody"] {
         let (status, body) = create_credentials(r, &alice_basic, other).await;
-        assert_eq!(status, StatusCode::FORBIDDEN, "{other}: {body}");
-        assert!(body["message"].as_str().is_some(), "{body}");
+        // lakeFS answers a missing permission with 401.
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{other}: {body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("insufficient permissions"),
+            "{body}"
+        );
     }
     let (status, body) = create_credentials(r, &admin_basic(), "alice").await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
@@ -500,14 +547,19 @@ async fn delete_objects_removes_every_valid_path_or_lists_each_refusal() {
 
     let stat = "/lakefs/repositories/lk-del/refs/main/objects/stat?path=d/0000";
 
-    // A read-only repository is refused whole, before any statement.
+    // A read-only repository refuses every path, before any statement:
+    // 200, each path listed with 403, as lakeFS answers.
     let first_200 = json!({"paths": staged[..200]});
     let db = support::client(&app.config).await;
     db.batch_execute("UPDATE repositories SET read_only = true WHERE name = 'lk-del'")
         .await
         .unwrap();
     let (status, body) = json_call(r, Method::POST, delete, Some(first_200.clone())).await;
-    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let refused = body["errors"].as_array().unwrap();
+    assert_eq!(refused.len(), 200, "{body}");
+    assert_eq!(refused[0]["status_code"], 403);
+    assert_eq!(refused[0]["message"], "read-only repository");
     db.batch_execute("UPDATE repositories SET read_only = false WHERE name = 'lk-del'")
         .await
         .unwrap();

@@ -150,6 +150,9 @@ pub struct ObjectRow {
     pub content_type: String,
     /// User-defined metadata (a JSON object).
     pub metadata: serde_json::Value,
+    /// When the object was last modified, in Unix seconds; `None` for the
+    /// time of the write (a COPY import always takes that).
+    pub mtime: Option<i64>,
 }
 
 impl ObjectRow {
@@ -200,7 +203,7 @@ pub struct ObjectUpsert;
 const UPSERT_SET: &str = "ON CONFLICT (repository, path) DO UPDATE SET \
      physical_address = EXCLUDED.physical_address, size_bytes = EXCLUDED.size_bytes, \
      checksum = EXCLUDED.checksum, content_type = EXCLUDED.content_type, \
-     user_metadata = EXCLUDED.user_metadata, mtime = now() \
+     user_metadata = EXCLUDED.user_metadata, mtime = EXCLUDED.mtime \
      RETURNING repository, path, (xmax = 0)";
 
 impl pgbatch::pg::UpsertQuery for ObjectUpsert {
@@ -215,9 +218,10 @@ impl pgbatch::pg::UpsertQuery for ObjectUpsert {
         static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
             format!(
                 "INSERT INTO objects (repository, path, physical_address, size_bytes, checksum, \
-                 content_type, user_metadata) \
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::text[], \
-                 $6::text[], $7::jsonb[]) {UPSERT_SET}"
+                 content_type, user_metadata, mtime) \
+                 SELECT r, p, a, s, c, t, u, COALESCE(to_timestamp(m), now()) \
+                 FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::text[], \
+                 $6::text[], $7::jsonb[], $8::int8[]) AS x(r, p, a, s, c, t, u, m) {UPSERT_SET}"
             )
         });
         &SQL
@@ -237,6 +241,7 @@ impl pgbatch::pg::UpsertQuery for ObjectUpsert {
                     .map(|r| &r.metadata)
                     .collect::<Vec<&serde_json::Value>>(),
             ),
+            Box::new(rows.iter().map(|r| r.mtime).collect::<Vec<Option<i64>>>()),
         ]
     }
 
@@ -244,7 +249,9 @@ impl pgbatch::pg::UpsertQuery for ObjectUpsert {
         static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
             format!(
                 "INSERT INTO objects (repository, path, physical_address, size_bytes, checksum, \
-                 content_type, user_metadata) VALUES ($1, $2, $3, $4, $5, $6, $7) {UPSERT_SET}"
+                 content_type, user_metadata, mtime) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE(to_timestamp($8::int8), now())) \
+                 {UPSERT_SET}"
             )
         });
         &SQL
@@ -259,6 +266,7 @@ impl pgbatch::pg::UpsertQuery for ObjectUpsert {
             Box::new(r.checksum.as_str()),
             Box::new(r.content_type.as_str()),
             Box::new(&r.metadata),
+            Box::new(r.mtime),
         ]
     }
 

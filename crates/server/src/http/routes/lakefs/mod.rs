@@ -20,11 +20,13 @@
 //!   `getPhysicalAddress` hands out a fresh address in the repository's
 //!   namespace and `linkPhysicalAddress` registers the object there.
 
+mod errors;
 mod objects;
 mod query;
 mod repositories;
 mod setup;
 mod shapes;
+mod unserved;
 
 use axum::routing::{get, head, post, put};
 use axum::Router;
@@ -38,8 +40,13 @@ fn unix_now() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
-/// The routes that need credentials, relative to the mount point.
+/// The routes that need credentials, relative to the mount point: those
+/// served, and a 501 for every other operation of lakeFS's API.
 pub(crate) fn routes() -> Router<AppState> {
+    unserved::add_to(served())
+}
+
+fn served() -> Router<AppState> {
     Router::new()
         .route("/config", get(setup::config))
         .route("/config/version", get(setup::version))

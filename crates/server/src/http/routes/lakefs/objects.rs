@@ -9,18 +9,20 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 
+use super::errors::LakeError;
 use super::query;
+use super::repositories::is_commit_id;
 use super::shapes::{
     ObjectError, ObjectErrorList, ObjectStageCreation, ObjectStats, Page, PathList,
     StagingLocation, StagingMetadata,
 };
+use super::unserved::{self, Why};
 use crate::db::queries::objects::{ObjectKey, ObjectStats as Stats};
 use crate::db::queries::repositories::Repository;
 use crate::domain::auth::{Action, Principal};
 use crate::domain::failure::Failure;
 use crate::domain::input::{self, ObjectBody};
 use crate::domain::listing::{ListRequest, MAX_AMOUNT};
-use crate::http::error::AppError;
 use crate::http::extract::{Caller, JsonBody, PathParams};
 use crate::http::position::ReadPosition;
 use crate::service::state::AppState;
@@ -41,11 +43,20 @@ impl RefPath {
         Ok(&self.repository)
     }
 
-    fn no_such_ref(&self) -> Failure {
+    /// The answer for a ref that is not the repository's branch: a commit
+    /// id gets 501 (there is no history to read at it), anything else 404.
+    fn no_such_ref(&self) -> LakeError {
+        if is_commit_id(&self.r#ref) {
+            return unserved::not_implemented(
+                &format!("reading at commit `{}`", self.r#ref),
+                Why::History,
+            );
+        }
         Failure::NoSuchRef {
             repository: self.repository.clone(),
             reference: self.r#ref.clone(),
         }
+        .into()
     }
 }
 
@@ -57,7 +68,7 @@ async fn repository(
     caller: &Principal,
     action: Action,
     position: Option<tokio_postgres::types::PgLsn>,
-) -> Result<Repository, Failure> {
+) -> Result<Repository, LakeError> {
     let name = at.checked(caller, action)?;
     let repo = if action == Action::Write {
         state.reads.repository_on_primary(name).await?
@@ -69,9 +80,7 @@ async fn repository(
         return Err(at.no_such_ref());
     }
     if action == Action::Write && repo.read_only {
-        return Err(Failure::Forbidden(format!(
-            "repository `{name}` is read-only"
-        )));
+        return Err(LakeError::read_only());
     }
     Ok(repo)
 }
@@ -84,7 +93,7 @@ async fn stat_of(
     caller: &Principal,
     path: String,
     position: Option<tokio_postgres::types::PgLsn>,
-) -> Result<std::sync::Arc<Stats>, Failure> {
+) -> Result<std::sync::Arc<Stats>, LakeError> {
     let repository = at.checked(caller, Action::Read)?.to_owned();
     let key = ObjectKey { repository, path };
     let stat = state
@@ -96,9 +105,12 @@ async fn stat_of(
     if *stat.branch != at.r#ref {
         return Err(at.no_such_ref());
     }
-    stat.object.ok_or(Failure::NoSuchObject {
-        repository: key.repository,
-        path: key.path,
+    stat.object.ok_or_else(|| {
+        Failure::NoSuchObject {
+            repository: key.repository,
+            path: key.path,
+        }
+        .into()
     })
 }
 
@@ -109,9 +121,10 @@ pub(crate) async fn stat(
     PathParams(at): PathParams<RefPath>,
     RawQuery(q): RawQuery,
     ReadPosition(position): ReadPosition,
-) -> Result<Json<ObjectStats>, AppError> {
+) -> Result<Json<ObjectStats>, LakeError> {
     let path = input::required_path(q.as_deref())?;
     let with_metadata = query::flag(q.as_deref(), "user_metadata", true)?;
+    query::no_presign(q.as_deref())?;
     let stats = stat_of(&state, &at, &caller, path, position).await?;
     Ok(Json(ObjectStats::object(&stats, with_metadata)))
 }
@@ -127,7 +140,7 @@ pub(crate) async fn head(
 ) -> Response {
     let found = match input::required_path(q.as_deref()) {
         Ok(path) => stat_of(&state, &at, &caller, path, position).await,
-        Err(e) => Err(e),
+        Err(e) => Err(e.into()),
     };
     match found {
         Ok(stats) => {
@@ -141,7 +154,7 @@ pub(crate) async fn head(
             }
             (StatusCode::OK, headers).into_response()
         }
-        Err(failure) => AppError::from(failure).status().into_response(),
+        Err(failure) => failure.status().into_response(),
     }
 }
 
@@ -161,15 +174,16 @@ pub(crate) async fn list(
     PathParams(at): PathParams<RefPath>,
     RawQuery(q): RawQuery,
     ReadPosition(position): ReadPosition,
-) -> Result<Json<Page<ObjectStats>>, AppError> {
+) -> Result<Json<Page<ObjectStats>>, LakeError> {
     let q = q.as_deref();
     let request = ListRequest {
         prefix: query::text(q, "prefix")?,
         after: query::text(q, "after")?,
         delimiter: query::text(q, "delimiter")?,
-        amount: ListRequest::amount_of(query::integer(q, "amount")?),
+        amount: query::amount(q)?,
     };
     let with_metadata = query::flag(q, "user_metadata", true)?;
+    query::no_presign(q)?;
     let repo = repository(&state, &at, &caller, Action::Read, position).await?;
     let listing = state
         .reads
@@ -185,20 +199,33 @@ pub(crate) async fn list(
     })))
 }
 
-/// Writes `body` as the object at `path` of `repo` and answers its stats.
+/// Latest `mtime` taken: the end of year 9999, the last second Postgres's
+/// `to_timestamp` and every client's date types agree on.
+const MAX_MTIME: i64 = 253_402_300_799;
+
+/// Writes `body` as the object at `path` of `repo`, modified at `mtime`
+/// (Unix seconds; now when `None`), and answers its stats.
 async fn write(
     state: &AppState,
     repo: &str,
     path: String,
     body: ObjectBody,
+    mtime: Option<i64>,
 ) -> Result<ObjectStats, Failure> {
-    let row = body.into_put_row(repo, path)?;
+    if mtime.is_some_and(|m| !(0..=MAX_MTIME).contains(&m)) {
+        return Err(Failure::invalid(
+            "invalid_body",
+            format!("`mtime` must be 0 to {MAX_MTIME} (Unix seconds)"),
+        ));
+    }
+    let mut row = body.into_put_row(repo, path)?;
+    row.mtime = mtime;
     let stats = Stats {
         path: row.path.clone(),
         physical_address: row.physical_address.clone(),
         checksum: row.checksum.clone(),
         size_bytes: row.size_bytes,
-        mtime: super::unix_now(),
+        mtime: mtime.unwrap_or_else(super::unix_now),
         content_type: row.content_type.clone(),
         metadata: row.metadata.clone(),
     };
@@ -222,7 +249,7 @@ pub(crate) async fn stage(
     PathParams(at): PathParams<RefPath>,
     RawQuery(q): RawQuery,
     JsonBody(staged): JsonBody<ObjectStageCreation>,
-) -> Result<(StatusCode, Json<ObjectStats>), AppError> {
+) -> Result<(StatusCode, Json<ObjectStats>), LakeError> {
     let path = input::required_path(q.as_deref())?;
     let repo = repository(&state, &at, &caller, Action::Write, None).await?;
     let body = ObjectBody {
@@ -230,10 +257,11 @@ pub(crate) async fn stage(
         physical_address: staged.physical_address,
         size_bytes: staged.size_bytes,
         checksum: staged.checksum,
-        content_type: staged.content_type,
+        // lakeFS stores an empty type as it stores a missing one.
+        content_type: staged.content_type.filter(|t| !t.is_empty()),
         metadata: staged.metadata,
     };
-    let stats = write(&state, &repo.name, path, body).await?;
+    let stats = write(&state, &repo.name, path, body, staged.mtime).await?;
     Ok((StatusCode::CREATED, Json(stats)))
 }
 
@@ -245,8 +273,9 @@ pub(crate) async fn physical_address(
     Caller(caller): Caller,
     PathParams(at): PathParams<RefPath>,
     RawQuery(q): RawQuery,
-) -> Result<Json<StagingLocation>, AppError> {
+) -> Result<Json<StagingLocation>, LakeError> {
     input::required_path(q.as_deref())?;
+    query::no_presign(q.as_deref())?;
     let repo = repository(&state, &at, &caller, Action::Write, None).await?;
     let namespace = repo.storage_namespace.trim_end_matches('/');
     Ok(Json(StagingLocation {
@@ -264,7 +293,7 @@ pub(crate) async fn link(
     PathParams(at): PathParams<RefPath>,
     RawQuery(q): RawQuery,
     JsonBody(staged): JsonBody<StagingMetadata>,
-) -> Result<Json<ObjectStats>, AppError> {
+) -> Result<Json<ObjectStats>, LakeError> {
     let path = input::required_path(q.as_deref())?;
     let repo = repository(&state, &at, &caller, Action::Write, None).await?;
     let physical_address = staged.staging.physical_address.ok_or_else(|| {
@@ -278,10 +307,12 @@ pub(crate) async fn link(
             .checksum
             .trim_matches(|c: char| c == '"' || c == ' ')
             .to_owned(),
-        content_type: staged.content_type,
+        content_type: staged.content_type.filter(|t| !t.is_empty()),
         metadata: staged.user_metadata,
     };
-    Ok(Json(write(&state, &repo.name, path, body).await?))
+    Ok(Json(
+        write(&state, &repo.name, path, body, staged.mtime).await?,
+    ))
 }
 
 /// `DELETE .../branches/{branch}/objects?path=P` (deleteObject): 204,
@@ -291,7 +322,7 @@ pub(crate) async fn delete(
     Caller(caller): Caller,
     PathParams(at): PathParams<RefPath>,
     RawQuery(q): RawQuery,
-) -> Result<StatusCode, AppError> {
+) -> Result<StatusCode, LakeError> {
     let path = input::required_path(q.as_deref())?;
     let repo = repository(&state, &at, &caller, Action::Write, None).await?;
     match state
@@ -308,42 +339,75 @@ pub(crate) async fn delete(
 }
 
 /// `POST .../branches/{branch}/objects/delete` (deleteObjects): each path
-/// deleted, what failed listed; 200.
+/// deleted, what failed listed; 200, as lakeFS answers: a caller without
+/// the grant gets each path listed as 401, a read-only repository each as
+/// 403, and empty paths (Spark sends them) are skipped.
 pub(crate) async fn delete_many(
     State(state): State<AppState>,
     Caller(caller): Caller,
     PathParams(at): PathParams<RefPath>,
     JsonBody(list): JsonBody<PathList>,
-) -> Result<Json<ObjectErrorList>, AppError> {
+) -> Result<Json<ObjectErrorList>, LakeError> {
     if list.paths.len() > MAX_AMOUNT {
         return Err(Failure::invalid(
             "too_many_paths",
-            format!("at most {MAX_AMOUNT} paths in one request"),
+            format!("request size exceeded, max paths is set to {MAX_AMOUNT}"),
         )
         .into());
     }
-    let repo = repository(&state, &at, &caller, Action::Write, None).await?;
+    let paths: Vec<&str> = list
+        .paths
+        .iter()
+        .map(String::as_str)
+        .filter(|p| !p.is_empty())
+        .collect();
+    let repo = match repository(&state, &at, &caller, Action::Write, None).await {
+        Ok(repo) => repo,
+        // Refused for every path alike: listed per path, as lakeFS does.
+        Err(refused)
+            if matches!(
+                refused.status(),
+                StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
+            ) =>
+        {
+            let message = if refused.status() == StatusCode::UNAUTHORIZED {
+                "Unauthorized"
+            } else {
+                refused.message()
+            };
+            let errors = paths
+                .iter()
+                .map(|path| ObjectError {
+                    status_code: refused.status().as_u16(),
+                    message: message.to_owned(),
+                    path: (*path).to_owned(),
+                })
+                .collect();
+            return Ok(Json(ObjectErrorList { errors }));
+        }
+        Err(e) => return Err(e),
+    };
     let mut errors = Vec::new();
     // Each path is checked alone; the valid ones go in one statement (one
     // round trip for up to 1,000 paths), so they fail or succeed together.
-    let mut valid = Vec::with_capacity(list.paths.len());
-    for path in &list.paths {
+    let mut valid = Vec::with_capacity(paths.len());
+    for path in paths {
         match input::object_path(path, "paths") {
-            Ok(()) => valid.push(path.as_str()),
+            Ok(()) => valid.push(path),
             Err(failure) => errors.push(object_error(path, &failure.into())),
         }
     }
     if let Err(failure) = state.writes.delete_many(&repo.name, &valid).await {
         // Each path gets the statement's error, as lakeFS lists each
         // path it could not delete.
-        let error = AppError::from(failure);
+        let error = LakeError::from(failure);
         errors.extend(valid.iter().map(|path| object_error(path, &error)));
     }
     Ok(Json(ObjectErrorList { errors }))
 }
 
 /// `path`'s entry in deleteObjects' list of failures.
-fn object_error(path: &str, error: &AppError) -> ObjectError {
+fn object_error(path: &str, error: &LakeError) -> ObjectError {
     ObjectError {
         status_code: error.status().as_u16(),
         message: error.message().to_owned(),

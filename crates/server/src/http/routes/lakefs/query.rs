@@ -3,6 +3,7 @@
 
 use crate::domain::failure::Failure;
 use crate::domain::input;
+use crate::domain::listing::{ListRequest, MAX_AMOUNT};
 
 /// Parameter `name`, `""` when absent: a path or a part of one (a
 /// listing's `prefix`, `after` or `delimiter`), so held to a path's rule
@@ -49,9 +50,72 @@ pub(super) fn integer(raw: Option<&str>, name: &str) -> Result<Option<i64>, Fail
         .transpose()
 }
 
+/// `amount`, a page's size, as lakeFS's API bounds it (-1 to 1,000;
+/// 100 when absent, and below 1).
+///
+/// # Errors
+///
+/// `invalid_query` for a value out of bounds, worded as lakeFS's request
+/// validator words it.
+pub(super) fn amount(raw: Option<&str>) -> Result<usize, Failure> {
+    let asked = integer(raw, "amount")?;
+    if let Some(n) = asked {
+        let max = i64::try_from(MAX_AMOUNT).unwrap_or(i64::MAX);
+        let bound = if n > max {
+            Some(format!("at most {max}"))
+        } else if n < -1 {
+            Some("at least -1".to_owned())
+        } else {
+            None
+        };
+        if let Some(bound) = bound {
+            return Err(Failure::invalid(
+                "invalid_query",
+                format!("parameter \"amount\" in query has an error: number must be {bound}"),
+            ));
+        }
+    }
+    Ok(ListRequest::amount_of(asked))
+}
+
+/// Refuses `presign=true`, as lakeFS does when its storage cannot sign
+/// addresses: this server holds no data to sign an address for (its
+/// storage configuration says `pre_sign_support: false`).
+///
+/// # Errors
+///
+/// `presign_not_supported` when `presign` is true.
+pub(super) fn no_presign(raw: Option<&str>) -> Result<(), Failure> {
+    if flag(raw, "presign", false)? {
+        return Err(Failure::invalid(
+            "presign_not_supported",
+            "presigned URL: operation not supported (this server stores metadata only)",
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn amount_is_bounded_as_lakefs_bounds_it() {
+        assert_eq!(amount(None).unwrap(), 100);
+        assert_eq!(amount(Some("amount=-1")).unwrap(), 100);
+        assert_eq!(amount(Some("amount=1000")).unwrap(), 1000);
+        for bad in ["amount=1001", "amount=-2"] {
+            let Err(Failure::Invalid { message, .. }) = amount(Some(bad)) else {
+                panic!("{bad} accepted");
+            };
+            assert!(
+                message.starts_with("parameter \"amount\" in query has an error: number must be")
+            );
+        }
+        assert!(no_presign(Some("presign=true")).is_err());
+        assert!(no_presign(Some("presign=false")).is_ok());
+        assert!(no_presign(None).is_ok());
+    }
 
     #[test]
     fn booleans_in_any_clients_spelling() {

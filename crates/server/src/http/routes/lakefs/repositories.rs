@@ -6,13 +6,12 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
 
+use super::errors::LakeError;
 use super::query;
 use super::shapes::{Page, Ref, Repository, RepositoryCreation};
 use crate::domain::auth::Action;
 use crate::domain::failure::Failure;
 use crate::domain::input;
-use crate::domain::listing::ListRequest;
-use crate::http::error::AppError;
 use crate::http::extract::{Caller, JsonBody, PathParams};
 use crate::http::position::ReadPosition;
 use crate::service::state::AppState;
@@ -55,12 +54,12 @@ pub(crate) async fn list(
     Caller(caller): Caller,
     RawQuery(q): RawQuery,
     ReadPosition(position): ReadPosition,
-) -> Result<Json<Page<Repository>>, AppError> {
+) -> Result<Json<Page<Repository>>, LakeError> {
     let q = q.as_deref();
     let prefix = query::text(q, "prefix")?;
     let after = query::text(q, "after")?;
     let search = query::text(q, "search")?;
-    let amount = ListRequest::amount_of(query::integer(q, "amount")?);
+    let amount = query::amount(q)?;
     let mut repos: Vec<Repository> = state
         .reads
         .list_repositories(position)
@@ -83,7 +82,7 @@ pub(crate) async fn create(
     State(state): State<AppState>,
     Caller(caller): Caller,
     JsonBody(new): JsonBody<RepositoryCreation>,
-) -> Result<(StatusCode, Json<Repository>), AppError> {
+) -> Result<(StatusCode, Json<Repository>), LakeError> {
     input::repository(&new.name)?;
     input::storage_namespace(&new.storage_namespace)?;
     let branch = new
@@ -117,7 +116,7 @@ pub(crate) async fn get(
     Caller(caller): Caller,
     PathParams(path): PathParams<RepositoryPath>,
     ReadPosition(position): ReadPosition,
-) -> Result<Json<Repository>, AppError> {
+) -> Result<Json<Repository>, LakeError> {
     input::repository(&path.repository)?;
     caller.require(Action::Read, &path.repository)?;
     let repo = state
@@ -130,13 +129,28 @@ pub(crate) async fn get(
 
 /// `DELETE /repositories/{repository}` (deleteRepository): 204 with its
 /// objects, 404 when there is none.
+///
+/// A read-only repository is deleted only with `force=true`, as lakeFS
+/// does (403 "read-only repository" without it).
 pub(crate) async fn delete(
     State(state): State<AppState>,
     Caller(caller): Caller,
     PathParams(path): PathParams<RepositoryPath>,
-) -> Result<StatusCode, AppError> {
+    RawQuery(q): RawQuery,
+) -> Result<StatusCode, LakeError> {
     input::repository(&path.repository)?;
+    let force = query::flag(q.as_deref(), "force", false)?;
     caller.require(Action::Write, &path.repository)?;
+    if !force {
+        let repo = state
+            .reads
+            .repository_on_primary(&path.repository)
+            .await?
+            .ok_or_else(|| Failure::NoSuchRepository(path.repository.clone()))?;
+        if repo.read_only {
+            return Err(LakeError::read_only());
+        }
+    }
     state.writes.delete_repository(&path.repository).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -156,9 +170,32 @@ async fn branch_of(
         .await?
         .ok_or_else(|| Failure::NoSuchRepository(repository.to_owned()))?;
     Ok(Ref {
+        commit_id: head_commit_id(&repo),
         id: repo.default_branch,
-        commit_id: String::new(),
     })
+}
+
+/// The id lakeFS's clients see as the head commit of a repository's one
+/// branch: 64 hex digits (a SHA-256, as lakeFS's commit ids are) of the
+/// repository's name and creation time, so it is the same on every call
+/// and every instance, and another for a repository made again under the
+/// same name. There are no commits behind it: reading at it answers 501
+/// (see [`is_commit_id`]).
+pub(crate) fn head_commit_id(repo: &crate::db::queries::repositories::Repository) -> String {
+    use sha2::Digest as _;
+    let mut hash = sha2::Sha256::new();
+    hash.update(b"pgbatch head commit\0");
+    hash.update(repo.name.as_bytes());
+    hash.update(b"\0");
+    hash.update(repo.created_at.to_le_bytes());
+    hex::encode(hash.finalize())
+}
+
+/// Whether `reference` reads as a commit id (lakeFS takes 1 to 64 hex
+/// digits; a branch name that is also hex is read as a commit from 7 on,
+/// as short commit ids are written).
+pub(crate) fn is_commit_id(reference: &str) -> bool {
+    (7..=64).contains(&reference.len()) && reference.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// `GET /repositories/{repository}/branches` (listBranches): its one
@@ -170,12 +207,12 @@ pub(crate) async fn branches(
     PathParams(path): PathParams<RepositoryPath>,
     RawQuery(q): RawQuery,
     ReadPosition(position): ReadPosition,
-) -> Result<Json<Page<Ref>>, AppError> {
+) -> Result<Json<Page<Ref>>, LakeError> {
     let q = q.as_deref();
     let prefix = query::text(q, "prefix")?;
     let after = query::text(q, "after")?;
-    // Checked for its form only: one branch fits any page.
-    query::integer(q, "amount")?;
+    // Checked only: one branch fits any page.
+    query::amount(q)?;
     let branch = branch_of(&state, &caller, &path.repository, position).await?;
     let branches = [branch]
         .into_iter()
@@ -190,7 +227,7 @@ pub(crate) async fn branch(
     Caller(caller): Caller,
     PathParams(path): PathParams<BranchPath>,
     ReadPosition(position): ReadPosition,
-) -> Result<Json<Ref>, AppError> {
+) -> Result<Json<Ref>, LakeError> {
     let branch = branch_of(&state, &caller, &path.repository, position).await?;
     if branch.id != path.branch {
         return Err(Failure::NoSuchRef {
@@ -213,6 +250,17 @@ mod tests {
         }
         for bad in ["", "-x", "a/b", "a b", "é"] {
             assert!(branch_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn commit_ids_are_told_from_branch_names() {
+        let id = "a".repeat(64);
+        for yes in [id.as_str(), "abc1234", "DEADBEEF"] {
+            assert!(is_commit_id(yes), "{yes}");
+        }
+        for no in ["main", "abc123", &"a".repeat(65), "feature-1"] {
+            assert!(!is_commit_id(no), "{no}");
         }
     }
 }

@@ -6,8 +6,8 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde_json::{json, Value};
 
+use super::errors::LakeError;
 use super::shapes::{CurrentUser, User};
-use crate::http::error::AppError;
 use crate::http::extract::{Caller, PathParams};
 use crate::service::state::AppState;
 
@@ -92,7 +92,7 @@ pub(crate) async fn create_credentials(
     State(state): State<AppState>,
     Caller(caller): Caller,
     PathParams(path): PathParams<UserPath>,
-) -> Result<(StatusCode, Json<CredentialsWithSecret>), AppError> {
+) -> Result<(StatusCode, Json<CredentialsWithSecret>), LakeError> {
     let user = path.user_id;
     crate::domain::input::user_name(&user)?;
     let token = state

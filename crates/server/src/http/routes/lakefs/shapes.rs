@@ -197,6 +197,9 @@ pub(crate) struct ObjectStageCreation {
     pub(crate) metadata: Option<serde_json::Map<String, serde_json::Value>>,
     #[serde(default)]
     pub(crate) content_type: Option<String>,
+    /// Unix seconds; the time of the write when absent.
+    #[serde(default)]
+    pub(crate) mtime: Option<i64>,
 }
 
 /// `StagingLocation`.
@@ -220,6 +223,9 @@ pub(crate) struct StagingMetadata {
     pub(crate) user_metadata: Option<serde_json::Map<String, serde_json::Value>>,
     #[serde(default)]
     pub(crate) content_type: Option<String>,
+    /// Unix seconds; the time of the write when absent.
+    #[serde(default)]
+    pub(crate) mtime: Option<i64>,
 }
 
 /// `PathList`.
