@@ -144,3 +144,47 @@ async fn target_session_attrs_pick_the_node() {
         .expect("a primary is not a standby");
     assert_eq!(refused.code().map(|c| c.code()), Some("08004"), "{refused}");
 }
+
+async fn backend_pid(lease: &Lease) -> i32 {
+    lease
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn prefer_standby_reuses_its_connections() {
+    // A primary listed first is connected to and let go on every new
+    // connection: that must not read as the node changing, which would
+    // discard the pool's older connections.
+    let primary = embedded_pg::testing::private_cluster().await.unwrap();
+    let standby = embedded_pg::testing::private_replica_with(&primary, |o| o)
+        .await
+        .unwrap();
+    let text = hosts(&[&primary, &standby], "target_session_attrs=prefer-standby");
+    let (config, attrs) = parse_config(&text).unwrap();
+    let pool = pool(
+        config,
+        &PoolOptions::with_max_size(2).target_session_attrs(attrs),
+    )
+    .unwrap();
+    let (a, b) = (
+        Lease::get(&pool).await.unwrap(),
+        Lease::get(&pool).await.unwrap(),
+    );
+    let mut first = vec![backend_pid(&a).await, backend_pid(&b).await];
+    a.release();
+    b.release();
+    let (a, b) = (
+        Lease::get(&pool).await.unwrap(),
+        Lease::get(&pool).await.unwrap(),
+    );
+    let mut again = vec![backend_pid(&a).await, backend_pid(&b).await];
+    assert!(in_recovery(&a).await && in_recovery(&b).await);
+    first.sort_unstable();
+    again.sort_unstable();
+    assert_eq!(first, again, "both connections were used again");
+    a.release();
+    b.release();
+}

@@ -127,11 +127,12 @@ impl Default for ReplicaSettings {
 pub struct InvalidationSettings {
     /// How often the listener's connection is checked.
     pub ping_every: Duration,
-    /// How long a check, a connection attempt or LISTEN may take. A
-    /// connection that died silently is found within `ping_every +
-    /// ping_timeout` (while no ping can be sent for want of a connection,
-    /// within `10 * ping_every + ping_timeout`); until then the caches are
-    /// used (and flushed later).
+    /// How long a check, a connection attempt (per host) or LISTEN may
+    /// take. Whenever no ping has arrived for this long the caches are
+    /// bypassed; a connection that died silently is given up within
+    /// `ping_every + ping_timeout` (while no ping can be sent, within
+    /// `3 * ping_every + ping_timeout`), and the caches are flushed before
+    /// they are used again.
     pub ping_timeout: Duration,
     /// The first wait before reconnecting; it doubles up to
     /// `reconnect_max`, and starts over once a connection has lasted

@@ -391,6 +391,13 @@ where
         }
     }
 
+    /// How long a connection attempt may take when every host uses up its
+    /// deadline: what a pool's create timeout must allow for the last host
+    /// to be tried.
+    pub fn worst_case(&self) -> Duration {
+        self.host_timeout * u32::try_from(self.hosts.failed.len()).unwrap_or(u32::MAX)
+    }
+
     /// The config the connector was made from.
     pub fn config(&self) -> &Config {
         &self.config
@@ -417,10 +424,9 @@ where
     ) -> Result<(Client, Connection<Socket, T::Stream>), tokio_postgres::Error> {
         let n = host_count(&self.config);
         if n <= 1 {
-            return self
-                .attempt(0, self.attrs)
-                .await
-                .map(|(c, conn, _)| (c, conn));
+            let (client, conn, _) = self.attempt(0, self.attrs).await?;
+            self.landed(0);
+            return Ok((client, conn));
         }
         let mut last = None;
         // prefer-standby: the first primary that answers is kept in case
@@ -432,19 +438,40 @@ where
             match attempt {
                 Ok((client, conn, in_recovery)) => {
                     if self.attrs != TargetSessionAttrs::PreferStandby || in_recovery {
+                        self.landed(i);
                         return Ok((client, conn));
                     }
                     if fallback.is_none() {
-                        fallback = Some((client, conn));
+                        fallback = Some((i, client, conn));
                     }
                 }
                 Err(e) => last = Some(e),
             }
         }
         match (fallback, last) {
-            (Some(found), _) => Ok(found),
+            (Some((i, client, conn)), _) => {
+                self.landed(i);
+                Ok((client, conn))
+            }
             (None, Some(e)) => Err(e),
             (None, None) => Err(tokio_postgres::Error::__private_api_timeout()),
+        }
+    }
+
+    /// The connection handed out went to host `i`: if the one before went
+    /// elsewhere, connections opened before now went to a node that is no
+    /// longer the one in use.
+    fn landed(&self, i: usize) {
+        let slot = i.min(self.hosts.failed.len() - 1);
+        let before = self.hosts.landed.swap(slot + 1, Ordering::AcqRel);
+        if before != 0 && before != slot + 1 {
+            self.hosts.cutoff.store(since_epoch(), Ordering::Release);
+            let hosts = describe_hosts(&self.config);
+            tracing::warn!(
+                from = hosts.get(before - 1).map(String::as_str),
+                to = hosts.get(slot).map(String::as_str),
+                "database connections now go to another node; older ones are discarded"
+            );
         }
     }
 
@@ -475,7 +502,9 @@ where
     }
 
     /// One host, under the host deadline: the connection, and whether the
-    /// node is in recovery (when asked; false otherwise).
+    /// node is in recovery (when asked; false otherwise). A host whose
+    /// attempt fails, times out or is abandoned (the pool's create timeout
+    /// cancels it) is marked as failed.
     async fn attempt(
         &self,
         i: usize,
@@ -483,6 +512,14 @@ where
     ) -> Result<(Client, Connection<Socket, T::Stream>, bool), tokio_postgres::Error> {
         let config = host_config(&self.config, i);
         let tls = self.tls.clone();
+        let slot = i.min(self.hosts.failed.len() - 1);
+        // Marks the host as one that did not answer unless defused: the
+        // attempt may be dropped before it ends.
+        let mut pending = Unanswered {
+            hosts: &self.hosts,
+            slot,
+            armed: true,
+        };
         let result = tokio::time::timeout(self.host_timeout, async move {
             let (client, mut conn) = config.connect(tls).await?;
             let in_recovery = if attrs == TargetSessionAttrs::Any {
@@ -492,36 +529,36 @@ where
             };
             Ok((client, conn, in_recovery))
         })
-        .await;
-        let slot = i.min(self.hosts.failed.len() - 1);
-        let result = match result {
-            Ok(Ok(found)) => {
-                self.hosts.failed[slot].store(0, Ordering::Relaxed);
-                let before = self.hosts.landed.swap(slot + 1, Ordering::AcqRel);
-                if before != 0 && before != slot + 1 {
-                    // Connections opened before went to the other node.
-                    self.hosts.cutoff.store(since_epoch(), Ordering::Release);
-                    let hosts = describe_hosts(&self.config);
-                    tracing::warn!(
-                        from = hosts.get(before - 1).map(String::as_str),
-                        to = hosts.get(slot).map(String::as_str),
-                        "database connections now go to another node; older ones are discarded"
-                    );
-                }
-                return Ok(found);
+        .await
+        .unwrap_or_else(|_| Err(tokio_postgres::Error::__private_api_timeout()));
+        pending.armed = false;
+        match &result {
+            Ok(_) => self.hosts.failed[slot].store(0, Ordering::Relaxed),
+            Err(e) => {
+                // A host that answered (even to refuse) is tried before one
+                // that did not.
+                let answered = e.as_db_error().is_some();
+                let mark = since_epoch().max(1) | if answered { 0 } else { TIMED_OUT };
+                tracing::debug!(host = i, error = %e, "host not usable; trying the next");
+                self.hosts.failed[slot].store(mark, Ordering::Relaxed);
             }
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(tokio_postgres::Error::__private_api_timeout()),
-        };
-        if let Err(e) = &result {
-            // A host that answered (even to refuse) is tried before one
-            // that did not.
-            let answered = e.as_db_error().is_some();
-            let mark = since_epoch().max(1) | if answered { 0 } else { TIMED_OUT };
-            tracing::debug!(host = i, error = %e, "host not usable; trying the next");
-            self.hosts.failed[slot].store(mark, Ordering::Relaxed);
         }
         result
+    }
+}
+
+/// Marks its host as not answering when dropped armed.
+struct Unanswered<'a> {
+    hosts: &'a Hosts,
+    slot: usize,
+    armed: bool,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.hosts.failed[self.slot].store(since_epoch().max(1) | TIMED_OUT, Ordering::Relaxed);
+        }
     }
 }
 
@@ -586,21 +623,32 @@ where
     Err(tokio_postgres::Error::__private_api_timeout())
 }
 
-/// Awaits `query` while driving `conn`; notices are dropped, and the
-/// connection's end shows as the query's error.
-async fn drive<S, T, F, R>(conn: &mut Connection<S, T>, query: F) -> R
+/// Awaits `query` while driving `conn`; notices are dropped. The
+/// connection's failure ends the wait with its error: polling it again
+/// would only repeat it, and the query would never be answered.
+async fn drive<S, T, F, R>(
+    conn: &mut Connection<S, T>,
+    query: F,
+) -> Result<R, tokio_postgres::Error>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-    F: std::future::Future<Output = R>,
+    F: std::future::Future<Output = Result<R, tokio_postgres::Error>>,
 {
+    use std::task::Poll;
     let mut query = std::pin::pin!(query);
     poll_fn(|cx| {
-        if let std::task::Poll::Ready(r) = query.as_mut().poll(cx) {
-            return std::task::Poll::Ready(r);
+        if let Poll::Ready(r) = query.as_mut().poll(cx) {
+            return Poll::Ready(r);
         }
-        while let std::task::Poll::Ready(Some(_)) = conn.poll_message(cx) {}
-        std::task::Poll::Pending
+        loop {
+            match conn.poll_message(cx) {
+                Poll::Ready(Some(Ok(_))) => {}
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
+                // Ended, or nothing yet: the host deadline bounds the wait.
+                Poll::Ready(None) | Poll::Pending => return Poll::Pending,
+            }
+        }
     })
     .await
 }
@@ -648,22 +696,24 @@ fn host_config(config: &Config, i: usize) -> Config {
     if let Some(timeout) = config.get_connect_timeout() {
         one.connect_timeout(*timeout);
     }
-    // tokio-postgres's defaults: keepalives on, after 2 hours idle.
-    let default_idle = Config::new().get_keepalives_idle();
+    // Each keepalive setting the config leaves at tokio-postgres's default
+    // (after 2 hours idle, the kernel's interval and count) gets ours.
+    let defaults = Config::new();
     one.keepalives(config.get_keepalives());
-    if config.get_keepalives_idle() == default_idle {
-        one.keepalives_idle(KEEPALIVE_IDLE);
-        one.keepalives_interval(KEEPALIVE_INTERVAL);
-        one.keepalives_retries(KEEPALIVE_RETRIES);
-    } else {
-        one.keepalives_idle(config.get_keepalives_idle());
-        if let Some(interval) = config.get_keepalives_interval() {
-            one.keepalives_interval(interval);
-        }
-        if let Some(retries) = config.get_keepalives_retries() {
-            one.keepalives_retries(retries);
-        }
-    }
+    one.keepalives_idle(
+        if config.get_keepalives_idle() == defaults.get_keepalives_idle() {
+            KEEPALIVE_IDLE
+        } else {
+            config.get_keepalives_idle()
+        },
+    );
+    one.keepalives_interval(
+        config
+            .get_keepalives_interval()
+            .unwrap_or(KEEPALIVE_INTERVAL),
+    );
+    one.keepalives_retries(config.get_keepalives_retries().unwrap_or(KEEPALIVE_RETRIES));
+    one.load_balance_hosts(config.get_load_balance_hosts());
     one.tcp_user_timeout(
         config
             .get_tcp_user_timeout()

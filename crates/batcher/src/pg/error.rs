@@ -121,9 +121,18 @@ pub(crate) fn is_unavailable(e: &tokio_postgres::Error) -> bool {
 /// timeout otherwise).
 fn is_connection_lost(e: &tokio_postgres::Error) -> bool {
     use std::error::Error as _;
+    // tokio-postgres's error kinds are private; its messages name them. A
+    // failed TLS handshake (a certificate or name refused) is a setting to
+    // fix, not an outage, though its cause is an I/O error too.
+    let text = e.to_string();
+    if text.starts_with("error performing TLS handshake") {
+        return false;
+    }
     e.is_closed()
-        || e.source().is_some_and(|s| s.is::<std::io::Error>())
-        || e.to_string() == tokio_postgres::Error::__private_api_timeout().to_string()
+        || e.source()
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .is_some_and(|io| io.kind() != std::io::ErrorKind::InvalidData)
+        || text == tokio_postgres::Error::__private_api_timeout().to_string()
 }
 
 #[cfg(test)]

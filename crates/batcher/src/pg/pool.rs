@@ -19,7 +19,8 @@ pub struct PoolOptions {
     /// [`PgError::Pool`](super::PgError::Pool). Default 2 s.
     pub wait_timeout: Duration,
     /// How long opening a new connection may take, every host tried
-    /// included. Default 5 s.
+    /// included. Default 5 s; never less than each host's deadline for
+    /// every host, plus a second.
     pub create_timeout: Duration,
     /// How long checking a returned connection may take. Default 2 s.
     pub recycle_timeout: Duration,
@@ -161,6 +162,11 @@ where
             recycling_method: RecyclingMethod::Fast,
         },
     );
+    // Every host must get its turn: a create cancelled while a hung host
+    // holds it would never reach the next one.
+    let create_timeout = options
+        .create_timeout
+        .max(judge.worst_case() + Duration::from_secs(1));
     Pool::builder(manager)
         // An idle connection to the node connections no longer go to (the
         // old primary, after a failover) is dropped, not handed out.
@@ -175,7 +181,7 @@ where
         }))
         .max_size(options.max_size)
         .wait_timeout(Some(options.wait_timeout))
-        .create_timeout(Some(options.create_timeout))
+        .create_timeout(Some(create_timeout))
         .recycle_timeout(Some(options.recycle_timeout))
         .runtime(Runtime::Tokio1)
         .build()
@@ -216,6 +222,7 @@ const HUNG_AFTER: Duration = Duration::from_secs(1);
 pub struct Lease {
     object: Option<Object>,
     since: Instant,
+    hung_after: Duration,
 }
 
 impl std::fmt::Debug for Lease {
@@ -234,10 +241,25 @@ impl Lease {
     /// As deadpool's `Pool::get`: none free within the wait timeout, or
     /// opening one failed.
     pub async fn get(pool: &Pool) -> Result<Self, PoolError> {
+        Self::get_for(pool, HUNG_AFTER).await
+    }
+
+    /// As [`get`](Self::get), for a statement that a healthy node ends
+    /// within `hung_after` (its `statement_timeout` and some margin): only
+    /// a lease abandoned after holding its connection that long takes the
+    /// pool's idle connections with it. For leases that a client going away
+    /// may drop early, in a request handler, so that such a client does not
+    /// empty the pool.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get).
+    pub async fn get_for(pool: &Pool, hung_after: Duration) -> Result<Self, PoolError> {
         let object = pool.get().await?;
         Ok(Self {
             object: Some(object),
             since: Instant::now(),
+            hung_after,
         })
     }
 
@@ -282,7 +304,7 @@ impl Drop for Lease {
     fn drop(&mut self) {
         if let Some(object) = self.object.take() {
             // Abandoned: a statement may still be running on it.
-            discard(object, self.since.elapsed() >= HUNG_AFTER);
+            discard(object, self.since.elapsed() >= self.hung_after);
         }
     }
 }

@@ -51,6 +51,16 @@ pub trait UpsertQuery: Send + Sync + 'static {
     ///
     /// When a column is missing or has an unexpected type.
     fn map_returned(&self, row: &Row) -> Result<(Self::Key, bool), tokio_postgres::Error>;
+
+    /// Whether writing a batch twice leaves what writing it once does (a
+    /// plain `ON CONFLICT ... DO UPDATE SET col = EXCLUDED.col`, with no
+    /// trigger that counts). Then a batch whose connection was lost (its
+    /// node failed over) is written again on a new connection rather than
+    /// failed; its commit may have gone through before, so say so only
+    /// when a second write does no harm. By default it is not.
+    fn is_idempotent(&self) -> bool {
+        false
+    }
 }
 
 /// What an acknowledged write did.
@@ -159,16 +169,16 @@ impl<Q: UpsertQuery> PgWriter<Q> {
     /// Writes `rows` (distinct keys) in one transaction; on a row fault,
     /// writes them one by one under savepoints so only the faulty rows fail.
     ///
-    /// If the node turned out to be gone or no longer a primary, the batch
-    /// is written once more on a new connection: an upsert is safe to
-    /// repeat (it may have committed before the connection was lost; the
-    /// rows are the same, and a row it created reads as updated then).
+    /// If the node turned out to be gone or no longer a primary and the
+    /// query [is idempotent](UpsertQuery::is_idempotent), the batch is
+    /// written once more on a new connection (it may have committed before
+    /// the connection was lost; a row it created reads as updated then).
     async fn upsert(
         &self,
         rows: &[Q::Row],
     ) -> Result<HashMap<Q::Key, Result<bool, Arc<RowError>>>, PgError> {
         match self.upsert_once(rows).await {
-            Err(e) if e.kind() == DbErrorKind::Unavailable => {
+            Err(e) if e.kind() == DbErrorKind::Unavailable && self.query.is_idempotent() => {
                 tracing::debug!(error = %e, "database node lost; writing the batch again on a new connection");
                 self.upsert_once(rows).await
             }

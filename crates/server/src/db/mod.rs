@@ -574,13 +574,34 @@ pub fn pool_with(
     .context("invalid pool settings")
 }
 
+/// How long past a statement's timeout a lease that is dropped unreleased
+/// still counts as a client going away rather than a node that hangs.
+pub const LEASE_MARGIN: Duration = Duration::from_secs(1);
+
+/// How long a request's statement may hold its connection before, dropped
+/// unreleased, it is taken for one on a node that hangs, and the pool's
+/// idle connections go with it (see [`Lease`]): past every deadline but
+/// an import's, so a client that goes away mid-request costs one
+/// connection, never the pool's.
+pub const REQUEST_HUNG_AFTER: Duration = Duration::from_secs(10);
+
+/// A connection from `pool` for a request's statements (see
+/// [`REQUEST_HUNG_AFTER`]).
+///
+/// # Errors
+///
+/// As deadpool's `Pool::get`.
+pub async fn lease(pool: &pgbatch::pg::Pool) -> Result<Lease, deadpool_postgres::PoolError> {
+    Lease::get_for(pool, REQUEST_HUNG_AFTER).await
+}
+
 /// One round trip on a pooled connection: the database answers.
 ///
 /// # Errors
 ///
 /// When no connection can be had or the database does not answer.
 pub async fn ping(pool: &pgbatch::pg::Pool) -> anyhow::Result<()> {
-    let client = Lease::get(pool).await?;
+    let client = lease(pool).await?;
     let answered = system::ping(&client).await;
     client.settle(&answered);
     answered?;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use pgbatch::cache::Cache;
-use pgbatch::pg::{Lease, PgError, Pool, Statements};
+use pgbatch::pg::{PgError, Pool, Statements};
 use rand::TryRngCore;
 use sha2::{Digest as _, Sha256};
 use tokio_postgres::types::PgLsn;
@@ -240,7 +240,7 @@ impl Authenticator {
     ///
     /// As a lookup's: the pool or the database failing.
     pub async fn tokens_of(&self, user: &str) -> Result<Vec<TokenInfo>, Failure> {
-        let client = Lease::get(self.router.primary())
+        let client = crate::db::lease(self.router.primary())
             .await
             .map_err(PgError::from)?;
         let listed = sql::list_tokens(&**client, Some(user)).await;
@@ -262,7 +262,7 @@ impl Authenticator {
     pub async fn revoke(&self, caller: &Principal, id: &str) -> Result<(), Failure> {
         input::token_id(id)?;
         let owner = (!caller.may(Action::Write, "*")).then_some(caller.user.as_str());
-        let client = Lease::get(self.router.primary())
+        let client = crate::db::lease(self.router.primary())
             .await
             .map_err(PgError::from)?;
         let deleted = sql::delete_token(&**client, id, owner).await;
@@ -316,7 +316,7 @@ impl Authenticator {
             }
         };
         let token = new_token().map_err(Failure::Unavailable)?;
-        let client = Lease::get(self.router.primary())
+        let client = crate::db::lease(self.router.primary())
             .await
             .map_err(PgError::from)?;
         let inserted =
@@ -425,7 +425,7 @@ async fn load_principal(
     statements: Statements,
     digest: &TokenDigest,
 ) -> Result<Option<Principal>, PgError> {
-    let mut client = Lease::get(pool).await?;
+    let mut client = crate::db::lease(pool).await?;
     let found = sql::user_of_token(&mut client, &statements, digest).await;
     client.settle(&found);
     let found = found?;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt as _;
 use pgbatch::cache::CacheStats;
-use pgbatch::pg::{BatchQuery, Lease, PgError, Statements};
+use pgbatch::pg::{BatchQuery, PgError, Statements};
 use pgbatch::{BuildError, StatsSnapshot};
 use tokio_postgres::types::PgLsn;
 
@@ -306,7 +306,7 @@ impl Reads {
         let listed = self
             .router
             .read(needs, |i| async move {
-                let client = Lease::get(&pools[i]).await?;
+                let client = crate::db::lease(&pools[i]).await?;
                 let found = repositories::list(&**client).await;
                 client.settle(&found);
                 Ok::<_, PgError>(found?)
@@ -331,7 +331,7 @@ impl Reads {
         Ok(self
             .router
             .read(needs, |i| async move {
-                let client = Lease::get(&pools[i]).await?;
+                let client = crate::db::lease(&pools[i]).await?;
                 let found = repositories::get(&**client, name).await;
                 client.settle(&found);
                 Ok::<_, PgError>(found?)
@@ -350,7 +350,7 @@ impl Reads {
     pub async fn repository_on_primary(&self, name: &str) -> Result<Option<Repository>, Failure> {
         let primary = self.router.primary();
         let repo = async {
-            let client = Lease::get(primary).await?;
+            let client = crate::db::lease(primary).await?;
             let found = repositories::get(&**client, name).await;
             client.settle(&found);
             Ok::<_, PgError>(found?)
@@ -380,7 +380,7 @@ impl Reads {
         Ok(self
             .router
             .read(needs, |i| async move {
-                let mut client = Lease::get(&pools[i]).await?;
+                let mut client = crate::db::lease(&pools[i]).await?;
                 let page = if statements.timeout().is_none() {
                     list_on(&**client, repository, request).await
                 } else {

@@ -39,9 +39,7 @@ fn failed(e: impl Into<PgError>) -> Failure {
 /// two types, and borrows either.)
 macro_rules! on_write_connection {
     ($writes:expr, |$c:ident| $work:expr) => {{
-        let mut client = pgbatch::pg::Lease::get(&$writes.pool)
-            .await
-            .map_err(failed)?;
+        let mut client = crate::db::lease(&$writes.pool).await.map_err(failed)?;
         let done: Result<_, tokio_postgres::Error> = if $writes.statements.timeout().is_none() {
             let $c = &**client;
             $work
@@ -116,9 +114,7 @@ impl Writes {
             .build(loader_fn(move |_: Vec<()>| {
                 let pool = position_pool.clone();
                 async move {
-                    let client = pgbatch::pg::Lease::get(&pool)
-                        .await
-                        .map_err(PgError::from)?;
+                    let client = crate::db::lease(&pool).await.map_err(PgError::from)?;
                     let lsn = system::wal_position(&**client).await;
                     client.settle(&lsn);
                     let lsn = lsn.map_err(PgError::from)?;
@@ -242,9 +238,12 @@ impl Writes {
             .imports
             .try_acquire()
             .map_err(|_| Failure::Overloaded)?;
-        let mut client = pgbatch::pg::Lease::get(&self.import_pool)
-            .await
-            .map_err(failed)?;
+        let mut client = pgbatch::pg::Lease::get_for(
+            &self.import_pool,
+            self.import.timeout + crate::db::LEASE_MARGIN,
+        )
+        .await
+        .map_err(failed)?;
         let exists = repositories::exists(&**client, repository).await;
         if !exists.map_err(failed)? {
             client.release();

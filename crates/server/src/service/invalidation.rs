@@ -19,8 +19,8 @@
 //!
 //! The listener's health is proved end to end: every second a notification
 //! with a fresh random payload is sent on [`PING_CHANNEL`] from another
-//! connection (one of the pool's), and must arrive on the listener within
-//! two. A connection that died silently (a frozen or partitioned database
+//! connection (one of its own, never waiting behind reads), and must arrive
+//! on the listener within two. A connection that died silently (a frozen or partitioned database
 //! sends no error) fails it, and so does a path that swallows notifications
 //! while answering queries (a transaction-mode pooler accepts `LISTEN` and
 //! then delivers nothing, or delivers to another client): the caches are
@@ -265,8 +265,8 @@ async fn session(
     let mut last_proof = Instant::now();
     let mut next_ping = Instant::now() + settings.ping_every;
     // Later pings are sent while notifications go on being applied: a
-    // send waits for a connection of the read pool, which may be busy for
-    // as long as `step` under load, and the invalidations must not.
+    // send may wait on a slow database for as long as `step`, and the
+    // invalidations must not.
     // The ping is expected (`ping`) before it is sent: Postgres may signal
     // the listener before it answers the sender.
     let mut sending: Option<Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send + '_>>> = None;
@@ -384,7 +384,7 @@ impl Ping {
     /// may deliver a client's own notification to it and nothing else.
     async fn notify(sender: &Pool, nonce: String, step: std::time::Duration) -> anyhow::Result<()> {
         let sent = async {
-            let client = pgbatch::pg::Lease::get(sender).await?;
+            let client = crate::db::lease(sender).await?;
             let sent = system::notify(&**client, PING_CHANNEL, &nonce).await;
             client.settle(&sent);
             sent?;

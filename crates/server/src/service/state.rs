@@ -31,6 +31,10 @@ pub struct Pools {
     /// Imports, one connection each for its whole upload; statements time
     /// out with the import deadline.
     pub import: Pool,
+    /// One connection for the invalidation listener's pings, so that a
+    /// ping never waits behind reads for a connection (the caches are
+    /// bypassed whenever no ping has come through for 2 s).
+    pub notify: Pool,
     /// Each read replica and its pool (the read pool's size and
     /// deadline).
     pub replicas: Vec<(Postgres, Pool)>,
@@ -72,6 +76,7 @@ impl Pools {
                 settings.import.concurrency,
                 settings.import.timeout,
             )?,
+            notify: db::pool_with(&connector, pooler, 1, settings.invalidation.ping_timeout)?,
             replicas: Vec::new(),
         })
     }
@@ -100,6 +105,7 @@ impl Pools {
         self.read.close();
         self.write.close();
         self.import.close();
+        self.notify.close();
         for (_, pool) in &self.replicas {
             pool.close();
         }
@@ -121,6 +127,8 @@ pub struct Inner {
     pub auth: Authenticator,
     /// The connection pool (readiness checks).
     pub pool: Pool,
+    /// The invalidation listener's pings' connection (one).
+    pub notify: Pool,
     /// The metrics registry.
     pub metrics: Arc<Metrics>,
     /// What the service was configured with: request limits and
@@ -170,6 +178,7 @@ impl AppState {
             read: pool,
             write,
             import,
+            notify,
             replicas,
             pooler,
         } = pools;
@@ -205,6 +214,7 @@ impl AppState {
             writes,
             auth,
             pool,
+            notify,
             metrics: Arc::new(metrics),
             settings: settings.clone(),
             coherence,
@@ -248,7 +258,7 @@ impl AppState {
         };
         tokio::spawn(invalidation::listen(
             target,
-            self.pool.clone(),
+            self.notify.clone(),
             caches,
             self.coherence.clone(),
             self.settings.invalidation,
@@ -334,5 +344,6 @@ impl AppState {
         self.stop.cancel();
         tokio::join!(self.writes.shutdown(), self.reads.shutdown());
         self.pool.close();
+        self.notify.close();
     }
 }

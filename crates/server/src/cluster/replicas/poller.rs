@@ -109,7 +109,7 @@ impl ReadRouter {
     }
 
     async fn primary_position(&self) -> Result<PgLsn, PgError> {
-        let client = pgbatch::pg::Lease::get(self.primary()).await?;
+        let client = crate::db::lease(self.primary()).await?;
         let position = sql::wal_position(&**client).await;
         client.settle(&position);
         Ok(position?)

@@ -277,6 +277,13 @@ impl pgbatch::pg::UpsertQuery for ObjectUpsert {
         };
         Ok((key, row.try_get(2)?))
     }
+
+    /// Every column is set to the row's own value (`mtime` to the given
+    /// one, or the time of the write), and the invalidation triggers only
+    /// notify: a second write of a batch leaves what the first did.
+    fn is_idempotent(&self) -> bool {
+        true
+    }
 }
 
 /// Objects of `repository` whose path is at least `from` and (with `below`)

@@ -64,9 +64,19 @@ pub(crate) async fn readyz(State(state): State<AppState>) -> Result<impl IntoRes
         })),
         Ok(Err(e)) => {
             tracing::warn!(error = ?e, "readiness check failed");
-            Err(not_ready(
-                "no database node that takes writes accepts connections (down, or failing over)",
-            ))
+            let busy = e
+                .downcast_ref::<deadpool_postgres::PoolError>()
+                .is_some_and(|p| {
+                    matches!(
+                        p,
+                        deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)
+                    )
+                });
+            Err(not_ready(if busy {
+                "every database connection is busy (overloaded)"
+            } else {
+                "no database node that takes writes accepts connections (down, or failing over)"
+            }))
         }
         Err(_) => {
             tracing::warn!(timeout = ?READY_TIMEOUT, "readiness check: the database did not answer");

@@ -43,10 +43,11 @@ impl RefPath {
         Ok(&self.repository)
     }
 
-    /// The answer for a ref that is not the repository's branch: a commit
-    /// id gets 501 (there is no history to read at it), anything else 404.
-    fn no_such_ref(&self) -> LakeError {
-        if is_commit_id(&self.r#ref) {
+    /// The answer for a ref that is not the repository's branch: a read at
+    /// a commit id gets 501 (there is no history to read at it), anything
+    /// else 404 (a write names a branch, and there is no other).
+    fn no_such_ref(&self, action: Action) -> LakeError {
+        if action == Action::Read && is_commit_id(&self.r#ref) {
             return unserved::not_implemented(
                 &format!("reading at commit `{}`", self.r#ref),
                 Why::History,
@@ -77,7 +78,7 @@ async fn repository(
     };
     let repo = repo.ok_or_else(|| Failure::NoSuchRepository(name.to_owned()))?;
     if repo.default_branch != at.r#ref {
-        return Err(at.no_such_ref());
+        return Err(at.no_such_ref(action));
     }
     if action == Action::Write && repo.read_only {
         return Err(LakeError::read_only());
@@ -103,7 +104,7 @@ async fn stat_of(
         .await?
         .ok_or_else(|| Failure::NoSuchRepository(key.repository.clone()))?;
     if *stat.branch != at.r#ref {
-        return Err(at.no_such_ref());
+        return Err(at.no_such_ref(Action::Read));
     }
     stat.object.ok_or_else(|| {
         Failure::NoSuchObject {
