@@ -19,7 +19,8 @@
 //!
 //! The listener's health is proved end to end: every second a notification
 //! with a fresh random payload is sent on [`PING_CHANNEL`] from another
-//! connection (one of its own, never waiting behind reads), and must arrive
+//! connection (one of its own, never waiting behind reads; behind a pooler,
+//! one of the read pool's), and must arrive
 //! on the listener within two. A connection that died silently (a frozen or partitioned database
 //! sends no error) fails it, and so does a path that swallows notifications
 //! while answering queries (a transaction-mode pooler accepts `LISTEN` and

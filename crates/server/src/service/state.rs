@@ -31,9 +31,11 @@ pub struct Pools {
     /// Imports, one connection each for its whole upload; statements time
     /// out with the import deadline.
     pub import: Pool,
-    /// One connection for the invalidation listener's pings, so that a
-    /// ping never waits behind reads for a connection (the caches are
-    /// bypassed whenever no ping has come through for 2 s).
+    /// Where the invalidation listener's pings are sent from: on a direct
+    /// connection, a pool of one of their own, so that a ping never waits
+    /// behind reads (the caches are bypassed whenever no ping has come
+    /// through for 2 s); behind a pooler, whose server connections are
+    /// few, the read pool.
     pub notify: Pool,
     /// Each read replica and its pool (the read pool's size and
     /// deadline).
@@ -66,9 +68,14 @@ impl Pools {
         // after a failover, the others try the promoted one first too.
         let connector = target.connector();
         let pooler = target.pooler;
+        let read = db::pool_with(&connector, pooler, read_size, settings.read.timeout)?;
+        let notify = if pooler == Pooler::None {
+            db::pool_with(&connector, pooler, 1, settings.invalidation.ping_timeout)?
+        } else {
+            read.clone()
+        };
         Ok(Self {
             pooler,
-            read: db::pool_with(&connector, pooler, read_size, settings.read.timeout)?,
             write: db::pool_with(&connector, pooler, write_size, settings.write.timeout)?,
             import: db::pool_with(
                 &connector,
@@ -76,7 +83,8 @@ impl Pools {
                 settings.import.concurrency,
                 settings.import.timeout,
             )?,
-            notify: db::pool_with(&connector, pooler, 1, settings.invalidation.ping_timeout)?,
+            read,
+            notify,
             replicas: Vec::new(),
         })
     }
