@@ -153,7 +153,13 @@ impl Postgres {
     /// TLS handshake or certificate check, or is not what
     /// [`attrs`](Self::attrs) asks for.
     pub async fn connect(&self) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-        connect_with(&self.connector()).await
+        let (client, conn) = self.connector().connect().await?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "database connection ended");
+            }
+        });
+        Ok(client)
     }
 
     /// [`connect`](Self::connect), tried again (backing off from 100 ms to
@@ -171,11 +177,8 @@ impl Postgres {
     ) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
         let deadline = tokio::time::Instant::now() + within;
         let mut backoff = Duration::from_millis(100);
-        // One connector for every attempt: a host found hung is tried last
-        // from then on, not first again each time.
-        let connector = self.connector();
         loop {
-            match connect_with(&connector).await {
+            match self.connect().await {
                 Ok(client) => return Ok(client),
                 Err(e)
                     if pgbatch::pg::classify(&e) == DbErrorKind::Unavailable
@@ -189,20 +192,6 @@ impl Postgres {
             }
         }
     }
-}
-
-/// One connection through `connector`, driven by a task of its own until
-/// the client is dropped.
-async fn connect_with(
-    connector: &Connector<Tls>,
-) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-    let (client, conn) = connector.connect().await?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!(error = %e, "database connection ended");
-        }
-    });
-    Ok(client)
 }
 
 /// How long start-up waits for the database to accept connections (a

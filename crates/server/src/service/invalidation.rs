@@ -58,12 +58,11 @@ use crate::cluster::coherence::Coherence;
 use crate::cluster::replicas::ReadRouter;
 use crate::db::queries::objects::ObjectKey;
 use crate::db::queries::system;
-use crate::db::tls::Tls;
 use crate::db::Postgres;
 use crate::domain::auth::Authenticator;
 use crate::domain::reads::{Change, Reads};
 use crate::settings::InvalidationSettings;
-use pgbatch::pg::{Connector, Pool};
+use pgbatch::pg::Pool;
 
 /// The notification channel the triggers send on.
 pub const CHANNEL: &str = "pgbatch_invalidate";
@@ -169,29 +168,12 @@ pub async fn listen(
     settings: InvalidationSettings,
     stop: CancellationToken,
 ) {
-    let mut config = target.config.clone();
-    config
-        .application_name(APPLICATION_NAME)
-        // The kernel gives up on a peer that stopped answering, even
-        // between pings.
-        .keepalives(true)
-        .keepalives_idle(settings.ping_every)
-        .tcp_user_timeout(settings.ping_every + settings.ping_timeout);
-    // Each host gets the ping timeout (connect, login, the role check): a
-    // hung first host, an old primary after a failover, does not use up
-    // the others' time. The primary is whichever host takes writes now.
-    // One connector for every session, so a host found hung is tried last
-    // when the listener connects again.
-    let connector = target
-        .connector()
-        .with_config(config)
-        .host_timeout(settings.ping_timeout);
     let mut backoff = settings.reconnect_min;
     loop {
         let started = Instant::now();
         let result = tokio::select! {
             () = stop.cancelled() => return,
-            r = session(&connector, &sender, &caches, &coherence, &settings) => r,
+            r = session(&target, &sender, &caches, &coherence, &settings) => r,
         };
         coherence.failed();
         // A connection that lasted starts the backoff over; one that keeps
@@ -218,13 +200,25 @@ const BACKLOG: usize = 10_000;
 /// One connection's life: connect, LISTEN, flush, prove delivery, then
 /// apply notifications until the connection fails or a ping goes unheard.
 async fn session(
-    connector: &Connector<Tls>,
+    target: &Postgres,
     sender: &Pool,
     caches: &Caches,
     coherence: &Coherence,
     settings: &InvalidationSettings,
 ) -> anyhow::Result<()> {
     let step = settings.ping_timeout;
+    let mut config = target.config.clone();
+    config
+        .application_name(APPLICATION_NAME)
+        // The kernel gives up on a peer that stopped answering, even
+        // between pings.
+        .keepalives(true)
+        .keepalives_idle(settings.ping_every)
+        .tcp_user_timeout(settings.ping_every + step);
+    // Each host gets `step` (connect, login, the role check): a hung first
+    // host, an old primary after a failover, does not use up the others'
+    // time. The primary is whichever host takes writes now.
+    let connector = target.connector().with_config(config).host_timeout(step);
     let (client, mut connection) = connector.connect().await.context("could not connect")?;
     let (tx, mut notifications) = mpsc::channel(BACKLOG);
     // The connection's messages are read by a task of its own: the client

@@ -48,13 +48,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use pgbatch::pg::{Connector, Pool, Statements};
+use pgbatch::pg::{Pool, Statements};
 use tokio_postgres::types::PgLsn;
 
 pub use self::loader::RoutedLoader;
 pub use self::routing::{Fallback, Needs};
 use crate::cluster::coherence::Coherence;
-use crate::db::tls::Tls;
 use crate::db::Postgres;
 use crate::settings::ReplicaSettings;
 
@@ -91,9 +90,7 @@ struct Inner {
 #[derive(Debug)]
 struct Replica {
     name: String,
-    /// Opens the poller's connection; kept, so what it learned of the
-    /// replica URL's hosts outlives a reconnect.
-    connector: Connector<Tls>,
+    target: Postgres,
     usable: AtomicBool,
     /// Replayed WAL position, as last polled (0: never).
     replay: AtomicU64,
@@ -160,7 +157,7 @@ impl ReadRouter {
                 pools.push(pool);
                 Replica {
                     name: describe(&target.config),
-                    connector: target.connector(),
+                    target,
                     usable: AtomicBool::new(false),
                     replay: AtomicU64::new(0),
                     lag_us: AtomicU64::new(0),

@@ -131,8 +131,8 @@ async fn poll_replica(
         {
             // Every host its URL names, as the replica's pool connects.
             let (c, connection) = replica
-                .connector
-                .clone()
+                .target
+                .connector()
                 .host_timeout(settings.poll_timeout)
                 .connect()
                 .await
