@@ -70,6 +70,45 @@ impl Error {
         matches!(self, Error::Timeout(_) | Error::LoadTimeout(_))
     }
 
+    /// Whether asking again later may succeed:
+    ///
+    /// - [`Error::Overloaded`]: the batcher shed the request; retry after a
+    ///   pause (or answer 503 with `Retry-After`);
+    /// - [`Error::Load`] whose error, or an error in its source chain, is a
+    ///   retryable database error of either driver: a lost or refusing node
+    ///   (class 08, 57P01, 57P03, a reset connection), a serialization
+    ///   failure (40001) or deadlock (40P01), too many connections (53300),
+    ///   or a pool that had no connection free in time (see
+    ///   `pg::PgError::is_retryable` and `sqlx::is_retryable`).
+    ///
+    /// False for everything else: rows the database refused, syntax and
+    /// permission errors, a loader error the crate does not know, a
+    /// panicking loader, a closed batcher, and both timeouts (the caller's
+    /// deadline passed, or the database may still be running the load:
+    /// asking again at once adds to what made it slow).
+    ///
+    /// ```
+    /// # use pgbatch::Error;
+    /// assert!(Error::Overloaded.is_retryable());
+    /// assert!(!Error::load(std::io::Error::other("bad row")).is_retryable());
+    /// ```
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Overloaded => true,
+            Error::Load(e) => {
+                let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&**e);
+                while let Some(e) = source {
+                    if let Some(retryable) = retryable_db_error(e) {
+                        return retryable;
+                    }
+                    source = e.source();
+                }
+                false
+            }
+            _ => false,
+        }
+    }
+
     /// Returns `true` if the batcher is shut down or its worker is gone.
     pub fn is_closed(&self) -> bool {
         matches!(self, Error::Closed)
@@ -91,6 +130,31 @@ impl Error {
             _ => None,
         }
     }
+}
+
+/// Whether `e` is a database error of a driver the crate knows, and if so
+/// whether it is retryable.
+#[allow(unused_variables)] // `e`, with no driver feature on
+fn retryable_db_error(e: &(dyn std::error::Error + 'static)) -> Option<bool> {
+    #[cfg(feature = "postgres")]
+    {
+        if let Some(e) = e.downcast_ref::<crate::pg::PgError>() {
+            return Some(e.is_retryable());
+        }
+        if let Some(e) = e.downcast_ref::<tokio_postgres::Error>() {
+            return Some(crate::pg::classify(e).is_retryable());
+        }
+        if let Some(e) = e.downcast_ref::<deadpool_postgres::PoolError>() {
+            return Some(crate::pg::pool_error_is_retryable(e));
+        }
+    }
+    #[cfg(feature = "sqlx")]
+    {
+        if let Some(e) = e.downcast_ref::<::sqlx::Error>() {
+            return Some(crate::sqlx::is_retryable(e));
+        }
+    }
+    None
 }
 
 /// An invalid [`BatcherBuilder`](crate::BatcherBuilder) setting, reported by
@@ -133,6 +197,23 @@ pub enum BuildError {
     NoRuntime,
 }
 
+/// Displays an error with its whole source chain, `outer: inner: root`, as
+/// logs need it: a loader's top error ("database query failed") rarely
+/// says what failed.
+pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(e) = source {
+            write!(f, ": {e}")?;
+            source = e.source();
+        }
+        Ok(())
+    }
+}
+
 /// The message of a caught panic, for [`Error::LoaderPanicked`].
 pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
@@ -141,5 +222,37 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "non-string panic payload".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("database query failed")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn a_logged_load_error_names_its_whole_chain() {
+        let e = Error::load(Outer(std::io::Error::other("connection reset by peer")));
+        assert_eq!(
+            Chain(&e).to_string(),
+            "batch load failed: database query failed: connection reset by peer"
+        );
+    }
+
+    #[test]
+    fn only_shed_requests_and_known_database_errors_are_retryable() {
+        assert!(Error::Overloaded.is_retryable());
+        for e in [
+            Error::Closed,
+            Error::Timeout(Duration::from_secs(1)),
+            Error::LoadTimeout(Duration::from_secs(1)),
+            Error::LoaderPanicked("boom".into()),
+            Error::load(Outer(std::io::Error::other("reset"))),
+        ] {
+            assert!(!e.is_retryable(), "{e:?}");
+        }
     }
 }

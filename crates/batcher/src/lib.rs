@@ -43,11 +43,17 @@
 //! |---|---|
 //! | (none) | [`Batcher`], [`Loader`], [`loader_fn`], stats: no database, no cache |
 //! | `cache` | `cache`: a coalescing TTL cache on moka, in front of any loader or a [`Batcher`] |
-//! | `postgres` | `pg`: `PgLoader`, the micro-batched `Writer`, COPY import, pools with timeouts and any TLS connector |
+//! | `postgres` | `pg`: `PgLoader`, the micro-batched `Writer`, COPY import, pools with timeouts and any TLS connector, multi-host failover |
+//! | `sqlx` | `sqlx`: the same over a `sqlx::PgPool`, into your own `FromRow` types |
+//! | `metrics` | `metrics`: every batcher's and cache's figures through the `metrics` facade |
+//!
+//! Whatever the driver, [`Error::is_retryable`] says whether a failed
+//! lookup may succeed if asked again.
 //!
 //! The crate's `examples/` show each: an in-memory batcher, a `PgLoader`
-//! on a pool, the cache in front of a batcher, and an axum handler holding
-//! a batcher in its state.
+//! on a pool, the cache in front of a batcher, an axum handler holding
+//! a batcher in its state, and async-graphql resolvers loading through a
+//! cache and a batcher.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -56,9 +62,17 @@ mod batcher;
 #[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
 pub mod cache;
 mod error;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod pg;
+#[cfg(any(feature = "postgres", feature = "sqlx"))]
+mod sqlstate;
+#[cfg(feature = "sqlx")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+pub mod sqlx;
 pub mod stats;
 
 pub use crate::batcher::{
@@ -70,5 +84,5 @@ pub use crate::stats::StatsSnapshot;
 
 // The crate README's examples are compiled and run as doc tests.
 #[doc = include_str!("../README.md")]
-#[cfg(all(doctest, feature = "cache"))]
+#[cfg(all(doctest, feature = "cache", feature = "postgres", feature = "sqlx"))]
 pub struct ReadmeDoctests;

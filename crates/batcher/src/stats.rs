@@ -9,8 +9,48 @@
 //! (requests) are counted by the worker when it receives a message, so
 //! callers on different cores never contend on one cache line.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering, Ordering::Relaxed};
 use std::time::Duration;
+
+/// A counter: an atomic, and with the `metrics` feature the handle it is
+/// also reported to. It answers `fetch_add` and `load` as an `AtomicU64`
+/// does, so the code that counts does not change with the feature.
+#[derive(Debug, Default)]
+pub(crate) struct Count {
+    value: AtomicU64,
+    #[cfg(feature = "metrics")]
+    export: std::sync::OnceLock<::metrics::Counter>,
+}
+
+impl Count {
+    pub(crate) const fn new() -> Self {
+        Self {
+            value: AtomicU64::new(0),
+            #[cfg(feature = "metrics")]
+            export: std::sync::OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn fetch_add(&self, by: u64, order: Ordering) -> u64 {
+        #[cfg(feature = "metrics")]
+        if let Some(counter) = self.export.get() {
+            counter.increment(by);
+        }
+        self.value.fetch_add(by, order)
+    }
+
+    pub(crate) fn load(&self, order: Ordering) -> u64 {
+        self.value.load(order)
+    }
+
+    /// Reports every later count to `counter` too (from the current
+    /// count on, so the exported counter matches the snapshot's).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn export(&self, counter: ::metrics::Counter) {
+        counter.absolute(self.value.load(Relaxed));
+        let _ = self.export.set(counter);
+    }
+}
 
 /// Upper bounds of the batch-size histogram buckets.
 const SIZE_BOUNDS: [u64; 12] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096];
@@ -39,6 +79,10 @@ pub(crate) struct Histogram<const N: usize> {
     overflow: AtomicU64,
     sum: AtomicU64,
     count: AtomicU64,
+    /// With the `metrics` feature: where each value goes too, and the
+    /// factor to its unit (nanoseconds to seconds for durations).
+    #[cfg(feature = "metrics")]
+    export: std::sync::OnceLock<(::metrics::Histogram, f64)>,
 }
 
 impl<const N: usize> Histogram<N> {
@@ -49,10 +93,22 @@ impl<const N: usize> Histogram<N> {
             overflow: AtomicU64::new(0),
             sum: AtomicU64::new(0),
             count: AtomicU64::new(0),
+            #[cfg(feature = "metrics")]
+            export: std::sync::OnceLock::new(),
         }
     }
 
+    /// Reports every later value to `histogram` too, times `scale`.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn export(&self, histogram: ::metrics::Histogram, scale: f64) {
+        let _ = self.export.set((histogram, scale));
+    }
+
     pub(crate) fn record(&self, value: u64) {
+        #[cfg(feature = "metrics")]
+        if let Some((histogram, scale)) = self.export.get() {
+            histogram.record(value as f64 * scale);
+        }
         let idx = self.bounds.partition_point(|&b| b < value);
         match self.buckets.get(idx) {
             Some(bucket) => bucket.fetch_add(1, Relaxed),
@@ -118,51 +174,56 @@ impl HistogramSnapshot {
 /// The live counters of one batcher.
 #[derive(Debug)]
 pub(crate) struct Stats {
-    pub(crate) requests: AtomicU64,
-    pub(crate) deduplicated: AtomicU64,
-    pub(crate) joined_in_flight: AtomicU64,
-    pub(crate) abandoned: AtomicU64,
-    pub(crate) overloaded: AtomicU64,
-    pub(crate) timed_out: AtomicU64,
-    pub(crate) batches: AtomicU64,
-    pub(crate) found: AtomicU64,
-    pub(crate) not_found: AtomicU64,
-    pub(crate) failed_batches: AtomicU64,
-    pub(crate) failed_keys: AtomicU64,
-    pub(crate) panicked_batches: AtomicU64,
-    pub(crate) timed_out_batches: AtomicU64,
+    pub(crate) requests: Count,
+    pub(crate) deduplicated: Count,
+    pub(crate) joined_in_flight: Count,
+    pub(crate) abandoned: Count,
+    pub(crate) overloaded: Count,
+    pub(crate) timed_out: Count,
+    pub(crate) batches: Count,
+    pub(crate) found: Count,
+    pub(crate) not_found: Count,
+    pub(crate) failed_batches: Count,
+    pub(crate) failed_keys: Count,
+    pub(crate) panicked_batches: Count,
+    pub(crate) timed_out_batches: Count,
     pub(crate) pending_keys: AtomicU64,
     pub(crate) in_flight_batches: AtomicU64,
     pub(crate) batch_size: Histogram<12>,
     pub(crate) queue_wait: Histogram<24>,
     pub(crate) load_duration: Histogram<24>,
+    /// With the `metrics` feature: the gauges the worker sets.
+    #[cfg(feature = "metrics")]
+    pub(crate) gauges: std::sync::OnceLock<crate::metrics::Gauges>,
 }
 
 impl Stats {
     pub(crate) const fn new() -> Self {
         Self {
-            requests: AtomicU64::new(0),
-            deduplicated: AtomicU64::new(0),
-            joined_in_flight: AtomicU64::new(0),
-            abandoned: AtomicU64::new(0),
-            overloaded: AtomicU64::new(0),
-            timed_out: AtomicU64::new(0),
-            batches: AtomicU64::new(0),
-            found: AtomicU64::new(0),
-            not_found: AtomicU64::new(0),
-            failed_batches: AtomicU64::new(0),
-            failed_keys: AtomicU64::new(0),
-            panicked_batches: AtomicU64::new(0),
-            timed_out_batches: AtomicU64::new(0),
+            requests: Count::new(),
+            deduplicated: Count::new(),
+            joined_in_flight: Count::new(),
+            abandoned: Count::new(),
+            overloaded: Count::new(),
+            timed_out: Count::new(),
+            batches: Count::new(),
+            found: Count::new(),
+            not_found: Count::new(),
+            failed_batches: Count::new(),
+            failed_keys: Count::new(),
+            panicked_batches: Count::new(),
+            timed_out_batches: Count::new(),
             pending_keys: AtomicU64::new(0),
             in_flight_batches: AtomicU64::new(0),
             batch_size: Histogram::new(&SIZE_BOUNDS),
             queue_wait: Histogram::new(&DURATION_BOUNDS),
             load_duration: Histogram::new(&DURATION_BOUNDS),
+            #[cfg(feature = "metrics")]
+            gauges: std::sync::OnceLock::new(),
         }
     }
 
-    pub(crate) fn incr(counter: &AtomicU64, by: u64) {
+    pub(crate) fn incr(counter: &Count, by: u64) {
         counter.fetch_add(by, Relaxed);
     }
 

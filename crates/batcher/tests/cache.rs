@@ -714,3 +714,183 @@ async fn a_plain_load_beside_a_running_miss_leaves_it_joinable() {
     }
     assert_eq!(loader.calls().len(), 2, "the second miss joined the first");
 }
+
+#[tokio::test]
+async fn an_inserted_value_wins_over_a_load_already_running() {
+    for via in VIAS {
+        let loads = Loads::gated();
+        let cache = numbering_cache(via, &loads);
+        let early = spawn_get(&cache, 1);
+        eventually("load 1 running", || loads.calls() == 1).await;
+        // A write stores its row while load 1 (old data) still runs.
+        cache.insert(1, 100).await;
+        loads.gate.as_ref().unwrap().add_permits(1);
+        assert_eq!(early.await.unwrap().unwrap(), Some(1), "{via:?}");
+        assert_eq!(cache.get(1).await.unwrap(), Some(100), "{via:?}");
+        assert_eq!(cache.get_if_present(&1).await, Some(Some(100)), "{via:?}");
+        assert_eq!(loads.calls(), 1, "{via:?}: the insert is a hit");
+    }
+}
+
+#[tokio::test]
+async fn an_insert_is_stored_whatever_the_admission() {
+    for via in VIAS {
+        let loads = Arc::new(Loads::default());
+        let cache = counting_cache_with(
+            via,
+            &loads,
+            Cache::builder().admission(Admission::SecondMiss),
+        );
+        cache.insert(4, "primed".to_owned()).await;
+        assert_eq!(cache.get(4).await.unwrap().as_deref(), Some("primed"));
+        assert_eq!(loads.calls(), 0, "{via:?}");
+    }
+}
+
+#[tokio::test]
+async fn get_if_present_answers_from_the_cache_and_never_loads() {
+    for via in VIAS {
+        let loads = Arc::new(Loads::default());
+        let builder = Cache::builder().negative_ttl(Duration::from_secs(60));
+        let counted = Arc::clone(&loads);
+        let cache = build_via(via, builder, move |k: u64| {
+            let loads = Arc::clone(&counted);
+            async move {
+                loads.pass().await;
+                Ok((k != 0).then(|| value_of(k)))
+            }
+        });
+        assert_eq!(cache.get_if_present(&1).await, None, "{via:?}");
+        assert_eq!(loads.calls(), 0, "{via:?}");
+        cache.get(1).await.unwrap();
+        cache.get(0).await.unwrap();
+        assert_eq!(cache.get_if_present(&1).await, Some(Some(value_of(1))));
+        assert_eq!(
+            cache.get_if_present(&0).await,
+            Some(None),
+            "{via:?}: a cached \"not found\""
+        );
+        assert_eq!(loads.calls(), 2, "{via:?}");
+        assert_eq!(cache.stats().hits, 2, "{via:?}");
+    }
+}
+
+#[tokio::test]
+async fn get_many_answers_hits_from_the_cache_and_sends_the_misses_as_one_load() {
+    let batches = Arc::new(std::sync::Mutex::new(Vec::<Vec<u64>>::new()));
+    let seen = Arc::clone(&batches);
+    let batcher = Batcher::builder()
+        .build(loader_fn(move |keys: Vec<u64>| {
+            seen.lock().unwrap().push(keys.clone());
+            async move {
+                Ok::<_, Error>(
+                    keys.into_iter()
+                        .filter(|k| k % 10 != 0)
+                        .map(|k| (k, value_of(k)))
+                        .collect::<HashMap<_, _>>(),
+                )
+            }
+        }))
+        .unwrap();
+    let cache = Cache::builder().build_with_batcher(batcher).unwrap();
+    for k in 1..=5 {
+        cache.insert(k, format!("primed {k}")).await;
+    }
+    let keys: Vec<u64> = (1..=20).chain([7, 12]).collect();
+    let got = cache.get_many(keys.clone()).await;
+    assert_eq!(got.len(), keys.len());
+    for (k, got) in keys.iter().zip(got) {
+        let want = match k {
+            1..=5 => Some(format!("primed {k}")),
+            k if k % 10 == 0 => None,
+            k => Some(value_of(*k)),
+        };
+        assert_eq!(got.unwrap(), want, "key {k}");
+    }
+    let batches = batches.lock().unwrap().clone();
+    assert_eq!(batches.len(), 1, "the misses in one load: {batches:?}");
+    let mut loaded = batches[0].clone();
+    loaded.sort_unstable();
+    assert_eq!(loaded, (6..=20).collect::<Vec<_>>(), "each miss once");
+    // And the loaded ones were stored.
+    assert_eq!(cache.get_if_present(&6).await, Some(Some(value_of(6))));
+}
+
+#[tokio::test]
+async fn get_many_over_a_plain_loader_answers_in_order_and_shares_loads() {
+    let loads = Arc::new(Loads::default());
+    let cache = counting_cache(Via::Flights, &loads);
+    cache.get(2).await.unwrap();
+    let got = cache.get_many([3, 2, 3, 9]).await;
+    let got: Vec<_> = got.into_iter().map(Result::unwrap).collect();
+    assert_eq!(
+        got,
+        [3, 2, 3, 9].map(|k| Some(value_of(k))).to_vec(),
+        "in the order asked"
+    );
+    assert_eq!(loads.calls(), 3, "2 once before, then 3 and 9 once each");
+}
+
+#[tokio::test]
+async fn a_miss_that_waited_while_its_key_was_filled_is_not_loaded_again() {
+    // One thread: the order below is the scheduler's, not a race.
+    let loads = Loads::gated();
+    let cache = numbering_cache(Via::Batcher, &loads);
+    let first = spawn_get(&cache, 1);
+    eventually("load 1 running", || loads.calls() == 1).await;
+    // The second miss runs, and queues its request, before the load's
+    // task finishes and fills the cache; the worker then sees the load's
+    // completion before that request (completions come first).
+    let second = spawn_get(&cache, 1);
+    loads.gate.as_ref().unwrap().add_permits(2);
+    assert_eq!(first.await.unwrap().unwrap(), Some(1));
+    assert_eq!(
+        second.await.unwrap().unwrap(),
+        Some(1),
+        "answered with what load 1 stored"
+    );
+    assert_eq!(loads.calls(), 1, "not loaded again");
+    assert_eq!(cache.stats().coalesced, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_misses_loads_each_key_once_though_misses_wait_behind_loads() {
+    // 400 misses over 100 keys at once, through a batcher allowed one
+    // small load at a time: most misses wait in the channel while loads
+    // run, and many find their key stored by the time the worker takes
+    // them. None of those is loaded again.
+    let loaded = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+    let seen = Arc::clone(&loaded);
+    let batcher = Batcher::builder()
+        .max_batch_size(8)
+        .concurrency(pgbatch::Concurrency::Fixed(1))
+        .build(loader_fn(move |keys: Vec<u64>| {
+            seen.lock().unwrap().extend(&keys);
+            async move {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                Ok::<_, Error>(
+                    keys.into_iter()
+                        .map(|k| (k, value_of(k)))
+                        .collect::<HashMap<_, _>>(),
+                )
+            }
+        }))
+        .unwrap();
+    let cache = Cache::builder().build_with_batcher(batcher).unwrap();
+    let gets: Vec<_> = (0..400u64)
+        .map(|i| {
+            let cache = cache.clone();
+            tokio::spawn(async move { (i % 100, cache.get(i % 100).await) })
+        })
+        .collect();
+    for get in gets {
+        let (key, value) = get.await.unwrap();
+        assert_eq!(value.unwrap(), Some(value_of(key)));
+    }
+    let mut loaded = loaded.lock().unwrap().clone();
+    let all = loaded.len();
+    loaded.sort_unstable();
+    loaded.dedup();
+    assert_eq!(loaded.len(), 100);
+    assert_eq!(all, 100, "each key loaded once");
+}

@@ -178,6 +178,7 @@ async fn an_exhausted_pool_times_out_with_a_typed_error() {
         .await
         .unwrap_err();
     assert!(err.is_pool_timeout(), "{err:?}");
+    assert!(err.is_retryable(), "a saturated pool may have room later");
     assert_eq!(err.to_string(), "no database connection available");
 }
 
@@ -196,7 +197,127 @@ async fn a_failing_statement_reaches_every_waiter_with_the_server_error() {
         let db_err = pg_err.as_db_error().expect("a server error");
         assert_eq!(db_err.code().code(), "42P01", "undefined_table: {db_err}");
         assert_eq!(pg_err.kind(), pg::DbErrorKind::Other);
+        assert!(!pg_err.is_retryable(), "a missing table fails again");
+        assert!(!err.is_retryable());
     }
+}
+
+/// `pairs(a int, b int, v text, PRIMARY KEY (a, b))`, looked up by both
+/// columns with only the batch statement: the single-key one is the
+/// default.
+struct Pairs;
+
+impl BatchQuery for Pairs {
+    type Key = (i32, i32);
+    type Value = String;
+
+    fn batch_sql(&self) -> &str {
+        "SELECT p.a, p.b, p.v FROM pairs p \
+         JOIN unnest($1::int4[], $2::int4[]) AS k(a, b) ON (p.a, p.b) = (k.a, k.b)"
+    }
+    fn batch_params<'a>(&self, keys: &'a [(i32, i32)]) -> Params<'a> {
+        let (a, b): (Vec<i32>, Vec<i32>) = keys.iter().copied().unzip();
+        vec![Box::new(a), Box::new(b)]
+    }
+    fn map_row(&self, row: &Row) -> Result<((i32, i32), String), tokio_postgres::Error> {
+        Ok(((row.try_get(0)?, row.try_get(1)?), row.try_get(2)?))
+    }
+}
+
+#[tokio::test]
+async fn a_composite_key_needs_only_the_batch_statement() {
+    let db = embedded_pg::testing::database().await.unwrap();
+    let pool = pg::pool(db.config, &PoolOptions::with_max_size(2)).unwrap();
+    pool.get()
+        .await
+        .unwrap()
+        .batch_execute(
+            "CREATE TABLE pairs (a int, b int, v text NOT NULL, PRIMARY KEY (a, b));
+             INSERT INTO pairs SELECT a, b, a || '/' || b
+               FROM generate_series(1, 30) a, generate_series(1, 30) b;",
+        )
+        .await
+        .unwrap();
+    let loader = PgLoader::new(pool, Pairs);
+    // A batch of one runs the default single-key statement.
+    assert_eq!(
+        loader.load_one(&(3, 4)).await.unwrap().as_deref(),
+        Some("3/4")
+    );
+    assert_eq!(loader.load_one(&(3, 31)).await.unwrap(), None);
+    let batcher = Batcher::new(loader);
+    let keys: Vec<(i32, i32)> = (1..=40).map(|n| (n % 31, (n * 7) % 33)).collect();
+    let got = batcher.load_many(keys.clone()).await;
+    for (key, got) in keys.iter().zip(got) {
+        let want = (1..=30).contains(&key.0) && (1..=30).contains(&key.1);
+        assert_eq!(
+            got.unwrap(),
+            want.then(|| format!("{}/{}", key.0, key.1)),
+            "{key:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn retryable_errors_are_told_from_the_rest_by_the_server_s_answer() {
+    let db = embedded_pg::testing::database().await.unwrap();
+    let pool = pg::pool(db.config, &PoolOptions::with_max_size(2)).unwrap();
+    let client = pool.get().await.unwrap();
+    for (sql, retryable) in [
+        (
+            "DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '40001'; END $$",
+            true,
+        ),
+        (
+            "DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '40P01'; END $$",
+            true,
+        ),
+        (
+            "DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '53300'; END $$",
+            true,
+        ),
+        (
+            "DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '57P03'; END $$",
+            true,
+        ),
+        ("SELEC 1", false),
+        ("SELECT 1/0", false),
+        (
+            "CREATE TABLE t (k int PRIMARY KEY); INSERT INTO t VALUES (1), (1)",
+            false,
+        ),
+    ] {
+        let err: PgError = client.batch_execute(sql).await.unwrap_err().into();
+        assert!(err.as_db_error().is_some(), "{sql}: {err:?}");
+        assert_eq!(err.is_retryable(), retryable, "{sql}: {err:?}");
+        let through_batcher = Error::load(err);
+        assert_eq!(through_batcher.is_retryable(), retryable, "{sql}");
+    }
+    // A connection the server ended: retryable, with no server report left
+    // on the next statement.
+    let pid: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let other = pool.get().await.unwrap();
+    other
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    let mut lost = None;
+    for _ in 0..50 {
+        match client.simple_query("SELECT 1").await {
+            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => {
+                lost = Some(PgError::from(e));
+                break;
+            }
+        }
+    }
+    let lost = lost.expect("the terminated connection fails");
+    assert_eq!(lost.kind(), pg::DbErrorKind::Unavailable, "{lost:?}");
+    assert!(lost.is_retryable());
 }
 
 #[tokio::test]
@@ -214,4 +335,8 @@ async fn a_statement_timeout_is_reported_as_such() {
     assert!(err.is_statement_timeout(), "{err:?}");
     assert_eq!(err.kind(), pg::DbErrorKind::StatementTimeout);
     assert!(!err.is_pool_timeout());
+    assert!(
+        !err.is_retryable(),
+        "a statement out of time would only load the server more"
+    );
 }

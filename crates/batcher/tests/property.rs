@@ -77,16 +77,16 @@ impl Loader<u64, Value> for Arc<ChaosLoader> {
         for _ in 0..coin % 4 {
             tokio::task::yield_now().await;
         }
-        if coin.is_multiple_of(7) {
+        if coin % 7 == 0 {
             tokio::time::sleep(Duration::from_micros(200)).await;
         }
         self.running.fetch_sub(1, SeqCst);
-        if coin.is_multiple_of(5) {
+        if coin % 5 == 0 {
             return Err(BatchFailed(batch));
         }
         let returned: HashMap<u64, Value> = keys
             .iter()
-            .filter(|&&k| !mix(coin ^ k).is_multiple_of(4))
+            .filter(|&&k| mix(coin ^ k) % 4 != 0)
             .map(|&key| (key, Value { key, batch }))
             .collect();
         self.records.lock().unwrap()[batch].outcome =

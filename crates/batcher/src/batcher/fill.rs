@@ -48,6 +48,9 @@ pub(crate) trait Fill<K, V>: Send + Sync {
     /// A miss shared a load another miss of its key asked for (it joined
     /// the key's pending or running load).
     fn coalesced(&self);
+    /// What the cache holds for `key` now, if it can tell without
+    /// waiting: `Some(None)` for a stored "not found".
+    fn cached(&self, key: &K) -> Option<Option<V>>;
 }
 
 pub(crate) type FillFn<K, V> = Arc<dyn Fill<K, V>>;

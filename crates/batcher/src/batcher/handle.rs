@@ -106,6 +106,8 @@ where
 {
     let (tx, rx) = queue::queue(config.channel_capacity, config.overflow == Overflow::Wait);
     let shared = Arc::new(Shared::new(config));
+    #[cfg(feature = "metrics")]
+    crate::metrics::export_batcher(&shared.stats, &shared.config.name);
     let load = load_fn(loader);
     let fill = FillSlot::default();
     let worker = Worker::new(
@@ -217,12 +219,30 @@ where
     where
         I: IntoIterator<Item = K>,
     {
+        self.load_all(keys.into_iter().map(|key| (key, None))).await
+    }
+
+    /// A cache's misses' [`load_many`](Self::load_many), each with its
+    /// stamp (see [`load_stamped`](Self::load_stamped)).
+    #[cfg(feature = "cache")]
+    pub(crate) async fn load_many_stamped(
+        &self,
+        keys: Vec<(K, Stamp)>,
+    ) -> Vec<Result<Option<V>, Error>> {
+        self.load_all(keys.into_iter().map(|(key, stamp)| (key, Some(stamp))))
+            .await
+    }
+
+    /// Queues every key before awaiting any answer, so they share batches.
+    async fn load_all(
+        &self,
+        keys: impl Iterator<Item = (K, Option<Stamp>)>,
+    ) -> Vec<Result<Option<V>, Error>> {
         let now = Instant::now();
         let deadline = self.inner.shared.config.deadline(now);
-        let keys = keys.into_iter();
         let mut queued = Vec::with_capacity(keys.size_hint().0);
-        for key in keys {
-            queued.push(self.enqueue(key, now, deadline, None).await);
+        for (key, stamp) in keys {
+            queued.push(self.enqueue(key, now, deadline, stamp).await);
         }
         let mut out = Vec::with_capacity(queued.len());
         for rx in queued {

@@ -104,6 +104,12 @@ impl<T> Receiver<T> {
     pub(crate) fn close(&self) {
         self.queue.close();
     }
+
+    /// How many items wait to be taken.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn len(&self) -> usize {
+        self.queue.len()
+    }
 }
 
 impl<T> Drop for Receiver<T> {

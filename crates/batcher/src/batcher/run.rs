@@ -116,8 +116,14 @@ impl<K, V> Outcome<K, V> {
             Outcome::Loaded(values) => return Ok(values),
             Outcome::Failed(e) => {
                 Stats::incr(&stats.failed_batches, 1);
-                tracing::warn!(error = %e, keys, "batch load failed");
-                Error::Load(e)
+                let failure = Error::Load(e);
+                tracing::warn!(
+                    error = %crate::error::Chain(&failure),
+                    retryable = failure.is_retryable(),
+                    keys,
+                    "batch load failed"
+                );
+                failure
             }
             Outcome::TimedOut(t) => {
                 Stats::incr(&stats.timed_out_batches, 1);

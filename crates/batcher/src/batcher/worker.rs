@@ -153,6 +153,8 @@ struct Running<K, V> {
     expiry: Option<Instant>,
     started: Instant,
     span: tracing::Span,
+    /// Whether the load fills a cache (it has cache misses).
+    fills: bool,
     /// Freed when the batch's waiters have been answered.
     _slot: LoadSlot,
 }
@@ -180,6 +182,9 @@ struct State<K, V> {
     in_flight_keys: HashMap<K, (task::Id, Option<Stamp>)>,
     /// The cache built over this batcher, if any.
     fill: FillSlot<K, V>,
+    /// When the last load that filled the cache was answered: a cache
+    /// miss enqueued before then may find its key stored by that load.
+    last_fill: Option<Instant>,
     /// With `FixedDelay` and `Adaptive`: fires `max_delay` after the pending batch's first
     /// key. Only polled while armed, so an idle worker never wakes up.
     timer: Pin<Box<Sleep>>,
@@ -226,6 +231,7 @@ where
             draining: false,
             rx_done: false,
             held: 0,
+            last_fill: None,
             rx: worker.rx,
             load: worker.load,
             shared: worker.shared,
@@ -318,6 +324,15 @@ where
                 coalesced();
                 return;
             }
+        }
+        if let Some(answer) = self.filled_meanwhile(&msg.key, &waiter) {
+            // A cache miss whose key a load stored while the miss waited
+            // in the channel: answered from the cache, not loaded again.
+            self.held -= 1;
+            Stats::record_duration(&stats.queue_wait, waiter.enqueued_at.elapsed());
+            coalesced();
+            let _ = waiter.tx.send(Ok(answer)); // caller gone; nothing to do
+            return;
         }
         self.pending_expiry = earliest(self.pending_expiry, deadline);
         let first_key = self.pending.is_empty();
@@ -439,6 +454,7 @@ where
                 .collect(),
             None => Vec::new(),
         };
+        let fills = !stamped.is_empty();
         let task = async move {
             let outcome = load.await;
             if let Some(fill) = fill.filter(|_| !stamped.is_empty()) {
@@ -481,6 +497,7 @@ where
                 expiry,
                 started: now,
                 span,
+                fills,
                 _slot: slot,
             },
         );
@@ -503,6 +520,9 @@ where
         }
         let stats = &self.shared.stats;
         let now = Instant::now();
+        if run.fills {
+            self.last_fill = Some(now);
+        }
         let load_time = now - run.started;
         Stats::record_duration(&stats.load_duration, load_time);
         let _enter = run.span.enter();
@@ -547,6 +567,22 @@ where
         }
         // The slot is freed here, as `run` drops, after every waiter has
         // its answer.
+    }
+
+    /// For a cache miss that waited in the channel while a load filled
+    /// the cache, and whose key is not pending: what the cache holds for
+    /// it now, if anything. Under a burst of misses (a GraphQL query's
+    /// N+1 lookups), many wait in the channel while the loads run; without
+    /// this look they would load again keys a load just stored.
+    fn filled_meanwhile(&self, key: &K, waiter: &Waiter<V>) -> Option<Option<V>> {
+        let filled_at = self.last_fill?;
+        if waiter.stamp.is_none()
+            || waiter.enqueued_at > filled_at
+            || self.pending.contains_key(key)
+        {
+            return None;
+        }
+        self.fill.get()?.cached(key)
     }
 
     /// The moment `waiter` times out, when this worker enforces it.
@@ -651,6 +687,13 @@ where
         stats
             .in_flight_batches
             .store(self.shared.running_loads() as u64, Relaxed);
+        #[cfg(feature = "metrics")]
+        if let Some(gauges) = stats.gauges.get() {
+            gauges.pending.set(self.pending.len() as f64);
+            gauges.in_flight.set(self.shared.running_loads() as f64);
+            gauges.limit.set(self.shared.limit() as f64);
+            gauges.queued.set(self.rx.len() as f64);
+        }
     }
 }
 

@@ -167,6 +167,46 @@ where
         self.build_over(Source::Load(load))
     }
 
+    /// A cache whose misses call `load(key)`, which fails with an error
+    /// of its own type `E` (a `sqlx::Error`, say): each failure reaches the
+    /// callers as [`Error::Load`], from which
+    /// [`load_error::<E>`](Error::load_error) takes it back. Otherwise as
+    /// [`build`](Self::build).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use pgbatch::cache::Cache;
+    ///
+    /// let cache: Cache<u32, String> = Cache::builder()
+    ///     .build_fallible(|id: u32| async move {
+    ///         if id == 0 {
+    ///             return Err(std::io::Error::other("no id 0"));
+    ///         }
+    ///         Ok(Some(format!("user {id}")))
+    ///     })
+    ///     .unwrap();
+    /// assert_eq!(cache.get(7).await.unwrap().as_deref(), Some("user 7"));
+    /// let err = cache.get(0).await.unwrap_err();
+    /// assert!(err.load_error::<std::io::Error>().is_some());
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError`] names the first invalid setting.
+    pub fn build_fallible<F, Fut, E>(self, load: F) -> Result<Cache<K, V>, BuildError>
+    where
+        F: Fn(K) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        self.build(move |key| {
+            let load = load(key);
+            async move { load.await.map_err(Error::load) }
+        })
+    }
+
     /// A cache in front of `batcher`: concurrent misses for different keys
     /// go out together in the batcher's batches.
     ///
@@ -193,6 +233,8 @@ where
     fn build_over(self, source: Source<K, V>) -> Result<Cache<K, V>, BuildError> {
         self.validate()?;
         let counters = Arc::new(Counters::default());
+        #[cfg(feature = "metrics")]
+        counters.export(self.name.as_deref().unwrap_or("cache"));
         let listener_counters = Arc::clone(&counters);
         let mut store = moka::future::Cache::builder()
             .max_capacity(self.max_capacity)

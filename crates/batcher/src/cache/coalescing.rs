@@ -10,7 +10,7 @@ use std::future::Future;
 use std::hash::Hash;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
 
 use futures_util::future::Shared as SharedFuture;
@@ -21,6 +21,7 @@ use super::admission::Doorkeeper;
 use super::epochs::Epochs;
 use super::CacheBuilder;
 use crate::batcher::{Fill, FillFn, Filled, Stamp};
+use crate::stats::Count;
 use crate::{Batcher, Error};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -32,6 +33,15 @@ pub(super) enum Cached<V> {
     Found(V),
     /// Only stored with a negative TTL.
     NotFound,
+}
+
+impl<V> Cached<V> {
+    fn into_option(self) -> Option<V> {
+        match self {
+            Cached::Found(v) => Some(v),
+            Cached::NotFound => None,
+        }
+    }
 }
 
 /// The answer a flight delivers to its waiters.
@@ -91,14 +101,37 @@ impl<K, V> Inner<K, V> {
 
 #[derive(Debug, Default)]
 pub(super) struct Counters {
-    hits: AtomicU64,
-    misses: AtomicU64,
-    coalesced: AtomicU64,
-    load_errors: AtomicU64,
-    not_admitted: AtomicU64,
-    pub(super) evictions: AtomicU64,
-    pub(super) expirations: AtomicU64,
-    invalidations: AtomicU64,
+    hits: Count,
+    misses: Count,
+    coalesced: Count,
+    fills: Count,
+    load_errors: Count,
+    not_admitted: Count,
+    pub(super) evictions: Count,
+    pub(super) expirations: Count,
+    invalidations: Count,
+}
+
+impl Counters {
+    /// Reports every count through the `metrics` facade too, under
+    /// `cache="name"` (see [`crate::metrics`]).
+    #[cfg(feature = "metrics")]
+    pub(super) fn export(&self, name: &str) {
+        crate::metrics::export_cache(
+            name,
+            [
+                ("pgbatch_cache_hits_total", &self.hits),
+                ("pgbatch_cache_misses_total", &self.misses),
+                ("pgbatch_cache_coalesced_total", &self.coalesced),
+                ("pgbatch_cache_fills_total", &self.fills),
+                ("pgbatch_cache_load_errors_total", &self.load_errors),
+                ("pgbatch_cache_not_admitted_total", &self.not_admitted),
+                ("pgbatch_cache_evictions_total", &self.evictions),
+                ("pgbatch_cache_expirations_total", &self.expirations),
+                ("pgbatch_cache_invalidations_total", &self.invalidations),
+            ],
+        );
+    }
 }
 
 /// A point-in-time copy of a cache's counters, from [`Cache::stats`].
@@ -112,6 +145,9 @@ pub struct CacheStats {
     /// Lookups that waited for a load another lookup had started (over a
     /// batcher: that joined a miss of their key pending or loading).
     pub coalesced: u64,
+    /// Loaded values (or "not found"s) stored. [`Cache::insert`]s are not
+    /// counted.
+    pub fills: u64,
     /// Loads that failed (their errors are not cached).
     pub load_errors: u64,
     /// Loaded values not stored because it was their key's first miss in
@@ -230,10 +266,7 @@ where
         let inner = &self.inner;
         if let Some(cached) = inner.store.get(&key).await {
             inner.counters.hits.fetch_add(1, Relaxed);
-            return Ok(match cached {
-                Cached::Found(v) => Some(v),
-                Cached::NotFound => None,
-            });
+            return Ok(cached.into_option());
         }
         if let Source::Batcher(batcher) = &inner.source {
             let stamp = inner.epochs.stamp(inner.epochs.hash(&key));
@@ -249,6 +282,92 @@ where
         // its output can be neither peeked nor polled again.
         waiting.0 = None;
         answer
+    }
+
+    /// The values for `keys`, one result per key in the order given, as
+    /// [`get`](Self::get) would return each. Hits are answered from the
+    /// cache; over a batcher, the misses are queued together, so they go
+    /// out in as few loads as the batcher's
+    /// [`max_batch_size`](crate::BatcherBuilder::max_batch_size) allows,
+    /// under one deadline. Over another loader, the misses load
+    /// concurrently, each joining a running load of its key.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`get`](Self::get).
+    pub async fn get_many<I>(&self, keys: I) -> Vec<Result<Option<V>, Error>>
+    where
+        I: IntoIterator<Item = K>,
+    {
+        let inner = &self.inner;
+        let keys = keys.into_iter();
+        let mut answers: Vec<Option<Answer<V>>> = Vec::with_capacity(keys.size_hint().0);
+        let mut misses: Vec<(usize, K)> = Vec::new();
+        for key in keys {
+            match inner.store.get(&key).await {
+                Some(cached) => {
+                    inner.counters.hits.fetch_add(1, Relaxed);
+                    answers.push(Some(Ok(cached.into_option())));
+                }
+                None => {
+                    misses.push((answers.len(), key));
+                    answers.push(None);
+                }
+            }
+        }
+        let loaded = match &inner.source {
+            Source::Batcher(batcher) => {
+                let stamped = misses
+                    .iter()
+                    .map(|(_, key)| (key.clone(), inner.epochs.stamp(inner.epochs.hash(key))))
+                    .collect();
+                batcher.load_many_stamped(stamped).await
+            }
+            Source::Load(_) => {
+                futures_util::future::join_all(misses.iter().map(|(_, key)| self.get(key.clone())))
+                    .await
+            }
+        };
+        for ((index, _), answer) in misses.into_iter().zip(loaded) {
+            answers[index] = Some(answer);
+        }
+        answers
+            .into_iter()
+            .map(|answer| answer.unwrap_or(Err(Error::Closed)))
+            .collect()
+    }
+
+    /// What the cache holds for `key`, without loading anything: `None`
+    /// when it holds nothing, `Some(None)` when it holds "not found" (only
+    /// with a [`negative_ttl`](CacheBuilder::negative_ttl)), else
+    /// `Some(Some(value))`. A find counts as a hit; nothing else is
+    /// counted.
+    pub async fn get_if_present(&self, key: &K) -> Option<Option<V>> {
+        let cached = self.inner.store.get(key).await?;
+        self.inner.counters.hits.fetch_add(1, Relaxed);
+        Some(cached.into_option())
+    }
+
+    /// Puts `value` for `key`: primes the cache with a row the caller
+    /// already has (one it just wrote, or read some other way). The value
+    /// is stored whatever the [admission](CacheBuilder::admission) policy,
+    /// and wins over loads of the key already running: as after
+    /// [`invalidate`](Self::invalidate), none of them can replace it with
+    /// what it read, though each still answers its own callers.
+    pub async fn insert(&self, key: K, value: V) {
+        // The same order as `invalidate`: the epoch first, so a running
+        // load's put (checked under the key's lock) sees it.
+        self.inner.epochs.invalidate(self.inner.epochs.hash(&key));
+        let flight = self.lock_flights().remove(&key);
+        if let Some(flight) = flight {
+            flight.state.stale.store(true, Relaxed);
+        }
+        let value = Cached::Found(value);
+        self.inner
+            .store
+            .entry(key)
+            .and_compute_with(|_| async { Op::Put(value) })
+            .await;
     }
 
     /// Removes `key`. A load for it already running still answers its
@@ -289,6 +408,7 @@ where
             hits: c.hits.load(Relaxed),
             misses: c.misses.load(Relaxed),
             coalesced: c.coalesced.load(Relaxed),
+            fills: c.fills.load(Relaxed),
             load_errors: c.load_errors.load(Relaxed),
             not_admitted: c.not_admitted.load(Relaxed),
             evictions: c.evictions.load(Relaxed),
@@ -478,16 +598,18 @@ async fn put_if_current<K, V>(
             async move { op }
         })
         .await;
-    // `invalidate_all` clears the store without the key's lock: one that
-    // came between the check and the put may have cleared the store
-    // before the put landed (see `Epochs::generation`).
-    if matches!(
+    let put = matches!(
         stored,
         moka::ops::compute::CompResult::Inserted(_)
             | moka::ops::compute::CompResult::ReplacedWith(_)
-    ) && !current()
-    {
+    );
+    // `invalidate_all` clears the store without the key's lock: one that
+    // came between the check and the put may have cleared the store
+    // before the put landed (see `Epochs::generation`).
+    if put && !current() {
         inner.store.invalidate(&key).await;
+    } else if put {
+        inner.counters.fills.fetch_add(1, Relaxed);
     }
 }
 
@@ -558,5 +680,14 @@ where
 
     fn coalesced(&self) {
         self.counters.coalesced.fetch_add(1, Relaxed);
+    }
+
+    fn cached(&self, key: &K) -> Option<Option<V>> {
+        let inner = self.cache.upgrade()?;
+        // moka's `get` only waits to run its housekeeping, which it
+        // resumes later if this future is dropped (it is cancel safe); a
+        // look that would wait is given up, and the key loaded.
+        let cached = inner.store.get(key).now_or_never()??;
+        Some(cached.into_option())
     }
 }

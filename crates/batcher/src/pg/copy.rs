@@ -104,11 +104,20 @@ impl<E: std::error::Error + 'static> ImportError<E> {
         }
     }
 
-    /// The kind of the database error ([`DbErrorKind::Other`] for a source
-    /// error).
+    /// The kind of the database error, as [`classify`] sorts it
+    /// ([`DbErrorKind::Other`] for a source error).
     pub fn kind(&self) -> DbErrorKind {
-        self.as_db_error()
-            .map_or(DbErrorKind::Other, DbErrorKind::of)
+        match self {
+            ImportError::Conflict(e) | ImportError::Rejected(e) | ImportError::Db(e) => classify(e),
+            ImportError::Source { .. } => DbErrorKind::Other,
+        }
+    }
+
+    /// Whether importing again may succeed (see
+    /// [`DbErrorKind::is_retryable`]). The import runs in one transaction,
+    /// so a failed one left nothing behind.
+    pub fn is_retryable(&self) -> bool {
+        self.kind().is_retryable()
     }
 
     /// The server's report for a database error: constraint, detail.
@@ -180,7 +189,7 @@ pub async fn copy_rows<S: RowSource>(
             .await
             .map_err(ImportError::from_db)?;
         n += 1;
-        if n.is_multiple_of(PROGRESS_EVERY) {
+        if n % PROGRESS_EVERY == 0 {
             progress(n);
         }
     }

@@ -17,12 +17,13 @@ use crate::Loader;
 /// Statement parameters that may borrow from the keys they were made from.
 pub type Params<'a> = Vec<Box<dyn ToSql + Sync + Send + 'a>>;
 
-/// How to look keys up in Postgres: one statement for a batch of keys, one
-/// for a single key, and how a row maps to a key and its value.
+/// How to look keys up in Postgres: one statement for a batch of keys, and
+/// how a row maps to a key and its value. A statement for a single key is
+/// optional.
 ///
 /// ```
 /// use pgbatch::pg::{BatchQuery, Params};
-/// use tokio_postgres::Row;
+/// use pgbatch::pg::tokio_postgres::{Error, Row};
 ///
 /// /// `random_read_test(pk text PRIMARY KEY, payload text NOT NULL)`.
 /// struct Payloads;
@@ -37,13 +38,7 @@ pub type Params<'a> = Vec<Box<dyn ToSql + Sync + Send + 'a>>;
 ///     fn batch_params<'a>(&self, keys: &'a [String]) -> Params<'a> {
 ///         vec![Box::new(keys)]
 ///     }
-///     fn single_sql(&self) -> &str {
-///         "SELECT pk, payload FROM random_read_test WHERE pk = $1"
-///     }
-///     fn single_params<'a>(&self, key: &'a String) -> Params<'a> {
-///         vec![Box::new(key)]
-///     }
-///     fn map_row(&self, row: &Row) -> Result<(String, String), tokio_postgres::Error> {
+///     fn map_row(&self, row: &Row) -> Result<(String, String), Error> {
 ///         Ok((row.try_get(0)?, row.try_get(1)?))
 ///     }
 /// }
@@ -67,9 +62,19 @@ pub trait BatchQuery: Send + Sync + 'static {
     /// The statement for one key: the naive path's query, and what the
     /// loader runs for a batch of one. It must return the same rows as
     /// [`batch_sql`](Self::batch_sql) would for that key.
-    fn single_sql(&self) -> &str;
-    /// The parameters of [`single_sql`](Self::single_sql) for `key`.
-    fn single_params<'a>(&self, key: &'a Self::Key) -> Params<'a>;
+    ///
+    /// By default, [`batch_sql`](Self::batch_sql) itself. Give a plain
+    /// equality (`WHERE pk = $1`, with
+    /// [`single_params`](Self::single_params)) when lone lookups are common:
+    /// it costs the server a little less than `= ANY` over one element.
+    fn single_sql(&self) -> &str {
+        self.batch_sql()
+    }
+    /// The parameters of [`single_sql`](Self::single_sql) for `key`; by
+    /// default [`batch_params`](Self::batch_params) for that one key.
+    fn single_params<'a>(&self, key: &'a Self::Key) -> Params<'a> {
+        self.batch_params(std::slice::from_ref(key))
+    }
     /// The key and value of a row returned by either statement.
     ///
     /// # Errors
@@ -110,6 +115,21 @@ impl PgError {
         )
     }
 
+    /// Whether running the same work again may succeed: the pool had no
+    /// connection free in time ([`is_pool_timeout`](Self::is_pool_timeout)),
+    /// or the failure's [kind](Self::kind) is
+    /// [retryable](DbErrorKind::is_retryable): a lost or refusing node, a
+    /// serialization failure or deadlock, too many connections. False for
+    /// rows the database refused, syntax and permission errors.
+    ///
+    /// A [`PgLoader`] has already retried a lost node once by itself.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            PgError::Pool(e) => pool_error_is_retryable(e),
+            PgError::Query(e) => super::classify(e).is_retryable(),
+        }
+    }
+
     /// Whether the server cancelled the statement because it ran past
     /// `statement_timeout` (SQLSTATE 57014): a deadline, not a failure.
     pub fn is_statement_timeout(&self) -> bool {
@@ -139,6 +159,17 @@ impl PgError {
             PgError::Pool(PoolError::Backend(e)) => e.as_db_error(),
             PgError::Pool(_) => None,
         }
+    }
+}
+
+/// [`PgError::is_retryable`] for a pool's error: a wait timeout (the pool
+/// was saturated), a create or recycle timeout, or a connection refused in a
+/// retryable way.
+pub(crate) fn pool_error_is_retryable(e: &PoolError) -> bool {
+    match e {
+        PoolError::Timeout(_) => true,
+        PoolError::Backend(e) => super::classify(e).is_retryable(),
+        _ => false,
     }
 }
 

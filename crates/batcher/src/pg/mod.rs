@@ -69,9 +69,19 @@ pub use connect::{
     DEFAULT_HOST_TIMEOUT,
 };
 pub use error::{classify, DbErrorKind};
+pub(crate) use loader::pool_error_is_retryable;
 pub use loader::{BatchQuery, Params, PgError, PgLoader};
 pub use pool::{pool, pool_with_connector, pool_with_tls, AsPgError, Lease, PoolOptions};
 pub use statements::{Sql, StatementMode, Statements};
 pub use writer::{PgWriter, RowError, UpsertQuery, WriteRequest, WriteResult, Writer, Written};
 
 pub use deadpool_postgres::Pool;
+
+/// The driver the loaders run on, re-exported so `pgbatch` is the only
+/// Postgres dependency a tokio-postgres user needs, at the version the
+/// crate was built with (`pgbatch::pg::tokio_postgres::Row`, `types::ToSql`).
+pub use tokio_postgres;
+
+/// The pool the loaders draw connections from, re-exported for the same
+/// reason (`pgbatch::pg::deadpool_postgres::Config`, `Runtime`).
+pub use deadpool_postgres;

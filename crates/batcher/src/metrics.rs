@@ -1,0 +1,399 @@
+//! The batchers' and caches' figures through the [`metrics`](::metrics)
+//! facade (feature `metrics`), so whichever exporter the application
+//! installed (Prometheus, StatsD, OpenTelemetry) reports them.
+//!
+//! Nothing is called here: with the feature on, every batcher and cache
+//! registers its figures when it is built, labelled with its name
+//! (`batcher="..."`, the builder's `name`; `cache="..."`, likewise). Install
+//! the recorder before building them: the facade hands out the recorder's
+//! handles at registration, and a batcher built before any recorder keeps
+//! no-op ones. Counting costs one handle call per event on top of the
+//! crate's own atomics; [`Batcher::stats`](crate::Batcher::stats) and
+//! `Cache::stats` are unchanged.
+//!
+//! Names follow OpenMetrics: `snake_case`, a `_total` suffix on counters,
+//! the unit last (`_seconds`).
+//!
+//! | name | kind | what |
+//! |---|---|---|
+//! | `pgbatch_batcher_requests_total` | counter | keys asked for (duplicates included) |
+//! | `pgbatch_batcher_loads_total` | counter | loads started |
+//! | `pgbatch_batcher_load_keys` | histogram | distinct keys per load |
+//! | `pgbatch_batcher_load_duration_seconds` | histogram | a load's time |
+//! | `pgbatch_batcher_queue_wait_seconds` | histogram | a request's wait from enqueue to its load's start |
+//! | `pgbatch_batcher_loads_in_flight` | gauge | loads running |
+//! | `pgbatch_batcher_concurrency_limit` | gauge | loads allowed at once (the automatic limit where it stands) |
+//! | `pgbatch_batcher_pending_keys` | gauge | keys gathered for the next load |
+//! | `pgbatch_batcher_queued_requests` | gauge | requests not yet taken by the worker |
+//! | `pgbatch_batcher_shed_total` | counter | requests refused because the queue was full |
+//! | `pgbatch_batcher_timeouts_total` | counter | requests whose deadline passed |
+//! | `pgbatch_batcher_abandoned_total` | counter | requests whose caller left before their load |
+//! | `pgbatch_batcher_deduplicated_total` | counter | requests merged into a key already in the load |
+//! | `pgbatch_batcher_joined_in_flight_total` | counter | requests joined to a running load of their key |
+//! | `pgbatch_batcher_keys_found_total` | counter | keys a load returned |
+//! | `pgbatch_batcher_keys_not_found_total` | counter | keys a load did not return |
+//! | `pgbatch_batcher_failed_loads_total` | counter | loads that returned an error |
+//! | `pgbatch_batcher_panicked_loads_total` | counter | loads whose loader panicked |
+//! | `pgbatch_batcher_timed_out_loads_total` | counter | loads abandoned at `load_timeout` |
+//! | `pgbatch_batcher_failed_keys_total` | counter | distinct keys of failed, panicked and timed-out loads |
+//! | `pgbatch_cache_hits_total` | counter | lookups answered from the cache |
+//! | `pgbatch_cache_misses_total` | counter | lookups that started a load |
+//! | `pgbatch_cache_coalesced_total` | counter | lookups that joined another's load |
+//! | `pgbatch_cache_fills_total` | counter | loaded values stored |
+//! | `pgbatch_cache_not_admitted_total` | counter | loaded values turned away by second-miss admission |
+//! | `pgbatch_cache_load_errors_total` | counter | loads that failed |
+//! | `pgbatch_cache_evictions_total` | counter | entries evicted for capacity |
+//! | `pgbatch_cache_expirations_total` | counter | entries expired |
+//! | `pgbatch_cache_invalidations_total` | counter | `invalidate` and `invalidate_all` calls |
+//!
+//! The gauges are set by the batcher's worker each time it wakes, so an
+//! idle batcher's gauges show its last busy moment until it wakes again.
+
+use ::metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Gauge, Unit,
+};
+
+use crate::stats::{Count, Stats};
+
+/// Nanoseconds to seconds, the unit durations are reported in.
+const SECONDS_PER_NANO: f64 = 1e-9;
+
+/// A batcher's gauges, set by its worker.
+#[derive(Debug)]
+pub(crate) struct Gauges {
+    pub(crate) in_flight: Gauge,
+    pub(crate) limit: Gauge,
+    pub(crate) pending: Gauge,
+    pub(crate) queued: Gauge,
+}
+
+/// Registers a batcher's figures under `batcher="name"`.
+pub(crate) fn export_batcher(stats: &Stats, name: &str) {
+    describe_batcher();
+    let label = [("batcher", name.to_owned())];
+    let counters: [(&'static str, &Count); 13] = [
+        ("pgbatch_batcher_requests_total", &stats.requests),
+        ("pgbatch_batcher_loads_total", &stats.batches),
+        ("pgbatch_batcher_shed_total", &stats.overloaded),
+        ("pgbatch_batcher_timeouts_total", &stats.timed_out),
+        ("pgbatch_batcher_abandoned_total", &stats.abandoned),
+        ("pgbatch_batcher_deduplicated_total", &stats.deduplicated),
+        (
+            "pgbatch_batcher_joined_in_flight_total",
+            &stats.joined_in_flight,
+        ),
+        ("pgbatch_batcher_keys_found_total", &stats.found),
+        ("pgbatch_batcher_keys_not_found_total", &stats.not_found),
+        ("pgbatch_batcher_failed_loads_total", &stats.failed_batches),
+        (
+            "pgbatch_batcher_panicked_loads_total",
+            &stats.panicked_batches,
+        ),
+        (
+            "pgbatch_batcher_timed_out_loads_total",
+            &stats.timed_out_batches,
+        ),
+        ("pgbatch_batcher_failed_keys_total", &stats.failed_keys),
+    ];
+    for (name, count) in counters {
+        count.export(counter!(name, &label));
+    }
+    stats
+        .batch_size
+        .export(histogram!("pgbatch_batcher_load_keys", &label), 1.0);
+    stats.load_duration.export(
+        histogram!("pgbatch_batcher_load_duration_seconds", &label),
+        SECONDS_PER_NANO,
+    );
+    stats.queue_wait.export(
+        histogram!("pgbatch_batcher_queue_wait_seconds", &label),
+        SECONDS_PER_NANO,
+    );
+    let _ = stats.gauges.set(Gauges {
+        in_flight: gauge!("pgbatch_batcher_loads_in_flight", &label),
+        limit: gauge!("pgbatch_batcher_concurrency_limit", &label),
+        pending: gauge!("pgbatch_batcher_pending_keys", &label),
+        queued: gauge!("pgbatch_batcher_queued_requests", &label),
+    });
+}
+
+/// Registers a cache's counters under `cache="name"`; `counters` pairs
+/// each name's suffix (after `pgbatch_cache_`) with its count.
+#[cfg(feature = "cache")]
+pub(crate) fn export_cache(name: &str, counters: [(&'static str, &Count); 9]) {
+    describe_cache();
+    let label = [("cache", name.to_owned())];
+    for (name, count) in counters {
+        count.export(counter!(name, &label));
+    }
+}
+
+fn describe_batcher() {
+    for (name, what) in [
+        (
+            "pgbatch_batcher_requests_total",
+            "Keys asked for, duplicates included.",
+        ),
+        ("pgbatch_batcher_loads_total", "Loads started."),
+        (
+            "pgbatch_batcher_shed_total",
+            "Requests refused because the queue was full.",
+        ),
+        (
+            "pgbatch_batcher_timeouts_total",
+            "Requests whose deadline passed.",
+        ),
+        (
+            "pgbatch_batcher_abandoned_total",
+            "Requests whose caller left before their load.",
+        ),
+        (
+            "pgbatch_batcher_deduplicated_total",
+            "Requests merged into a key already in the load.",
+        ),
+        (
+            "pgbatch_batcher_joined_in_flight_total",
+            "Requests joined to a running load of their key.",
+        ),
+        ("pgbatch_batcher_keys_found_total", "Keys a load returned."),
+        (
+            "pgbatch_batcher_keys_not_found_total",
+            "Keys a load did not return.",
+        ),
+        (
+            "pgbatch_batcher_failed_loads_total",
+            "Loads that returned an error.",
+        ),
+        (
+            "pgbatch_batcher_panicked_loads_total",
+            "Loads whose loader panicked.",
+        ),
+        (
+            "pgbatch_batcher_timed_out_loads_total",
+            "Loads abandoned at the load timeout.",
+        ),
+        (
+            "pgbatch_batcher_failed_keys_total",
+            "Distinct keys of failed, panicked and timed-out loads.",
+        ),
+    ] {
+        describe_counter!(name, Unit::Count, what);
+    }
+    describe_histogram!(
+        "pgbatch_batcher_load_keys",
+        Unit::Count,
+        "Distinct keys per load."
+    );
+    describe_histogram!(
+        "pgbatch_batcher_load_duration_seconds",
+        Unit::Seconds,
+        "A load's time."
+    );
+    describe_histogram!(
+        "pgbatch_batcher_queue_wait_seconds",
+        Unit::Seconds,
+        "A request's wait from enqueue to its load's start."
+    );
+    describe_gauge!(
+        "pgbatch_batcher_loads_in_flight",
+        Unit::Count,
+        "Loads running."
+    );
+    describe_gauge!(
+        "pgbatch_batcher_concurrency_limit",
+        Unit::Count,
+        "Loads allowed at once: the automatic limit where it stands, or the fixed one."
+    );
+    describe_gauge!(
+        "pgbatch_batcher_pending_keys",
+        Unit::Count,
+        "Keys gathered for the next load."
+    );
+    describe_gauge!(
+        "pgbatch_batcher_queued_requests",
+        Unit::Count,
+        "Requests not yet taken by the worker."
+    );
+}
+
+#[cfg(feature = "cache")]
+fn describe_cache() {
+    for (name, what) in [
+        (
+            "pgbatch_cache_hits_total",
+            "Lookups answered from the cache.",
+        ),
+        ("pgbatch_cache_misses_total", "Lookups that started a load."),
+        (
+            "pgbatch_cache_coalesced_total",
+            "Lookups that joined another's load.",
+        ),
+        ("pgbatch_cache_fills_total", "Loaded values stored."),
+        (
+            "pgbatch_cache_not_admitted_total",
+            "Loaded values turned away by second-miss admission.",
+        ),
+        ("pgbatch_cache_load_errors_total", "Loads that failed."),
+        (
+            "pgbatch_cache_evictions_total",
+            "Entries evicted for capacity.",
+        ),
+        ("pgbatch_cache_expirations_total", "Entries expired."),
+        (
+            "pgbatch_cache_invalidations_total",
+            "invalidate and invalidate_all calls.",
+        ),
+    ] {
+        describe_counter!(name, Unit::Count, what);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::convert::Infallible;
+
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use metrics_util::{CompositeKey, MetricKind};
+
+    use crate::{loader_fn, Batcher, Concurrency};
+
+    type Reported = Vec<(
+        CompositeKey,
+        Option<Unit>,
+        Option<::metrics::SharedString>,
+        DebugValue,
+    )>;
+
+    /// The value reported for `name` with label `label`.
+    fn value<'a>(
+        reported: &'a Reported,
+        kind: MetricKind,
+        name: &str,
+        label: (&str, &str),
+    ) -> &'a DebugValue {
+        reported
+            .iter()
+            .find(|(key, ..)| {
+                key.kind() == kind
+                    && key.key().name() == name
+                    && key
+                        .key()
+                        .labels()
+                        .any(|l| l.key() == label.0 && l.value() == label.1)
+            })
+            .map(|(.., value)| value)
+            .unwrap_or_else(|| panic!("{name} {label:?} was not reported"))
+    }
+
+    use super::Unit;
+
+    #[tokio::test]
+    async fn a_batchers_loads_keys_and_limit_are_reported_under_its_name() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let batcher: Batcher<u64, u64> = ::metrics::with_local_recorder(&recorder, || {
+            Batcher::builder()
+                .name("users")
+                .concurrency(Concurrency::Fixed(3))
+                .build(loader_fn(|keys: Vec<u64>| async move {
+                    Ok::<_, Infallible>(
+                        keys.into_iter()
+                            .filter(|k| k % 2 == 0)
+                            .map(|k| (k, k))
+                            .collect::<HashMap<_, _>>(),
+                    )
+                }))
+                .unwrap()
+        });
+        let answers = batcher.load_many(0..10).await;
+        assert!(answers.iter().all(Result::is_ok));
+        let stats = batcher.stats();
+        let reported = snapshotter.snapshot().into_vec();
+        let label = ("batcher", "users");
+        let counter = |name| value(&reported, MetricKind::Counter, name, label);
+        assert_eq!(
+            counter("pgbatch_batcher_requests_total"),
+            &DebugValue::Counter(10)
+        );
+        assert_eq!(
+            counter("pgbatch_batcher_loads_total"),
+            &DebugValue::Counter(stats.batches)
+        );
+        assert_eq!(
+            counter("pgbatch_batcher_keys_found_total"),
+            &DebugValue::Counter(5)
+        );
+        assert_eq!(
+            counter("pgbatch_batcher_keys_not_found_total"),
+            &DebugValue::Counter(5)
+        );
+        let DebugValue::Histogram(keys) = value(
+            &reported,
+            MetricKind::Histogram,
+            "pgbatch_batcher_load_keys",
+            label,
+        ) else {
+            panic!("keys per load is a histogram")
+        };
+        assert_eq!(keys.len() as u64, stats.batches);
+        assert_eq!(keys.iter().map(|k| k.into_inner()).sum::<f64>(), 10.0);
+        let DebugValue::Histogram(waits) = value(
+            &reported,
+            MetricKind::Histogram,
+            "pgbatch_batcher_queue_wait_seconds",
+            label,
+        ) else {
+            panic!("queue wait is a histogram")
+        };
+        assert!(
+            waits.iter().all(|w| w.into_inner() < 5.0),
+            "in seconds: {waits:?}"
+        );
+        assert_eq!(
+            value(
+                &reported,
+                MetricKind::Gauge,
+                "pgbatch_batcher_concurrency_limit",
+                label
+            ),
+            &DebugValue::Gauge(3.0.into())
+        );
+        let described = reported
+            .iter()
+            .find(|(key, ..)| key.key().name() == "pgbatch_batcher_load_duration_seconds")
+            .expect("load durations reported");
+        assert_eq!(described.1, Some(Unit::Seconds));
+    }
+
+    #[cfg(feature = "cache")]
+    #[tokio::test]
+    async fn a_caches_hits_misses_and_fills_are_reported_under_its_name() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let cache = ::metrics::with_local_recorder(&recorder, || {
+            crate::cache::Cache::builder()
+                .name("objects")
+                .build(|k: u64| async move { Ok(Some(k)) })
+                .unwrap()
+        });
+        for k in [1, 2, 1, 1] {
+            cache.get(k).await.unwrap();
+        }
+        cache.invalidate(&1).await;
+        let reported = snapshotter.snapshot().into_vec();
+        let label = ("cache", "objects");
+        for (name, want) in [
+            ("pgbatch_cache_hits_total", 2),
+            ("pgbatch_cache_misses_total", 2),
+            ("pgbatch_cache_fills_total", 2),
+            ("pgbatch_cache_invalidations_total", 1),
+        ] {
+            assert_eq!(
+                value(&reported, MetricKind::Counter, name, label),
+                &DebugValue::Counter(want),
+                "{name}"
+            );
+        }
+    }
+}
