@@ -1,4 +1,4 @@
-//! The batchers' and caches' figures through the [`metrics`](::metrics)
+//! The batchers' and caches' figures through the `metrics`
 //! facade (feature `metrics`), so whichever exporter the application
 //! installed (Prometheus, StatsD, OpenTelemetry) reports them.
 //!

@@ -185,6 +185,13 @@ struct State<K, V> {
     /// When the last load that filled the cache was answered: a cache
     /// miss enqueued before then may find its key stored by that load.
     last_fill: Option<Instant>,
+    /// The cache's hashes of keys recent loads filled, each in the slot
+    /// its low bits name (a later one overwrites it): a miss whose hash
+    /// is not here is loaded without looking at the cache again, so
+    /// misses of keys nobody just loaded (uniform keys over a large
+    /// table) cost one array read, not a cache lookup. Empty until a load
+    /// fills.
+    recent_fills: Vec<u64>,
     /// With `FixedDelay` and `Adaptive`: fires `max_delay` after the pending batch's first
     /// key. Only polled while armed, so an idle worker never wakes up.
     timer: Pin<Box<Sleep>>,
@@ -232,6 +239,7 @@ where
             rx_done: false,
             held: 0,
             last_fill: None,
+            recent_fills: Vec::new(),
             rx: worker.rx,
             load: worker.load,
             shared: worker.shared,
@@ -522,6 +530,12 @@ where
         let now = Instant::now();
         if run.fills {
             self.last_fill = Some(now);
+            if self.recent_fills.is_empty() {
+                self.recent_fills = vec![0; RECENT_FILLS];
+            }
+            for stamp in run.waiters.values().filter_map(latest_stamp) {
+                self.recent_fills[recent_fill_slot(stamp.hash)] = stamp.hash;
+            }
         }
         let load_time = now - run.started;
         Stats::record_duration(&stats.load_duration, load_time);
@@ -576,8 +590,9 @@ where
     /// this look they would load again keys a load just stored.
     fn filled_meanwhile(&self, key: &K, waiter: &Waiter<V>) -> Option<Option<V>> {
         let filled_at = self.last_fill?;
-        if waiter.stamp.is_none()
-            || waiter.enqueued_at > filled_at
+        let hash = waiter.stamp?.hash;
+        if waiter.enqueued_at > filled_at
+            || self.recent_fills[recent_fill_slot(hash)] != hash
             || self.pending.contains_key(key)
         {
             return None;
@@ -706,6 +721,15 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 }
 
 /// The latest stamp among a key's cache misses, if any waiter is one.
+/// Slots of [`State::recent_fills`]: enough for the keys of a burst of
+/// misses (a GraphQL query's N+1 lookups) in 32 KiB.
+const RECENT_FILLS: usize = 4096;
+
+fn recent_fill_slot(hash: u64) -> usize {
+    // The low bits of a well-mixed hash; `RECENT_FILLS` is a power of two.
+    (hash as usize) & (RECENT_FILLS - 1)
+}
+
 fn latest_stamp<V>(waiters: &Waiters<V>) -> Option<Stamp> {
     waiters.iter().filter_map(|w| w.stamp).max()
 }

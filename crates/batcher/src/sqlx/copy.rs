@@ -155,7 +155,7 @@ impl<E: std::error::Error + 'static> ImportError<E> {
         }
     }
 
-    /// The kind of the database error, as [`classify`](super::classify)
+    /// The kind of the database error, as [`classify`]
     /// sorts it ([`DbErrorKind::Other`] for a source error).
     pub fn kind(&self) -> DbErrorKind {
         self.as_sqlx_error().map_or(DbErrorKind::Other, classify)

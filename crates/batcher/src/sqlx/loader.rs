@@ -101,7 +101,8 @@ pub trait BatchQuery: Send + Sync + 'static {
     }
 }
 
-/// How a [`SqlxLoader`] sends its statements.
+/// How a [`SqlxLoader`] and a [`SqlxWriter`](super::SqlxWriter) send
+/// their statements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum StatementMode {
@@ -118,7 +119,9 @@ pub enum StatementMode {
     /// a transaction-mode pooler that does not track prepared statements.
     /// sqlx parses and executes in two round trips, and a pooler may send
     /// them to different server connections unless a transaction holds
-    /// one; with `BEGIN` and `COMMIT` a batch takes four round trips.
+    /// one; with `BEGIN` and `COMMIT` a read batch takes four round
+    /// trips. The writer's batches are transactions already, so it adds
+    /// none.
     Unnamed,
 }
 
