@@ -12,11 +12,15 @@
 //! - the `DataLoader` at its defaults (a 1 ms delay, batches of up to
 //!   1,000, no bound on loads at once; `DataLoader::new`, no cache);
 //! - the `DataLoader` at its best setting, found in the same run by a
-//!   sweep over its delay and batch size.
+//!   sweep over its delay and batch size;
+//! - pgbatch with its best fixed concurrency, found by a sweep too: how
+//!   far the automatic limit is from the best fixed one here.
 //!
-//! Then interleaved rounds of the three, each measured after a warm-up;
-//! the table gives the medians and spreads of reads/s and p99, and each
-//! round's ratio against the two `DataLoader`s.
+//! Then interleaved rounds of the four, each measured after a warm-up;
+//! the table gives the medians and spreads of reads/s and p99, each
+//! round's ratio against the two `DataLoader`s, the mean keys per load,
+//! and the CPU each read cost this process and Postgres (where the time
+//! goes).
 //!
 //! ```text
 //! cargo run --release -p benches --bin dataloader
@@ -31,8 +35,11 @@ use async_graphql::dataloader::{DataLoader, Loader as DataLoaderLoader};
 use benches::reads::{key, TableArgs};
 use benches::{closed_loop_warm, print_markdown, Align, RunReport};
 use clap::Parser;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use benches::cpu::{CpuSnapshot, CpuUse};
 use pgbatch::pg::{self, PgError, PgLoader, PoolOptions};
-use pgbatch::{Batcher, Loader as _};
+use pgbatch::{Batcher, Concurrency, Loader as _};
 use server::db::queries::kv::KvQuery;
 use server::db::Database;
 
@@ -63,15 +70,22 @@ struct Args {
 }
 
 /// The `PgLoader` as a `DataLoader`'s loader: the same statements on the
-/// same pool. Its error must be `Clone`, so it is shared.
-struct SameLoader(PgLoader<KvQuery>);
+/// same pool, counting loads and keys. Its error must be `Clone`, so it is
+/// shared.
+struct SameLoader {
+    loader: PgLoader<KvQuery>,
+    loads: Arc<AtomicU64>,
+    keys: Arc<AtomicU64>,
+}
 
 impl DataLoaderLoader<String> for SameLoader {
     type Value = String;
     type Error = Arc<PgError>;
 
     async fn load(&self, keys: &[String]) -> Result<HashMap<String, String>, Arc<PgError>> {
-        self.0.load(keys.to_vec()).await.map_err(Arc::new)
+        self.loads.fetch_add(1, Relaxed);
+        self.keys.fetch_add(keys.len() as u64, Relaxed);
+        self.loader.load(keys.to_vec()).await.map_err(Arc::new)
     }
 }
 
@@ -101,7 +115,10 @@ impl DlSetting {
 /// One of the contenders of a round.
 #[derive(Debug, Clone, Copy)]
 enum Contender {
+    /// `Batcher::new`: every default.
     Pgbatch,
+    /// The defaults but a fixed number of loads at once.
+    PgbatchFixed(usize),
     DataLoader(DlSetting),
 }
 
@@ -111,14 +128,25 @@ struct Sample {
     per_sec: f64,
     p50_ms: f64,
     p99_ms: f64,
+    /// Keys per load over the warm-up and the run.
+    mean_batch: f64,
+    /// CPU per read over the measured run, in µs: this process (the
+    /// batcher, the pool, the driver, the callers) and Postgres.
+    client_us: f64,
+    postgres_us: f64,
 }
 
-impl From<&RunReport> for Sample {
-    fn from(r: &RunReport) -> Self {
+impl Sample {
+    fn new(r: &RunReport, mean_batch: f64, cpu: &CpuUse) -> Self {
         Self {
             per_sec: r.per_sec(),
             p50_ms: benches::ms(r.quantile(0.5)),
             p99_ms: benches::ms(r.quantile(0.99)),
+            mean_batch,
+            client_us: CpuUse::per_request_us(cpu.server, r.requests),
+            postgres_us: cpu
+                .postgres
+                .map_or(f64::NAN, |pg| CpuUse::per_request_us(pg, r.requests)),
         }
     }
 }
@@ -139,46 +167,77 @@ async fn main() -> anyhow::Result<()> {
         .await
 }
 
-async fn run(args: &Args, loader: &PgLoader<KvQuery>, who: Contender, seconds: f64) -> Sample {
+async fn run(
+    args: &Args,
+    db: &Database,
+    loader: &PgLoader<KvQuery>,
+    who: Contender,
+    seconds: f64,
+) -> Sample {
     let (warmup, run) = (
         Duration::from_secs_f64(args.warmup),
         Duration::from_secs_f64(seconds),
     );
     let rows = args.table.rows;
-    let report = match who {
-        Contender::Pgbatch => {
-            let batcher: Batcher<String, String> = Batcher::new(loader.clone());
+    // The CPU of the measured window: taken as the warm-up ends.
+    let cpu_at_start = async {
+        tokio::time::sleep(warmup).await;
+        CpuSnapshot::take(db.cluster.as_ref())
+    };
+    let (report, mean_batch, before) = match who {
+        Contender::Pgbatch | Contender::PgbatchFixed(_) => {
+            let batcher: Batcher<String, String> = match who {
+                Contender::PgbatchFixed(n) => Batcher::builder()
+                    .concurrency(Concurrency::Fixed(n))
+                    .build(loader.clone())
+                    .expect("a valid fixed limit"),
+                _ => Batcher::new(loader.clone()),
+            };
             let reader = batcher.clone();
-            let report = closed_loop_warm(args.resolvers, warmup, run, rows, move |k| {
-                let batcher = reader.clone();
-                async move {
-                    if let Err(e) = batcher.load(key(k)).await {
-                        panic!("pgbatch read failed: {e}");
+            let (report, before) = tokio::join!(
+                closed_loop_warm(args.resolvers, warmup, run, rows, move |k| {
+                    let batcher = reader.clone();
+                    async move {
+                        if let Err(e) = batcher.load(key(k)).await {
+                            panic!("pgbatch read failed: {e}");
+                        }
                     }
-                }
-            })
-            .await;
+                }),
+                cpu_at_start
+            );
+            let mean = batcher.stats().batch_size.mean().unwrap_or(f64::NAN);
             batcher.shutdown().await;
-            report
+            (report, mean, before)
         }
         Contender::DataLoader(setting) => {
+            let (loads, keys) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+            let same = SameLoader {
+                loader: loader.clone(),
+                loads: Arc::clone(&loads),
+                keys: Arc::clone(&keys),
+            };
             let dl = Arc::new(
-                DataLoader::new(SameLoader(loader.clone()), tokio::spawn)
+                DataLoader::new(same, tokio::spawn)
                     .delay(setting.delay)
                     .max_batch_size(setting.max_batch),
             );
-            closed_loop_warm(args.resolvers, warmup, run, rows, move |k| {
-                let dl = Arc::clone(&dl);
-                async move {
-                    if let Err(e) = dl.load_one(key(k)).await {
-                        panic!("DataLoader read failed: {e}");
+            let (report, before) = tokio::join!(
+                closed_loop_warm(args.resolvers, warmup, run, rows, move |k| {
+                    let dl = Arc::clone(&dl);
+                    async move {
+                        if let Err(e) = dl.load_one(key(k)).await {
+                            panic!("DataLoader read failed: {e}");
+                        }
                     }
-                }
-            })
-            .await
+                }),
+                cpu_at_start
+            );
+            let mean = keys.load(Relaxed) as f64 / loads.load(Relaxed).max(1) as f64;
+            (report, mean, before)
         }
     };
-    Sample::from(&report)
+    let cpu = CpuSnapshot::take(db.cluster.as_ref()).since(&before);
+    Sample::new(&report, mean_batch, &cpu)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -217,6 +276,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
             };
             let s = run(
                 args,
+                db,
                 &loader,
                 Contender::DataLoader(setting),
                 args.sweep_seconds,
@@ -248,6 +308,48 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
         .map_or(DlSetting::DEFAULT, |(setting, _)| *setting);
     println!();
 
+    // pgbatch's best fixed limit, the same way.
+    let mut fixed = Vec::new();
+    for n in [2, 4, 6, 8, 12, 16]
+        .into_iter()
+        .filter(|&n| n <= args.pool_size)
+    {
+        let s = run(
+            args,
+            db,
+            &loader,
+            Contender::PgbatchFixed(n),
+            args.sweep_seconds,
+        )
+        .await;
+        fixed.push((n, s));
+    }
+    println!(
+        "pgbatch fixed-limit sweep ({} s each):\n",
+        args.sweep_seconds
+    );
+    print_markdown(
+        &[
+            ("loads at once", Align::Right),
+            ("reads/s", Align::Right),
+            ("p99 ms", Align::Right),
+            ("keys/load", Align::Right),
+        ],
+        fixed.iter().map(|(n, s)| {
+            vec![
+                n.to_string(),
+                format!("{:.0}", s.per_sec),
+                format!("{:.2}", s.p99_ms),
+                format!("{:.1}", s.mean_batch),
+            ]
+        }),
+    );
+    let best_fixed = fixed
+        .iter()
+        .max_by(|a, b| a.1.per_sec.total_cmp(&b.1.per_sec))
+        .map_or(4, |(n, _)| *n);
+    println!();
+
     let contenders = [
         ("pgbatch, defaults", Contender::Pgbatch),
         (
@@ -255,20 +357,24 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
             Contender::DataLoader(DlSetting::DEFAULT),
         ),
         ("DataLoader, best of sweep", Contender::DataLoader(best)),
+        (
+            "pgbatch, best fixed limit",
+            Contender::PgbatchFixed(best_fixed),
+        ),
     ];
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); contenders.len()];
     for round in 0..args.rounds {
         // Each round in another order, so no contender always runs first.
         for i in 0..contenders.len() {
             let c = (i + round) % contenders.len();
-            let s = run(args, &loader, contenders[c].1, args.seconds).await;
+            let s = run(args, db, &loader, contenders[c].1, args.seconds).await;
             samples[c].push(s);
         }
     }
 
     println!(
         "Interleaved rounds: median (min-max) of {} rounds; ratios per round, then the median. \
-         Best DataLoader setting: {}.\n",
+         Best DataLoader setting: {}; best fixed pgbatch limit: {best_fixed}.\n",
         args.rounds,
         best.describe()
     );
@@ -289,11 +395,15 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
             ("reads/s ÷ DataLoader defaults", Align::Right),
             ("reads/s ÷ DataLoader best", Align::Right),
             ("p99 ÷ DataLoader best", Align::Right),
+            ("keys/load", Align::Right),
+            ("client CPU µs/read", Align::Right),
+            ("Postgres CPU µs/read", Align::Right),
         ],
         contenders.iter().enumerate().map(|(i, (name, _))| {
             let per_sec: Vec<f64> = samples[i].iter().map(|s| s.per_sec).collect();
             let p50: Vec<f64> = samples[i].iter().map(|s| s.p50_ms).collect();
             let p99: Vec<f64> = samples[i].iter().map(|s| s.p99_ms).collect();
+            let column = |f: fn(&Sample) -> f64| -> Vec<f64> { samples[i].iter().map(f).collect() };
             vec![
                 (*name).to_owned(),
                 spread(&per_sec, 0),
@@ -302,6 +412,9 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
                 ratio(i, 1, |s| s.per_sec),
                 ratio(i, 2, |s| s.per_sec),
                 ratio(i, 2, |s| s.p99_ms),
+                format!("{:.1}", median(column(|s| s.mean_batch))),
+                format!("{:.1}", median(column(|s| s.client_us))),
+                format!("{:.1}", median(column(|s| s.postgres_us))),
             ]
         }),
     );
