@@ -175,7 +175,9 @@ impl Book {
 }
 
 /// A lookup's failure as a GraphQL error whose extensions say what a client
-/// can do about it: `OVERLOADED` and `TIMEOUT` are worth retrying later.
+/// can do about it: `retryable` (shed load, a lost node) means asking again
+/// after a pause may succeed; a `TIMEOUT` is not, as asking again at once
+/// adds to what made it slow.
 fn lookup_error(e: &pgbatch::Error) -> async_graphql::Error {
     let code = if e.is_overloaded() {
         "OVERLOADED"

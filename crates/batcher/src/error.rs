@@ -76,10 +76,16 @@ impl Error {
     ///   pause (or answer 503 with `Retry-After`);
     /// - [`Error::Load`] whose error, or an error in its source chain, is a
     ///   retryable database error of either driver: a lost or refusing node
-    ///   (class 08, 57P01, 57P03, a reset connection), a serialization
-    ///   failure (40001) or deadlock (40P01), too many connections (53300),
-    ///   or a pool that had no connection free in time (see
-    ///   `pg::PgError::is_retryable` and `sqlx::is_retryable`).
+    ///   (class 08, 57P01-57P03, 25006 after a failover, a reset
+    ///   connection), a serialization failure (40001) or deadlock (40P01),
+    ///   too many connections (53300), or a pool that had no connection
+    ///   free in time (see `pg::PgError::is_retryable` and
+    ///   `sqlx::is_retryable`); or a retryable `Error` of another batcher
+    ///   the loader asked.
+    ///
+    /// Retry only work that may run twice: a read, an idempotent write, or
+    /// a whole transaction. A write whose connection was lost during its
+    /// `COMMIT` may have committed.
     ///
     /// False for everything else: rows the database refused, syntax and
     /// permission errors, a loader error the crate does not know, a
@@ -136,6 +142,10 @@ impl Error {
 /// whether it is retryable.
 #[allow(unused_variables)] // `e`, with no driver feature on
 fn retryable_db_error(e: &(dyn std::error::Error + 'static)) -> Option<bool> {
+    // A loader that asks another batcher (a cache's fallible loader, say).
+    if let Some(e) = e.downcast_ref::<Error>() {
+        return Some(e.is_retryable());
+    }
     #[cfg(feature = "postgres")]
     {
         if let Some(e) = e.downcast_ref::<crate::pg::PgError>() {

@@ -11,6 +11,10 @@
 //! crate's own atomics; [`Batcher::stats`](crate::Batcher::stats) and
 //! `Cache::stats` are unchanged.
 //!
+//! Give each batcher and cache its own name: unnamed ones all carry the
+//! default label (`batcher="batcher"`, `cache="cache"`), so their counts
+//! add up and their gauges overwrite each other.
+//!
 //! Names follow OpenMetrics: `snake_case`, a `_total` suffix on counters,
 //! the unit last (`_seconds`).
 //!

@@ -21,7 +21,11 @@
 //! `Written`, `RowError`, `StatementMode`, `classify`, `DbErrorKind`,
 //! `copy::import`), so code moves between the two drivers by changing how
 //! keys and rows are bound and rows read. The types are this module's own,
-//! though: `pgbatch::sqlx::Written` is not `pgbatch::pg::Written`.
+//! though: `pgbatch::sqlx::Written` is not `pgbatch::pg::Written`. Where
+//! the drivers differ, so do the names: statements are sent as a
+//! [`StatementMode`] given to `with_statement_mode` (`pg` takes a
+//! `Statements`, which also carries a statement timeout), and the loader
+//! and writer are `SqlxLoader` and `SqlxWriter`.
 //!
 //! ```no_run
 //! use pgbatch::sqlx::{BatchQuery, PgQuery, SqlxLoader};

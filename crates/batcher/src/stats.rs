@@ -43,11 +43,10 @@ impl Count {
         self.value.load(order)
     }
 
-    /// Reports every later count to `counter` too (from the current
-    /// count on, so the exported counter matches the snapshot's).
+    /// Reports every later count to `counter` too. Called as the batcher
+    /// or cache is built, before it has counted anything.
     #[cfg(feature = "metrics")]
     pub(crate) fn export(&self, counter: ::metrics::Counter) {
-        counter.absolute(self.value.load(Relaxed));
         let _ = self.export.set(counter);
     }
 }

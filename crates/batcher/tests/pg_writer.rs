@@ -427,3 +427,40 @@ async fn concurrent_imports_do_not_clash_and_leave_no_tables_behind() {
         .get(0);
     assert_eq!(left, 0);
 }
+
+#[tokio::test]
+async fn overwriting_a_table_whose_every_column_is_its_key_counts_existing_rows_updated() {
+    // No column to overwrite: the conflict clause must still be valid SQL.
+    let db = embedded_pg::testing::database().await.unwrap();
+    let pool = items_pool(db.config).await;
+    let mut client = pool.get().await.unwrap();
+    client
+        .batch_execute(
+            "CREATE TABLE pairs (k text, v bigint, PRIMARY KEY (k, v));
+             INSERT INTO pairs VALUES ('a', 1)",
+        )
+        .await
+        .unwrap();
+    let spec = TableSpec {
+        table: "pairs",
+        columns: &[("k", Type::TEXT), ("v", Type::INT8)],
+        key: &["k", "v"],
+    };
+    let counts = copy::import(
+        &mut client,
+        &spec,
+        source(&[("a", 1), ("b", 2)], None),
+        ConflictPolicy::Overwrite,
+    )
+    .await
+    .unwrap();
+    assert_eq!((counts.inserted, counts.updated), (1, 1));
+    let rows: Vec<(String, i64)> = client
+        .query("SELECT k, v FROM pairs ORDER BY k", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(rows, vec![kv("a", 1), kv("b", 2)]);
+}

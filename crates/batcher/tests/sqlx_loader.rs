@@ -518,11 +518,22 @@ async fn terminate(options: &PgConnectOptions, pid: i32) {
     panic!("backend {pid} still there 5 s after pg_terminate_backend");
 }
 
+/// The pid of the pool's one connection, once that connection is idle in
+/// the pool again: sqlx returns a connection (and pings it) in a task of
+/// its own, so a connection terminated before that ping would be replaced
+/// by a new one, and the statement would never meet the lost one.
 async fn backend_pid(pool: &PgPool) -> i32 {
-    sqlx::query_scalar("SELECT pg_backend_pid()")
+    let pid = sqlx::query_scalar("SELECT pg_backend_pid()")
         .fetch_one(pool)
         .await
-        .unwrap()
+        .unwrap();
+    for _ in 0..500 {
+        if pool.num_idle() == 1 {
+            return pid;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the connection was not back in the pool within 5 s");
 }
 
 #[tokio::test]

@@ -77,7 +77,7 @@ async fn batches_are_spans_linked_to_callers_and_failures_are_events() {
     );
     assert!(has("link batch -> http_request"), "{lines:#?}");
     assert!(
-        has("event WARN message=batch load failed error=test loader failed: [3, 666] keys=2 in=batch"),
+        has("event WARN message=batch load failed error=test loader failed: [3, 666] retryable=false keys=2 in=batch"),
         "{lines:#?}"
     );
     assert!(

@@ -116,14 +116,14 @@ impl<K, V> Outcome<K, V> {
             Outcome::Loaded(values) => return Ok(values),
             Outcome::Failed(e) => {
                 Stats::incr(&stats.failed_batches, 1);
-                let failure = Error::Load(e);
+                let retryable = Error::Load(Arc::clone(&e)).is_retryable();
                 tracing::warn!(
-                    error = %crate::error::Chain(&failure),
-                    retryable = failure.is_retryable(),
+                    error = %crate::error::Chain(&*e),
+                    retryable,
                     keys,
                     "batch load failed"
                 );
-                failure
+                Error::Load(e)
             }
             Outcome::TimedOut(t) => {
                 Stats::incr(&stats.timed_out_batches, 1);

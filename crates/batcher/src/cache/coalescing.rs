@@ -354,20 +354,25 @@ where
     /// and wins over loads of the key already running: as after
     /// [`invalidate`](Self::invalidate), none of them can replace it with
     /// what it read, though each still answers its own callers.
+    ///
+    /// An `invalidate` of the key that returns before this put lands wins
+    /// over it: the value is then not stored.
     pub async fn insert(&self, key: K, value: V) {
+        let inner = &self.inner;
         // The same order as `invalidate`: the epoch first, so a running
         // load's put (checked under the key's lock) sees it.
-        self.inner.epochs.invalidate(self.inner.epochs.hash(&key));
+        let hash = inner.epochs.hash(&key);
+        inner.epochs.invalidate(hash);
+        // Read after the bump: only a later invalidation makes it stale.
+        let stamp = inner.epochs.stamp(hash);
         let flight = self.lock_flights().remove(&key);
         if let Some(flight) = flight {
             flight.state.stale.store(true, Relaxed);
         }
-        let value = Cached::Found(value);
-        self.inner
-            .store
-            .entry(key)
-            .and_compute_with(|_| async { Op::Put(value) })
-            .await;
+        put_if_current(inner, key, Cached::Found(value), || {
+            inner.epochs.is_current(stamp)
+        })
+        .await;
     }
 
     /// Removes `key`. A load for it already running still answers its
@@ -575,7 +580,9 @@ where
     V: Clone + Send + Sync + 'static,
 {
     let current = || !flight.stale.load(Relaxed) && inner.epochs.generation() == flight.generation;
-    put_if_current(inner, key.clone(), value, current).await;
+    if put_if_current(inner, key.clone(), value, current).await {
+        inner.counters.fills.fetch_add(1, Relaxed);
+    }
 }
 
 /// Puts `value` for `key` if `current()` holds, checked under moka's lock
@@ -586,10 +593,13 @@ async fn put_if_current<K, V>(
     key: K,
     value: Cached<V>,
     current: impl Fn() -> bool,
-) where
+) -> bool
+where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
 {
+    // Read before the check: an `invalidate_all` after it moves it on.
+    let generation = inner.epochs.generation();
     let stored = inner
         .store
         .entry(key.clone())
@@ -605,12 +615,16 @@ async fn put_if_current<K, V>(
     );
     // `invalidate_all` clears the store without the key's lock: one that
     // came between the check and the put may have cleared the store
-    // before the put landed (see `Epochs::generation`).
-    if put && !current() {
+    // before the put landed (see `Epochs::generation`). Only the
+    // generation is checked again here: a key's own invalidation takes
+    // the key's lock, so it came before the check (which saw it) or
+    // removes the value itself, and an `insert` after this put (which
+    // also moves the key's epoch) must not be removed by it.
+    if put && inner.epochs.generation() != generation {
         inner.store.invalidate(&key).await;
-    } else if put {
-        inner.counters.fills.fetch_add(1, Relaxed);
+        return false;
     }
+    put
 }
 
 impl<K: Hash, V: Clone> Inner<K, V> {
@@ -673,7 +687,9 @@ where
         }
         Some(Box::pin(async move {
             for (key, stamp, value) in puts {
-                put_if_current(&inner, key, value, || inner.epochs.is_current(stamp)).await;
+                if put_if_current(&inner, key, value, || inner.epochs.is_current(stamp)).await {
+                    inner.counters.fills.fetch_add(1, Relaxed);
+                }
             }
         }))
     }

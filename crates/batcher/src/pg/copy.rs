@@ -261,6 +261,18 @@ pub async fn import_with<S: RowSource>(
                 .filter(|c| !spec.key.contains(&c.0))
                 .map(|c| format!("{0} = EXCLUDED.{0}", ident(c.0)))
                 .collect();
+            // Every column in the key: nothing to overwrite, but the row
+            // still counts as updated, so set a key column to itself (an
+            // empty SET list is a syntax error).
+            let set = if set.is_empty() {
+                spec.key
+                    .iter()
+                    .take(1)
+                    .map(|k| format!("{0} = EXCLUDED.{0}", ident(k)))
+                    .collect()
+            } else {
+                set
+            };
             format!("ON CONFLICT ({key}) DO UPDATE SET {}", set.join(", "))
         }
         ConflictPolicy::Fail => String::new(),

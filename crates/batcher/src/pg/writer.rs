@@ -41,10 +41,17 @@ pub trait UpsertQuery: Send + Sync + 'static {
     fn batch_sql(&self) -> &str;
     /// The parameters of [`batch_sql`](Self::batch_sql) for `rows`.
     fn batch_params<'a>(&self, rows: &'a [Self::Row]) -> Params<'a>;
-    /// The statement for one row.
-    fn single_sql(&self) -> &str;
-    /// The parameters of [`single_sql`](Self::single_sql) for `row`.
-    fn single_params<'a>(&self, row: &'a Self::Row) -> Params<'a>;
+    /// The statement for one row: what a row is written with, under a
+    /// savepoint of its own, after its batch met a row fault. By default,
+    /// [`batch_sql`](Self::batch_sql) itself.
+    fn single_sql(&self) -> &str {
+        self.batch_sql()
+    }
+    /// The parameters of [`single_sql`](Self::single_sql) for `row`; by
+    /// default [`batch_params`](Self::batch_params) for that one row.
+    fn single_params<'a>(&self, row: &'a Self::Row) -> Params<'a> {
+        self.batch_params(std::slice::from_ref(row))
+    }
     /// The key and the "inserted" flag of a returned row.
     ///
     /// # Errors

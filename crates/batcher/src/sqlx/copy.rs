@@ -161,6 +161,13 @@ impl<E: std::error::Error + 'static> ImportError<E> {
         self.as_sqlx_error().map_or(DbErrorKind::Other, classify)
     }
 
+    /// Whether importing again may succeed (see
+    /// [`is_retryable`](super::is_retryable)). The import runs in one
+    /// transaction, so a failed one left nothing behind.
+    pub fn is_retryable(&self) -> bool {
+        self.as_sqlx_error().is_some_and(super::is_retryable)
+    }
+
     /// The database error, if the database failed.
     pub fn as_sqlx_error(&self) -> Option<&::sqlx::Error> {
         match self {
@@ -332,6 +339,18 @@ pub async fn import<S: RowSource>(
                 .filter(|c| !spec.key.contains(c))
                 .map(|c| format!("{0} = EXCLUDED.{0}", ident(c)))
                 .collect();
+            // Every column in the key: nothing to overwrite, but the row
+            // still counts as updated, so set a key column to itself (an
+            // empty SET list is a syntax error).
+            let set = if set.is_empty() {
+                spec.key
+                    .iter()
+                    .take(1)
+                    .map(|k| format!("{0} = EXCLUDED.{0}", ident(k)))
+                    .collect()
+            } else {
+                set
+            };
             format!("ON CONFLICT ({key}) DO UPDATE SET {}", set.join(", "))
         }
         ConflictPolicy::Fail => String::new(),

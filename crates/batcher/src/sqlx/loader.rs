@@ -122,6 +122,16 @@ pub enum StatementMode {
     /// one; with `BEGIN` and `COMMIT` a read batch takes four round
     /// trips. The writer's batches are transactions already, so it adds
     /// none.
+    ///
+    /// A statement binding a type sqlx does not know by its OID (an enum,
+    /// a composite, a domain, `citext`, `hstore`) still makes sqlx look
+    /// the type up once per connection with a prepared statement of its
+    /// own, which a transaction-mode pooler can break: cast such
+    /// parameters to built-in types (`$1::text[]`) behind a pooler.
+    ///
+    /// No statement timeout is set: bound a load with the batcher's
+    /// [`load_timeout`](crate::BatcherBuilder::load_timeout), or set
+    /// `statement_timeout` in the pool's `after_connect`.
     Unnamed,
 }
 

@@ -486,8 +486,11 @@ impl<Q: UpsertQuery> Writer<Q> {
     ///
     /// [`Error::Load`] with a [`RowError`] source when the database refused
     /// this row (the rest of its batch was committed); any other [`Error`]
-    /// when the batch as a whole failed or was not run (then nothing of it
-    /// was committed), as for [`Batcher::load`]. A failed batch's error is
+    /// when the batch as a whole failed or was not run, as for
+    /// [`Batcher::load`]: then nothing of it was committed, unless the
+    /// connection was lost while its `COMMIT` was on the way (a lost
+    /// connection, [`DbErrorKind::Unavailable`](super::DbErrorKind::Unavailable),
+    /// leaves that unknown: write again only an idempotent row). A failed batch's error is
     /// sqlx's own: [`Error::load_error`]`::<sqlx::Error>()` gets it back,
     /// and [`classify`](super::classify) sorts it.
     ///
