@@ -17,6 +17,7 @@ use pgbatch::Loader;
 pub mod cpu;
 pub mod delay_proxy;
 pub mod reads;
+pub mod rounds;
 
 /// Opens the CSV file at `path` for appending (creating its directory, and
 /// writing `header` when the file is new) and returns it with the current

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use benches::delay_proxy::DelayProxy;
 use benches::reads::{self, TableArgs};
+use benches::rounds::{median, median_by, range_by};
 use benches::{closed_loop_timeline, ms, KeyStream, Timeline};
 use clap::Parser;
 use pgbatch::pg::{BatchQuery as _, Pool, PoolOptions};
@@ -275,24 +276,6 @@ async fn sweep(args: &Args, db: &Database) -> anyhow::Result<()> {
         args.svg.display()
     );
     Ok(())
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
-fn median_by(v: &[Sample], f: impl Fn(&Sample) -> f64) -> f64 {
-    median(&v.iter().map(f).collect::<Vec<_>>())
-}
-
-fn range_by(v: &[Sample], f: impl Fn(&Sample) -> f64) -> (f64, f64) {
-    v.iter()
-        .map(f)
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
-            (lo.min(x), hi.max(x))
-        })
 }
 
 fn verdict(ok: bool) -> &'static str {
@@ -794,23 +777,6 @@ mod tests {
         assert_eq!(
             settings(Setting::Fixed(3)).concurrency,
             Concurrency::Fixed(3)
-        );
-    }
-
-    #[test]
-    fn medians_and_ranges() {
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
-        assert!(median(&[]).is_nan());
-        let s = |per_sec| Sample {
-            per_sec,
-            p50: Duration::ZERO,
-            p99: Duration::ZERO,
-            mean_batch: 0.0,
-            limit: 0,
-        };
-        assert_eq!(
-            range_by(&[s(2.0), s(5.0), s(1.0)], |x| x.per_sec),
-            (1.0, 5.0)
         );
     }
 }

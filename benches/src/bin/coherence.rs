@@ -221,16 +221,18 @@ async fn write_cost(
             ms(r.quantile(0.99))
         );
     }
-    let median = |label: &str| {
-        let mut v: Vec<f64> = results
+    let median_of = |label: &str| {
+        let v: Vec<f64> = results
             .iter()
             .filter(|(l, _)| *l == label)
             .map(|(_, r)| r.per_sec())
             .collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
+        benches::rounds::median(&v)
     };
-    let (on, off) = (median("notifications on"), median("notifications off"));
+    let (on, off) = (
+        median_of("notifications on"),
+        median_of("notifications off"),
+    );
     println!(
         "\nmedian upserts/s: {on:.0} with notifications, {off:.0} without: {:.2}x",
         on / off

@@ -33,6 +33,7 @@ use std::time::Duration;
 
 use async_graphql::dataloader::{DataLoader, Loader as DataLoaderLoader};
 use benches::reads::{key, TableArgs};
+use benches::rounds::{median, spread};
 use benches::{closed_loop_warm, print_markdown, Align, RunReport};
 use clap::Parser;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -240,21 +241,6 @@ async fn run(
     Sample::new(&report, mean_batch, &cpu)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
-/// `median (min-max)` of `v`, with `digits` decimals.
-fn spread(v: &[f64], digits: usize) -> String {
-    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    format!(
-        "{:.digits$} ({min:.digits$}-{max:.digits$})",
-        median(v.to_vec())
-    )
-}
-
 async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     let pool = pg::pool(
         db.config.clone(),
@@ -412,9 +398,9 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
                 ratio(i, 1, |s| s.per_sec),
                 ratio(i, 2, |s| s.per_sec),
                 ratio(i, 2, |s| s.p99_ms),
-                format!("{:.1}", median(column(|s| s.mean_batch))),
-                format!("{:.1}", median(column(|s| s.client_us))),
-                format!("{:.1}", median(column(|s| s.postgres_us))),
+                format!("{:.1}", median(&column(|s| s.mean_batch))),
+                format!("{:.1}", median(&column(|s| s.client_us))),
+                format!("{:.1}", median(&column(|s| s.postgres_us))),
             ]
         }),
     );

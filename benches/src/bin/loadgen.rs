@@ -300,11 +300,8 @@ async fn compare_statements(
             );
         }
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let base = median(&mut rates[0].clone());
+    let median = benches::rounds::median;
+    let base = median(&rates[0]);
     println!(
         "\nThe batched statement's forms: {keys} random keys per statement, {connections} connections, {} rounds of {:.1} s, interleaved\n",
         rates[0].len(),
@@ -313,13 +310,9 @@ async fn compare_statements(
     println!("| statement | keys/s (median) | range | × `= ANY($1)` |");
     println!("|---|---:|---:|---:|");
     for (i, (name, _, _)) in reads::STATEMENTS.iter().enumerate() {
-        let m = median(&mut rates[i]);
-        println!(
-            "| {name} | {m:.0} | {:.0}-{:.0} | {:.2} |",
-            rates[i][0],
-            rates[i][rates[i].len() - 1],
-            m / base
-        );
+        let m = median(&rates[i]);
+        let (lo, hi) = benches::rounds::range_by(&rates[i], |x| *x);
+        println!("| {name} | {m:.0} | {lo:.0}-{hi:.0} | {:.2} |", m / base);
     }
     Ok(())
 }

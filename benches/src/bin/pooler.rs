@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use benches::reads::{self, TableArgs};
+use benches::rounds::{median, range_by};
 use clap::Parser;
 use embedded_pg::pgbouncer::{PgBouncer, PoolMode};
 use pgbatch::pg::{Pool, PoolOptions, Statements};
@@ -125,12 +126,6 @@ fn router(pool: &Pool, statements: Statements) -> ReadRouter {
     )
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     let cluster = db
         .cluster
@@ -211,11 +206,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
             }
             let rates: Vec<f64> = ok.iter().map(|r| r.per_sec).collect();
             let m = median(&rates);
-            let (lo, hi) = rates
-                .iter()
-                .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
-                    (a.min(x), b.max(x))
-                });
+            let (lo, hi) = range_by(&rates, |x| *x);
             println!(
                 "| {n} | {} | {m:.0} ({lo:.0}-{hi:.0}) | {:.2} | {:.2} | {:.2} | {failed} of {} |",
                 setup.name,

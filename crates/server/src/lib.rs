@@ -12,7 +12,6 @@
 //!
 //! ```text
 //! lib        the route table, layers and fallbacks
-//! cli        clap flags and their conversion to Settings (for `main`; benches reuse PolicyArg)
 //! testing    a seeded database for tests and benchmarks
 //! http       the edge: connections (serve), observe, guard, deadlines, extractors, errors as
 //!            responses, write positions, the handlers (routes/*) and the OpenAPI document
@@ -23,7 +22,8 @@
 //!            writes (which invalidate through reads), import, auth, input validation, Failure
 //! cluster    replicas (which database serves a read) and coherence (whether caches may be used)
 //! db         the database, migrations and pool; queries/* (all SQL), TLS to Postgres, demo data
-//! settings   typed settings with their defaults
+//! cli        clap flags and their conversion to Settings (for `main`; benches reuse PolicyArg)
+//! settings   typed settings, the edge's included, with every default
 //! logs       where log lines go: standard error, through a writer thread
 //! ```
 //!

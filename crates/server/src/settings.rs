@@ -78,6 +78,38 @@ pub mod defaults {
     /// Longest time a whole request body may take to arrive: a megabyte at
     /// about 17 KB/s.
     pub const BODY_TIMEOUT: Duration = Duration::from_secs(60);
+
+    /// Demo rows seeded on start, and by `seed`, into empty tables.
+    pub const SEED_ROWS: u64 = 1_000_000;
+
+    /// Default of [`EdgeSettings::header_read_timeout`](super::EdgeSettings::header_read_timeout): long enough for a
+    /// client on a slow link to send a few KiB of headers, short enough that a
+    /// silent or trickling connection is not held for long.
+    pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+    /// Default of [`EdgeSettings::max_header_bytes`](super::EdgeSettings::max_header_bytes): the service's requests
+    /// need a token and a path or two; 32 KiB leaves room for long object
+    /// paths in the query string.
+    pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+
+    /// Default of [`EdgeSettings::max_connections`](super::EdgeSettings::max_connections).
+    pub const MAX_CONNECTIONS: usize = 1024;
+
+    /// Default of [`EdgeSettings::shutdown_grace`](super::EdgeSettings::shutdown_grace).
+    pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+    /// Default of [`EdgeSettings::drain_bytes`](super::EdgeSettings::drain_bytes): a little over the largest
+    /// body the app accepts by default (1 MiB), so any body the app could
+    /// have read is drained rather than costing the client its connection.
+    pub const DRAIN_BYTES: usize = (1 << 20) + (64 << 10);
+
+    /// Default of [`EdgeSettings::drain_time`](super::EdgeSettings::drain_time).
+    pub const DRAIN_TIME: Duration = Duration::from_secs(1);
+
+    /// Default of [`EdgeSettings::linger_time`](super::EdgeSettings::linger_time): enough for a client on a slow
+    /// link to read its response and close; nginx waits up to 5 s between
+    /// reads (`lingering_timeout`).
+    pub const LINGER_TIME: Duration = Duration::from_secs(2);
 }
 
 /// Everything the running service is configured with.
@@ -550,5 +582,71 @@ impl SslMode {
                 "unknown sslmode `{other}` (disable, prefer, require, verify-ca or verify-full)"
             ),
         })
+    }
+}
+
+/// Limits on clients, below the router: how long a request head may take,
+/// how large it may be, how many connections may be open, and how long a
+/// shutdown waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EdgeSettings {
+    /// Longest wait for a complete request head, counted from when the
+    /// connection starts waiting for it: at accept, or when a keep-alive
+    /// connection goes idle after a response. Past it the connection is
+    /// closed without a response. This is also the idle keep-alive
+    /// timeout.
+    pub header_read_timeout: Duration,
+    /// Largest request head (request line and headers), in bytes; a larger
+    /// one is answered 431 and its connection closed.
+    pub max_header_bytes: usize,
+    /// Most connections open at once; a connection beyond them is answered
+    /// 503 and closed at once.
+    pub max_connections: usize,
+    /// On shutdown, how long in-flight requests (and responses still being
+    /// written) may take before their connections are dropped.
+    pub shutdown_grace: Duration,
+    /// Most bytes of a request body the handler left unread that are read
+    /// and thrown away so the connection can be kept; past it, the
+    /// response closes the connection.
+    pub drain_bytes: usize,
+    /// Longest time spent draining such a body before the response goes
+    /// out with `Connection: close` instead.
+    pub drain_time: Duration,
+    /// After a connection's last response, for how long at most what the
+    /// client still sends is read and thrown away, its write side already
+    /// shut down, before the socket is closed (sooner when the client
+    /// closes or goes quiet).
+    pub linger_time: Duration,
+}
+
+impl Default for EdgeSettings {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: defaults::HEADER_READ_TIMEOUT,
+            max_header_bytes: defaults::MAX_HEADER_BYTES,
+            max_connections: defaults::MAX_CONNECTIONS,
+            shutdown_grace: defaults::SHUTDOWN_GRACE,
+            drain_bytes: defaults::DRAIN_BYTES,
+            drain_time: defaults::DRAIN_TIME,
+            linger_time: defaults::LINGER_TIME,
+        }
+    }
+}
+
+impl EdgeSettings {
+    /// An error naming the first setting that would make the server refuse
+    /// or drop every request.
+    pub fn validate(&self) -> std::io::Result<()> {
+        let invalid = |what: &str| Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, what));
+        if self.header_read_timeout.is_zero() {
+            return invalid("the header read timeout must be above zero");
+        }
+        if self.max_header_bytes == 0 {
+            return invalid("the request head limit must be above zero");
+        }
+        if self.max_connections == 0 {
+            return invalid("the connection limit must be above zero");
+        }
+        Ok(())
     }
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 /// Top to bottom, as in `lib.rs`'s layer map: each may import from itself
 /// and from what follows it.
 const LAYERS: &[&str] = &[
-    "lib", "cli", "testing", "http", "service", "metrics", "domain", "cluster", "db", "settings",
+    "lib", "testing", "http", "service", "metrics", "domain", "cluster", "db", "cli", "settings",
     "logs",
 ];
 

@@ -60,6 +60,18 @@ impl<K, V> fmt::Debug for CacheBuilder<K, V> {
     }
 }
 
+impl<K, V> Cache<K, V>
+where
+    K: Clone + Eq + Hash + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    /// Starts configuring a cache. (Here rather than beside `Cache`, so
+    /// that this module uses `coalescing` and not the other way round.)
+    pub fn builder() -> CacheBuilder<K, V> {
+        CacheBuilder::default()
+    }
+}
+
 impl<K, V> Default for CacheBuilder<K, V> {
     fn default() -> Self {
         Self {

@@ -19,7 +19,6 @@ use moka::ops::compute::Op;
 
 use super::admission::Doorkeeper;
 use super::epochs::Epochs;
-use super::CacheBuilder;
 use crate::batcher::{Fill, FillFn, Filled, Stamp};
 use crate::stats::Count;
 use crate::{Batcher, Error};
@@ -190,12 +189,7 @@ where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
 {
-    /// Starts configuring a cache.
-    pub fn builder() -> CacheBuilder<K, V> {
-        CacheBuilder::default()
-    }
-
-    /// A cache over a configured moka `store`; [`CacheBuilder`] makes both.
+    /// A cache over a configured moka `store`; [`CacheBuilder`](super::CacheBuilder) makes both.
     pub(super) fn new(
         store: moka::future::Cache<K, Cached<V>>,
         source: Source<K, V>,
@@ -339,7 +333,7 @@ where
 
     /// What the cache holds for `key`, without loading anything: `None`
     /// when it holds nothing, `Some(None)` when it holds "not found" (only
-    /// with a [`negative_ttl`](CacheBuilder::negative_ttl)), else
+    /// with a [`negative_ttl`](super::CacheBuilder::negative_ttl)), else
     /// `Some(Some(value))`. A find counts as a hit; nothing else is
     /// counted.
     pub async fn get_if_present(&self, key: &K) -> Option<Option<V>> {
@@ -350,7 +344,7 @@ where
 
     /// Puts `value` for `key`: primes the cache with a row the caller
     /// already has (one it just wrote, or read some other way). The value
-    /// is stored whatever the [admission](CacheBuilder::admission) policy,
+    /// is stored whatever the [admission](super::CacheBuilder::admission) policy,
     /// and wins over loads of the key already running: as after
     /// [`invalidate`](Self::invalidate), none of them can replace it with
     /// what it read, though each still answers its own callers.

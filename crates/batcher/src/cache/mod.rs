@@ -36,10 +36,9 @@
 //!
 //! # Modules
 //!
-//! A module uses only those listed below it, except that `coalescing`'s
-//! `Cache::builder` names `builder`'s `CacheBuilder`, which builds a
-//! `Cache` (the pair name each other, as moka's `Cache` and
-//! `CacheBuilder` do). From the rest of the crate: the
+//! A module uses only those listed below it (`Cache::builder` is defined
+//! in `builder`, so `coalescing` does not name `CacheBuilder`). From the
+//! rest of the crate: the
 //! engine's handle and fill hooks (`crate::batcher`: `Stamp`, `Fill`,
 //! `FillFn`, `Filled`), and the crate's errors.
 //!

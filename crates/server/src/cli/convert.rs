@@ -9,9 +9,7 @@ use crate::settings::{
 
 use super::flags::{DbArgs, ServeArgs};
 use super::values::OnOff;
-
-/// Demo rows seeded on start, and by `seed`, into empty tables.
-pub(super) const SEED_ROWS: u64 = 1_000_000;
+use crate::settings::defaults::SEED_ROWS;
 
 impl ServeArgs {
     /// The demo rows to seed on start, (objects, `random_read_test` rows):
@@ -119,13 +117,13 @@ impl DbArgs {
 
 impl ServeArgs {
     /// The limits on clients these flags ask for.
-    pub fn edge(&self) -> crate::http::serve::EdgeSettings {
-        crate::http::serve::EdgeSettings {
+    pub fn edge(&self) -> crate::settings::EdgeSettings {
+        crate::settings::EdgeSettings {
             header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
             max_header_bytes: self.max_header_bytes,
             max_connections: self.max_connections,
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
-            ..crate::http::serve::EdgeSettings::default()
+            ..crate::settings::EdgeSettings::default()
         }
     }
 }

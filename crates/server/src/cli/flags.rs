@@ -10,11 +10,11 @@ use pgbatch::defaults as lib;
 
 use crate::settings::{defaults, AuthSettings, ReadPath, SslMode};
 
-use super::convert::SEED_ROWS;
 use super::values::{
     parse_lag, parse_sslmode, AdmissionArg, ConcurrencyArg, OnOff, PolicyArg, PoolerArg,
     ReadPathArg,
 };
+use crate::settings::defaults::SEED_ROWS;
 
 /// `d` in whole milliseconds, for a flag's default.
 const fn ms(d: Duration) -> u64 {
@@ -240,20 +240,20 @@ pub struct ServeArgs {
     /// Longest wait for a request's head, in milliseconds, from accept or
     /// from the end of the previous response; past it the connection is
     /// closed. So also how long an idle keep-alive connection stays open.
-    #[arg(long, env = "PGBATCH_HEADER_READ_TIMEOUT_MS", default_value_t = ms(crate::http::serve::DEFAULT_HEADER_READ_TIMEOUT), help_heading = "HTTP edge")]
+    #[arg(long, env = "PGBATCH_HEADER_READ_TIMEOUT_MS", default_value_t = ms(crate::settings::defaults::HEADER_READ_TIMEOUT), help_heading = "HTTP edge")]
     pub header_read_timeout_ms: u64,
     /// Largest request head (request line and headers), in bytes; a
     /// larger one gets 431.
-    #[arg(long, env = "PGBATCH_MAX_HEADER_BYTES", default_value_t = crate::http::serve::DEFAULT_MAX_HEADER_BYTES, help_heading = "HTTP edge")]
+    #[arg(long, env = "PGBATCH_MAX_HEADER_BYTES", default_value_t = crate::settings::defaults::MAX_HEADER_BYTES, help_heading = "HTTP edge")]
     pub max_header_bytes: usize,
     /// Most client connections open at once; more get 503 and are closed
     /// at once. Keep it below the open-files limit, less what the database
     /// pool needs.
-    #[arg(long, env = "PGBATCH_MAX_CONNECTIONS", default_value_t = crate::http::serve::DEFAULT_MAX_CONNECTIONS, help_heading = "HTTP edge")]
+    #[arg(long, env = "PGBATCH_MAX_CONNECTIONS", default_value_t = crate::settings::defaults::MAX_CONNECTIONS, help_heading = "HTTP edge")]
     pub max_connections: usize,
     /// On SIGINT or SIGTERM, how long in-flight requests may take to
     /// finish, in milliseconds, before their connections are dropped.
-    #[arg(long, env = "PGBATCH_SHUTDOWN_GRACE_MS", default_value_t = ms(crate::http::serve::DEFAULT_SHUTDOWN_GRACE), help_heading = "HTTP edge")]
+    #[arg(long, env = "PGBATCH_SHUTDOWN_GRACE_MS", default_value_t = ms(crate::settings::defaults::SHUTDOWN_GRACE), help_heading = "HTTP edge")]
     pub shutdown_grace_ms: u64,
 }
 

@@ -94,34 +94,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinError, JoinSet};
 use tower::ServiceExt as _;
 
-/// Default of [`EdgeSettings::header_read_timeout`]: long enough for a
-/// client on a slow link to send a few KiB of headers, short enough that a
-/// silent or trickling connection is not held for long.
-pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Default of [`EdgeSettings::max_header_bytes`]: the service's requests
-/// need a token and a path or two; 32 KiB leaves room for long object
-/// paths in the query string.
-pub const DEFAULT_MAX_HEADER_BYTES: usize = 32 * 1024;
-
-/// Default of [`EdgeSettings::max_connections`].
-pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
-
-/// Default of [`EdgeSettings::shutdown_grace`].
-pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-
-/// Default of [`EdgeSettings::drain_bytes`]: a little over the largest
-/// body the app accepts by default (1 MiB), so any body the app could
-/// have read is drained rather than costing the client its connection.
-pub const DEFAULT_DRAIN_BYTES: usize = (1 << 20) + (64 << 10);
-
-/// Default of [`EdgeSettings::drain_time`].
-pub const DEFAULT_DRAIN_TIME: Duration = Duration::from_secs(1);
-
-/// Default of [`EdgeSettings::linger_time`]: enough for a client on a slow
-/// link to read its response and close; nginx waits up to 5 s between
-/// reads (`lingering_timeout`).
-pub const DEFAULT_LINGER_TIME: Duration = Duration::from_secs(2);
+pub use crate::settings::EdgeSettings;
 
 /// How long a lingering close waits for the client to send more, or to
 /// close, before closing anyway: a client still sending a body keeps it
@@ -143,72 +116,6 @@ const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(250);
 /// At most one warning per this interval about refused connections, so a
 /// flood of them does not flood the log.
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Limits on clients, below the router: how long a request head may take,
-/// how large it may be, how many connections may be open, and how long a
-/// shutdown waits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EdgeSettings {
-    /// Longest wait for a complete request head, counted from when the
-    /// connection starts waiting for it: at accept, or when a keep-alive
-    /// connection goes idle after a response. Past it the connection is
-    /// closed without a response. This is also the idle keep-alive
-    /// timeout.
-    pub header_read_timeout: Duration,
-    /// Largest request head (request line and headers), in bytes; a larger
-    /// one is answered 431 and its connection closed.
-    pub max_header_bytes: usize,
-    /// Most connections open at once; a connection beyond them is answered
-    /// 503 and closed at once.
-    pub max_connections: usize,
-    /// On shutdown, how long in-flight requests (and responses still being
-    /// written) may take before their connections are dropped.
-    pub shutdown_grace: Duration,
-    /// Most bytes of a request body the handler left unread that are read
-    /// and thrown away so the connection can be kept; past it, the
-    /// response closes the connection.
-    pub drain_bytes: usize,
-    /// Longest time spent draining such a body before the response goes
-    /// out with `Connection: close` instead.
-    pub drain_time: Duration,
-    /// After a connection's last response, for how long at most what the
-    /// client still sends is read and thrown away, its write side already
-    /// shut down, before the socket is closed (sooner when the client
-    /// closes or goes quiet).
-    pub linger_time: Duration,
-}
-
-impl Default for EdgeSettings {
-    fn default() -> Self {
-        Self {
-            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
-            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
-            max_connections: DEFAULT_MAX_CONNECTIONS,
-            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
-            drain_bytes: DEFAULT_DRAIN_BYTES,
-            drain_time: DEFAULT_DRAIN_TIME,
-            linger_time: DEFAULT_LINGER_TIME,
-        }
-    }
-}
-
-impl EdgeSettings {
-    /// An error naming the first setting that would make the server refuse
-    /// or drop every request.
-    fn validate(&self) -> io::Result<()> {
-        let invalid = |what: &str| Err(io::Error::new(io::ErrorKind::InvalidInput, what));
-        if self.header_read_timeout.is_zero() {
-            return invalid("the header read timeout must be above zero");
-        }
-        if self.max_header_bytes == 0 {
-            return invalid("the request head limit must be above zero");
-        }
-        if self.max_connections == 0 {
-            return invalid("the connection limit must be above zero");
-        }
-        Ok(())
-    }
-}
 
 /// File descriptors kept for everything but client connections: the
 /// database pools, the listener, logs, a cap refusal's own socket.

@@ -3,19 +3,18 @@
 //! LISTEN/NOTIFY, and a lost listener never lets a cache serve a stale
 //! value after it is back.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
+use crate::support::{
+    client, get, get_as, physical_address, read_path, send, stat_uri, until, TestApp, ADMIN_TOKEN,
+};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use serde_json::Value;
 use server::db::seed::object_path;
 use server::settings::{InvalidationSettings, ReadPath, Settings};
-use support::{
-    client, get, get_as, physical_address, read_path, send, stat_uri, until, TestApp, ADMIN_TOKEN,
-};
 
 /// Two instances, each with its object and token caches, on one database.
 async fn two_instances() -> (TestApp, TestApp) {

@@ -19,13 +19,13 @@
 //! the same. The test promotes a fixed time after the fault, standing in
 //! for the manager's failure detection.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::{client, get, read_path, send, stat_uri, until, TestApp, ADMIN_TOKEN, SEEDED};
 use axum::http::StatusCode;
 use embedded_pg::Cluster;
 use pgbatch::pg::TargetSessionAttrs;
@@ -33,7 +33,6 @@ use server::db::seed::object_path;
 use server::db::Postgres;
 use server::settings::{ReadPath, Settings};
 use server::AppState;
-use support::{client, get, read_path, send, stat_uri, until, TestApp, ADMIN_TOKEN, SEEDED};
 
 const DB: &str = "pgbatch";
 

@@ -7,11 +7,13 @@
 //! Each test starts its own primary and replica (`pg_basebackup -R`,
 //! through `embedded_pg`), and two instances on them.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
+use crate::support::{
+    client, get, read_path, send, send_full, stat_uri, until, TestApp, ADMIN_TOKEN, SEEDED,
+};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use embedded_pg::{Cluster, ClusterOptions};
@@ -21,9 +23,6 @@ use server::db::Postgres;
 use server::http::position::HEADER;
 use server::settings::{Pooler, ReadPath, ReplicaSettings, Settings};
 use server::AppState;
-use support::{
-    client, get, read_path, send, send_full, stat_uri, until, TestApp, ADMIN_TOKEN, SEEDED,
-};
 
 const DB: &str = "pgbatch";
 

@@ -1,11 +1,8 @@
 //! Migrations on databases that are not fresh: one holding the seed
 //! benchmark's own table, and one migrated by an earlier release.
 
-#[path = "../support/mod.rs"]
-mod support;
-
+use crate::support::client;
 use server::db;
-use support::client;
 
 /// The seed's setup script's table (seed 000), created before the server
 /// ever ran: the server migrates around it and serves its rows.

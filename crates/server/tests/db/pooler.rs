@@ -6,11 +6,13 @@
 //! the pooler is found deaf, and the wrong setting gets an error that says
 //! so.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
+use crate::support::{
+    get, get_as, physical_address, put_object, send, stat_uri, until, ADMIN_TOKEN,
+};
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use embedded_pg::pgbouncer::{PgBouncer, PoolMode};
@@ -20,7 +22,6 @@ use server::db::seed::object_path;
 use server::db::Database;
 use server::settings::{DbSettings, Pooler, ReadPath, Settings};
 use server::{app, AppState};
-use support::{get, get_as, physical_address, put_object, send, stat_uri, until, ADMIN_TOKEN};
 
 /// A seeded cluster with PgBouncer in front of it, in `mode`, with few
 /// server connections so that clients really share them.

@@ -2,16 +2,15 @@
 //! here (a test CA signing one for `localhost`), reached through
 //! `DATABASE_URL` with each `sslmode`, as a managed Postgres would be.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::path::Path;
 
+use crate::support::{get, send, stat_uri, ADMIN_TOKEN};
 use axum::http::StatusCode;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use server::db::{self, Database, Postgres};
 use server::settings::{DbSettings, Settings};
-use support::{get, send, stat_uri, ADMIN_TOKEN};
 
 /// A CA's PEM certificate and an issuer for it.
 fn ca(name: &str) -> (String, Issuer<'static, KeyPair>) {

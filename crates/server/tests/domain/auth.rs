@@ -1,11 +1,11 @@
 //! Authentication and authorization against a real Postgres: bearer tokens
 //! stored hashed, policies per repository, and the token cache.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
+use crate::support::{client, get, get_as, send, send_full, stat_uri};
 use axum::http::StatusCode;
 use clap::Parser;
 use server::cli::{Cli, Command, TokenCommand, UserCommand};
@@ -13,7 +13,6 @@ use server::db::queries::kv::kv_pk;
 use server::db::seed::object_path;
 use server::domain::auth;
 use server::settings::{AuthSettings, CacheSettings, Settings};
-use support::{client, get, get_as, send, send_full, stat_uri};
 
 /// The default settings with the token cache on or off.
 fn auth_cache(on: bool) -> Settings {

@@ -1,15 +1,14 @@
 //! The write API against a real Postgres: upserts, deletes, NDJSON imports,
 //! repositories, permissions, and reads that see acknowledged writes.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
+use crate::support::{get, read_path, send, stat_uri, ADMIN_TOKEN, READ_PATHS};
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use serde_json::{json, Value};
 use server::db::seed::object_path;
 use server::settings::{ImportSettings, ReadPath, Settings};
-use support::{get, read_path, send, stat_uri, ADMIN_TOKEN, READ_PATHS};
 
 fn req(method: Method, uri: &str, body: impl Into<Body>) -> Request<Body> {
     Request::builder()

@@ -4,19 +4,18 @@
 //! arrive slowly. A connection reset or an early close instead of a
 //! response fails these tests.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
-use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::http1::Outcome;
+use crate::support::ADMIN_TOKEN;
 use axum::Router;
 use server::http::serve::{serve, EdgeSettings};
 use server::settings::{AuthSettings, BatchSettings, Limits, ReadPath, ReadSettings, Settings};
-use support::ADMIN_TOKEN;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
@@ -25,37 +24,6 @@ use tokio_postgres::NoTls;
 /// Longest any single wait may take: well above what each test expects,
 /// well below a hang.
 const PATIENCE: Duration = Duration::from_secs(10);
-
-/// What became of one request on a connection.
-#[derive(Debug)]
-enum Outcome {
-    /// A whole response: status, lower-cased head, body.
-    Answered(u16, String, Vec<u8>),
-    /// The connection was reset before the whole response arrived.
-    Reset,
-    /// The connection was closed before the whole response arrived.
-    Closed,
-}
-
-impl Outcome {
-    fn status(&self) -> Option<u16> {
-        match self {
-            Outcome::Answered(status, ..) => Some(*status),
-            _ => None,
-        }
-    }
-
-    fn json(&self) -> serde_json::Value {
-        match self {
-            Outcome::Answered(_, _, body) => serde_json::from_slice(body).unwrap_or_default(),
-            _ => serde_json::Value::Null,
-        }
-    }
-
-    fn closes(&self) -> bool {
-        matches!(self, Outcome::Answered(_, head, _) if head.contains("connection: close"))
-    }
-}
 
 /// A server on an ephemeral port, serving `router` with `edge`.
 struct Served {
@@ -92,42 +60,9 @@ impl Drop for Served {
     }
 }
 
-/// Reads one response with a `content-length` from `stream`.
+/// Reads one response from `stream`.
 async fn read_response(stream: &mut TcpStream) -> Outcome {
-    let read = async {
-        let mut buf = Vec::new();
-        let mut chunk = vec![0; 64 * 1024];
-        let head_end = loop {
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
-            }
-            match stream.read(&mut chunk).await {
-                Ok(0) => return Outcome::Closed,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Outcome::Reset,
-                Err(e) => panic!("reading a response: {e}"),
-            }
-        };
-        let head = String::from_utf8_lossy(&buf[..head_end]).to_lowercase();
-        let status: u16 = head[9..12].parse().expect("a status code");
-        let length: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length: "))
-            .map_or(0, |v| v.trim().parse().expect("a content length"));
-        let mut body = buf[head_end..].to_vec();
-        while body.len() < length {
-            match stream.read(&mut chunk).await {
-                Ok(0) => return Outcome::Closed,
-                Ok(n) => body.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Outcome::Reset,
-                Err(e) => panic!("reading a response body: {e}"),
-            }
-        }
-        Outcome::Answered(status, head, body)
-    };
-    tokio::time::timeout(PATIENCE, read)
-        .await
-        .expect("a response or a closed connection in time")
+    support::http1::read_response(stream, PATIENCE).await
 }
 
 /// After a response with `Connection: close`: the server ends the

@@ -1,16 +1,17 @@
 //! The HTTP API against a real Postgres: every endpoint, every kind of bad
 //! input, not-found, and naive and batched reads giving the same answers.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
+use crate::support::{
+    get, post_json, read_path, send, send_full, setup, stat_uri, READ_PATHS, SEEDED,
+};
 use axum::http::StatusCode;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use server::db::queries::kv::{kv_payload, kv_pk};
 use server::db::seed::object_path;
 use server::settings::{Limits, ReadPath, Settings};
-use support::{get, post_json, read_path, send, send_full, setup, stat_uri, READ_PATHS, SEEDED};
 
 #[tokio::test]
 async fn stat_returns_an_objects_metadata() {

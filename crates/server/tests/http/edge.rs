@@ -142,40 +142,11 @@ fn request(path: &str) -> String {
     format!("GET {path} HTTP/1.1\r\nhost: test\r\n\r\n")
 }
 
-/// Reads one response with a `content-length`: its head (lower-cased) and
-/// body.
+/// Reads one whole response: its head (lower-cased) and body.
 async fn read_response(stream: &mut TcpStream) -> (String, Vec<u8>) {
-    tokio::time::timeout(PATIENCE, async {
-        let mut buf = Vec::new();
-        let mut chunk = [0; 16 * 1024];
-        let head_end = loop {
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
-            }
-            let n = stream.read(&mut chunk).await.expect("response head");
-            assert!(n > 0, "closed before a response head: {buf:?}");
-            buf.extend_from_slice(&chunk[..n]);
-        };
-        let head = String::from_utf8(buf[..head_end].to_vec())
-            .unwrap()
-            .to_lowercase();
-        let length: usize = head
-            .lines()
-            .find_map(|line| line.strip_prefix("content-length:"))
-            .expect("a content-length")
-            .trim()
-            .parse()
-            .unwrap();
-        let mut body = buf.split_off(head_end);
-        while body.len() < length {
-            let n = stream.read(&mut chunk).await.expect("response body");
-            assert!(n > 0, "closed after {} of {length} body bytes", body.len());
-            body.extend_from_slice(&chunk[..n]);
-        }
-        (head, body)
-    })
-    .await
-    .expect("a response in time")
+    crate::support::http1::read_response(stream, PATIENCE)
+        .await
+        .answered()
 }
 
 /// Sends a GET and reads its response.

@@ -3,19 +3,18 @@
 //! reads, a frozen database hanging requests, batch requests partly queued
 //! under overload, lenient path decoding.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::{get, send, send_full, stat_uri, ADMIN_TOKEN};
 use axum::body::{Body, Bytes};
 use axum::http::{Method, Request, StatusCode};
 use futures_util::StreamExt as _;
 use serde_json::json;
 use server::settings::{BatchSettings, ImportSettings, ReadSettings, Settings, WriteSettings};
-use support::{get, send, send_full, stat_uri, ADMIN_TOKEN};
 use tokio::sync::Barrier;
 
 /// One NDJSON object line for path `p`.

@@ -5,9 +5,9 @@
 //! repository, read-only repositories, errors with a top-level `message`,
 //! credentials made through the API.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
+use crate::support::ADMIN_TOKEN;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use base64::Engine as _;
@@ -15,7 +15,6 @@ use http_body_util::BodyExt as _;
 use serde_json::{json, Value};
 use server::settings::{ReadPath, Settings};
 use std::time::Duration;
-use support::ADMIN_TOKEN;
 use tower::ServiceExt as _;
 
 fn basic(id: &str, secret: &str) -> String {

@@ -9,14 +9,13 @@
 //! for a missing permission, mtime kept, deleteObjects per path, a head
 //! commit id, limits and flags), in `tests/lakefs/fidelity.py`.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::support::{LiveServer, ADMIN_TOKEN};
 use server::settings::Settings;
-use support::{LiveServer, ADMIN_TOKEN};
 
 /// Runs `script` (in `tests/lakefs/`) with lakeFS's clients against a
 /// live server over `app`, as the admin, with `extra` in its environment.

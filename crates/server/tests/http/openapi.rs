@@ -2,17 +2,14 @@
 //! method the router serves is documented, every documented one is served,
 //! and the documented bodies have the fields the real answers have.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 use std::collections::BTreeSet;
 
+use crate::support::{get, get_as, send, setup, stat_uri};
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use serde_json::Value;
 use server::db::seed::object_path;
 use server::settings::Settings;
-use support::{get, get_as, send, setup, stat_uri};
 
 /// The paths given to a plain `.route(...)` in the router's source (the
 /// documented routes are registered from their annotations instead, see

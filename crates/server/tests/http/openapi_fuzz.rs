@@ -8,14 +8,13 @@
 //! on examples per operation, so a run takes about a minute. It fails on
 //! anything schemathesis reports, and prints its report.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::support::{LiveServer, ADMIN_TOKEN};
 use server::settings::Settings;
-use support::{LiveServer, ADMIN_TOKEN};
 
 /// Examples per operation: 30 (about a minute), or
 /// `PGBATCH_FUZZ_EXAMPLES` for a longer run by hand.

@@ -2,15 +2,14 @@
 //! and a lookup past its deadline is a 504, on both read paths. A table
 //! lock held by another session makes the database "slow" on demand.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
+use crate::support::{get, send, send_full};
 use axum::http::StatusCode;
 use server::db::queries::kv::kv_pk;
 use server::settings::{BatchSettings, ReadPath, ReadSettings, Settings};
-use support::{get, send, send_full};
 use tokio_postgres::NoTls;
 
 /// Holds an exclusive lock on `random_read_test` until `release`.

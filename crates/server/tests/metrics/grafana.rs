@@ -1,15 +1,14 @@
 //! The Grafana dashboard in `deploy/grafana/` queries only metrics the
 //! server exports, by the names a scrape shows.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 
+use crate::support::{get, post_json, read_path, send, setup, stat_uri};
 use axum::http::StatusCode;
 use server::db::seed::object_path;
 use server::settings::ReadPath;
-use support::{get, post_json, read_path, send, setup, stat_uri};
 
 const DASHBOARD: &str = include_str!("../../../../deploy/grafana/pgbatch-server.json");
 

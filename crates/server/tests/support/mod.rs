@@ -9,6 +9,8 @@ use server::settings::{CacheSettings, ReadPath, ReadSettings, Settings};
 use server::{app, AppState};
 use tower::ServiceExt;
 
+pub mod http1;
+
 /// Demo objects and `random_read_test` rows in every test database.
 pub const SEEDED: u64 = 300;
 /// The admin token of every test database.

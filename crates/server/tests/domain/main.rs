@@ -1,0 +1,10 @@
+//! The domain rules against a real database: authentication and writes.
+//!
+//! One test binary per folder, each file a module: every binary is a link
+//! of the whole server on 2 cores, so fewer binaries build faster.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod auth;
+mod writes;
