@@ -12,7 +12,7 @@
 //!
 //! ```text
 //! lib        the route table, layers and fallbacks
-//! testing    a seeded database for tests and benchmarks
+//! testing    (feature `testing`) a seeded database for tests and benchmarks
 //! http       the edge: connections (serve), observe, guard, deadlines, extractors, errors as
 //!            responses, write positions, the handlers (routes/*) and the OpenAPI document
 //! service    AppState and Pools, built from Settings; the listener applying other
@@ -42,6 +42,7 @@ pub mod logs;
 pub mod metrics;
 pub mod service;
 pub mod settings;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 use axum::extract::DefaultBodyLimit;
