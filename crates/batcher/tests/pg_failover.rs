@@ -64,6 +64,37 @@ async fn a_hung_first_host_is_passed_over_within_its_deadline() {
 }
 
 #[tokio::test]
+async fn a_connect_abandoned_on_the_next_host_leaves_it_before_the_hung_one() {
+    // A caller whose deadline is one host's (a health check, a ping)
+    // gives up just as the live host's turn begins: that says nothing of
+    // the live host, which must still be tried before the hung one.
+    let hung = embedded_pg::testing::private_cluster().await.unwrap();
+    let live = embedded_pg::testing::private_cluster().await.unwrap();
+    let _frozen = hung.freeze().unwrap();
+    let (config, attrs) = parse_config(&hosts(&[&hung, &live], "")).unwrap();
+    let host_timeout = Duration::from_millis(400);
+    let connector = Connector::new(config, tokio_postgres::NoTls)
+        .target_session_attrs(attrs)
+        .host_timeout(host_timeout);
+    let gave_up =
+        tokio::time::timeout(host_timeout + Duration::from_millis(1), connector.connect()).await;
+    assert!(gave_up.is_err(), "the hung host holds the first attempt");
+    let started = Instant::now();
+    let (client, conn) = tokio::time::timeout(Duration::from_secs(5), connector.connect())
+        .await
+        .expect("a connection within both hosts' deadlines")
+        .expect("the live host");
+    let took = started.elapsed();
+    tokio::spawn(conn);
+    let row = client.query_one("SELECT 1", &[]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 1);
+    assert!(
+        took < host_timeout,
+        "the live host was tried after the hung one: {took:?}"
+    );
+}
+
+#[tokio::test]
 async fn an_abandoned_statement_takes_its_connection_out_of_the_pool() {
     let db = embedded_pg::testing::database().await.unwrap();
     let pool = pool(db.config.clone(), &PoolOptions::with_max_size(1)).unwrap();

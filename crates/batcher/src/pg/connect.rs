@@ -503,8 +503,12 @@ where
 
     /// One host, under the host deadline: the connection, and whether the
     /// node is in recovery (when asked; false otherwise). A host whose
-    /// attempt fails, times out or is abandoned (the pool's create timeout
-    /// cancels it) is marked as failed.
+    /// attempt fails or times out is marked as failed, and so is one whose
+    /// attempt is abandoned (a caller's deadline cancels it) after it ran
+    /// for half the host deadline. One abandoned sooner proves nothing of
+    /// the host: marking it would put a live host that was tried second,
+    /// just as the caller gave up, behind the hung one tried first, and
+    /// a caller whose deadline is one host's would then never reach it.
     async fn attempt(
         &self,
         i: usize,
@@ -519,6 +523,8 @@ where
             hosts: &self.hosts,
             slot,
             armed: true,
+            started: Instant::now(),
+            telling: self.host_timeout / 2,
         };
         let result = tokio::time::timeout(self.host_timeout, async move {
             let (client, mut conn) = config.connect(tls).await?;
@@ -547,16 +553,19 @@ where
     }
 }
 
-/// Marks its host as not answering when dropped armed.
+/// Marks its host as not answering when dropped armed, once the attempt
+/// has run for `telling`.
 struct Unanswered<'a> {
     hosts: &'a Hosts,
     slot: usize,
     armed: bool,
+    started: Instant,
+    telling: Duration,
 }
 
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
-        if self.armed {
+        if self.armed && self.started.elapsed() >= self.telling {
             self.hosts.failed[self.slot].store(since_epoch().max(1) | TIMED_OUT, Ordering::Relaxed);
         }
     }

@@ -39,9 +39,13 @@
 //! hangs (a failed-over primary) is never trusted for longer. A ping that
 //! cannot be sent (no connection in time, or the send failed) is tried
 //! again at once or at the next interval, whichever is later, and does
-//! not take the listener down as long as the last ping arrived within
-//! three intervals and the timeout (about 5 s by default); then it
-//! connects again, to whichever host is the primary now.
+//! not take the listener down as long as the last ping arrived (or, for
+//! the first, the session began) within three intervals and the timeout
+//! (about 5 s by default); then it connects again, to whichever host is
+//! the primary now. A ping's connection is waited for within the pool's
+//! own bounds, which give every host its turn: after a failover that left
+//! the old primary hung, the hung host is tried first once, for its
+//! deadline, and then last.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -58,11 +62,12 @@ use crate::cluster::coherence::Coherence;
 use crate::cluster::replicas::ReadRouter;
 use crate::db::queries::objects::ObjectKey;
 use crate::db::queries::system;
+use crate::db::tls::Tls;
 use crate::db::Postgres;
 use crate::domain::auth::Authenticator;
 use crate::domain::reads::{Change, Reads};
 use crate::settings::InvalidationSettings;
-use pgbatch::pg::Pool;
+use pgbatch::pg::{Connector, Pool};
 
 /// The notification channel the triggers send on.
 pub const CHANNEL: &str = "pgbatch_invalidate";
@@ -168,12 +173,29 @@ pub async fn listen(
     settings: InvalidationSettings,
     stop: CancellationToken,
 ) {
+    let mut config = target.config.clone();
+    config
+        .application_name(APPLICATION_NAME)
+        // The kernel gives up on a peer that stopped answering, even
+        // between pings.
+        .keepalives(true)
+        .keepalives_idle(settings.ping_every)
+        .tcp_user_timeout(settings.ping_every + settings.ping_timeout);
+    // Each host gets the ping timeout (connect, login, the role check): a
+    // hung first host, an old primary after a failover, does not use up
+    // the others' time. The primary is whichever host takes writes now.
+    // One connector for every session, so a host that hung is tried last
+    // the next time too.
+    let connector = target
+        .connector()
+        .with_config(config)
+        .host_timeout(settings.ping_timeout);
     let mut backoff = settings.reconnect_min;
     loop {
         let started = Instant::now();
         let result = tokio::select! {
             () = stop.cancelled() => return,
-            r = session(&target, &sender, &caches, &coherence, &settings) => r,
+            r = session(&connector, &sender, &caches, &coherence, &settings) => r,
         };
         coherence.failed();
         // A connection that lasted starts the backoff over; one that keeps
@@ -200,25 +222,13 @@ const BACKLOG: usize = 10_000;
 /// One connection's life: connect, LISTEN, flush, prove delivery, then
 /// apply notifications until the connection fails or a ping goes unheard.
 async fn session(
-    target: &Postgres,
+    connector: &Connector<Tls>,
     sender: &Pool,
     caches: &Caches,
     coherence: &Coherence,
     settings: &InvalidationSettings,
 ) -> anyhow::Result<()> {
     let step = settings.ping_timeout;
-    let mut config = target.config.clone();
-    config
-        .application_name(APPLICATION_NAME)
-        // The kernel gives up on a peer that stopped answering, even
-        // between pings.
-        .keepalives(true)
-        .keepalives_idle(settings.ping_every)
-        .tcp_user_timeout(settings.ping_every + step);
-    // Each host gets `step` (connect, login, the role check): a hung first
-    // host, an old primary after a failover, does not use up the others'
-    // time. The primary is whichever host takes writes now.
-    let connector = target.connector().with_config(config).host_timeout(step);
     let (client, mut connection) = connector.connect().await.context("could not connect")?;
     let (tx, mut notifications) = mpsc::channel(BACKLOG);
     // The connection's messages are read by a task of its own: the client
@@ -258,19 +268,22 @@ async fn session(
     if caches.router.has_replicas() {
         settle(&client, &caches.router, caches.router.ticket(), step).await?;
     }
-    // The first ping must arrive before the caches are used at all.
-    let mut first = Ping::new();
-    first.send(sender, step).await?;
+    // The first ping must arrive before the caches are used at all. Pings
+    // are sent while notifications go on being applied: a send may wait
+    // for a connection (every host's turn, a hung one's first) and on a
+    // slow database, and the invalidations must not. A ping that cannot
+    // be sent is tried again, the first one too, until the listener has
+    // gone unproved for too long (`unproved_limit`, from the session's
+    // start for the first one).
+    // The ping is expected (`ping`) before it is sent: Postgres may signal
+    // the listener before it answers the sender.
+    let first = Ping::new();
+    let mut sending: Option<Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send + '_>>> =
+        Some(Box::pin(Ping::notify(sender, first.nonce.clone(), step)));
     let mut ping = Some(first);
     let mut proved = false;
     let mut last_proof = Instant::now();
     let mut next_ping = Instant::now() + settings.ping_every;
-    // Later pings are sent while notifications go on being applied: a
-    // send may wait on a slow database for as long as `step`, and the
-    // invalidations must not.
-    // The ping is expected (`ping`) before it is sent: Postgres may signal
-    // the listener before it answers the sender.
-    let mut sending: Option<Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send + '_>>> = None;
     loop {
         tokio::select! {
             n = notifications.recv() => {
@@ -373,28 +386,24 @@ impl Ping {
         }
     }
 
-    /// Sends it, and sets when it is due.
-    async fn send(&mut self, sender: &Pool, step: std::time::Duration) -> anyhow::Result<()> {
-        Self::notify(sender, self.nonce.clone(), step).await?;
-        self.due = Some(Instant::now() + step);
-        Ok(())
-    }
-
     /// Sends `nonce` on [`PING_CHANNEL`] from one of `sender`'s
     /// connections: another connection than the listener's, since a pooler
     /// may deliver a client's own notification to it and nothing else.
+    ///
+    /// The connection is waited for within the pool's own bounds, whose
+    /// create timeout gives every host its turn: under the ping's `step`,
+    /// one host's deadline, a hung old primary tried first would use it
+    /// all, and no ping could be sent after a failover. The NOTIFY itself
+    /// has `step`.
     async fn notify(sender: &Pool, nonce: String, step: std::time::Duration) -> anyhow::Result<()> {
-        let sent = async {
-            let client = crate::db::lease(sender).await?;
-            let sent = system::notify(&**client, PING_CHANNEL, &nonce).await;
-            client.settle(&sent);
-            sent?;
-            anyhow::Ok(())
-        };
-        tokio::time::timeout(step, sent)
+        let client = crate::db::lease(sender)
             .await
-            .context("sending a ping timed out")?
-            .context("sending a ping failed")
+            .context("no connection to send a ping from")?;
+        let sent = tokio::time::timeout(step, system::notify(&**client, PING_CHANNEL, &nonce))
+            .await
+            .context("sending a ping timed out")?;
+        client.settle(&sent);
+        sent.context("sending a ping failed")
     }
 }
 

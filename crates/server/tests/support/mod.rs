@@ -290,20 +290,6 @@ impl LiveServer {
     }
 }
 
-/// As [`until`], with a bound of `limit`; returns how long it took.
-pub async fn until_within(
-    what: &str,
-    limit: std::time::Duration,
-    mut done: impl FnMut() -> bool,
-) -> std::time::Duration {
-    let start = std::time::Instant::now();
-    while !done() {
-        assert!(start.elapsed() < limit, "never within {limit:?}: {what}");
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
-    start.elapsed()
-}
-
 /// Polls `done` every millisecond until it holds; panics naming `what`
 /// after 20 s (background work such as a listener or a replica poll).
 pub async fn until(what: &str, mut done: impl FnMut() -> bool) {
