@@ -285,7 +285,8 @@ pub struct Connector<T> {
 #[derive(Debug)]
 struct Hosts {
     /// Per host, when it last failed, in milliseconds after [`epoch`]
-    /// (0: not lately), with [`TIMED_OUT`] set when it did not answer.
+    /// (0: not lately), with [`TIMED_OUT`] set when it did not answer in
+    /// time and [`ABANDONED`] when its caller gave up first.
     failed: Box<[AtomicU64]>,
     /// The host the last connection went to, plus one (0: none yet).
     landed: AtomicUsize,
@@ -298,6 +299,18 @@ struct Hosts {
 /// tried after those that answered and refused (a standby that may be
 /// promoted any moment).
 const TIMED_OUT: u64 = 1 << 63;
+
+/// Set in [`Hosts::failed`] for a host whose attempt was abandoned (its
+/// caller's deadline passed first): tried after those that refused and
+/// before those that did not answer in their whole deadline. An attempt
+/// abandoned early proves little of its host: it may have begun just as
+/// the caller gave up, a hung host tried first having used up its time,
+/// and putting it behind the hung host would make every caller with as
+/// short a deadline wait for the hung one again.
+const ABANDONED: u64 = 1 << 62;
+
+/// The time part of a [`Hosts::failed`] mark.
+const MARK_TIME: u64 = !(TIMED_OUT | ABANDONED);
 
 impl Hosts {
     fn new(n: usize) -> Arc<Self> {
@@ -476,15 +489,16 @@ where
     }
 
     /// Host indexes to try: those that have not failed lately in their
-    /// order, then those that refused lately, then those that did not
-    /// answer, each the longest ago first.
+    /// order, then those that refused lately, then those whose attempt
+    /// was abandoned, then those that did not answer, each the longest ago
+    /// first.
     fn order(&self) -> Vec<usize> {
         let now = since_epoch();
         let failed = &self.hosts.failed;
         let mut order: Vec<(u64, usize)> = (0..failed.len())
             .map(|i| {
                 let mark = failed[i].load(Ordering::Relaxed);
-                let at = mark & !TIMED_OUT;
+                let at = mark & MARK_TIME;
                 let recent = mark != 0 && now.saturating_sub(at) < millis(FAILED_HOST_MEMORY);
                 (if recent { mark } else { 0 }, i)
             })
@@ -503,12 +517,9 @@ where
 
     /// One host, under the host deadline: the connection, and whether the
     /// node is in recovery (when asked; false otherwise). A host whose
-    /// attempt fails or times out is marked as failed, and so is one whose
-    /// attempt is abandoned (a caller's deadline cancels it) after it ran
-    /// for half the host deadline. One abandoned sooner proves nothing of
-    /// the host: marking it would put a live host that was tried second,
-    /// just as the caller gave up, behind the hung one tried first, and
-    /// a caller whose deadline is one host's would then never reach it.
+    /// attempt fails, times out or is abandoned (a caller's deadline
+    /// cancels it) is marked as failed, each in its class (see
+    /// [`ABANDONED`]).
     async fn attempt(
         &self,
         i: usize,
@@ -523,8 +534,6 @@ where
             hosts: &self.hosts,
             slot,
             armed: true,
-            started: Instant::now(),
-            telling: self.host_timeout / 2,
         };
         let result = tokio::time::timeout(self.host_timeout, async move {
             let (client, mut conn) = config.connect(tls).await?;
@@ -553,20 +562,17 @@ where
     }
 }
 
-/// Marks its host as not answering when dropped armed, once the attempt
-/// has run for `telling`.
+/// Marks its host as abandoned when dropped armed.
 struct Unanswered<'a> {
     hosts: &'a Hosts,
     slot: usize,
     armed: bool,
-    started: Instant,
-    telling: Duration,
 }
 
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
-        if self.armed && self.started.elapsed() >= self.telling {
-            self.hosts.failed[self.slot].store(since_epoch().max(1) | TIMED_OUT, Ordering::Relaxed);
+        if self.armed {
+            self.hosts.failed[self.slot].store(since_epoch().max(1) | ABANDONED, Ordering::Relaxed);
         }
     }
 }
@@ -882,6 +888,10 @@ mod tests {
         // A host that did not answer goes after one that refused later.
         failed[0].store(since_epoch().max(1) | TIMED_OUT, Ordering::Relaxed);
         assert_eq!(connector.order(), [1, 2, 0]);
+        // One abandoned later goes before it: its caller's deadline may
+        // have passed just as its turn began.
+        failed[1].store((since_epoch().max(3) + 2) | ABANDONED, Ordering::Relaxed);
+        assert_eq!(connector.order(), [2, 1, 0]);
     }
 
     #[test]
