@@ -27,6 +27,8 @@
 //! | `pgbatch_batcher_queue_wait_seconds` | histogram | a request's wait from enqueue to its load's start |
 //! | `pgbatch_batcher_loads_in_flight` | gauge | loads running |
 //! | `pgbatch_batcher_concurrency_limit` | gauge | loads allowed at once (the automatic limit where it stands) |
+//! | `pgbatch_batcher_load_duration_least_seconds` | gauge | the automatic limit's least window mean load time |
+//! | `pgbatch_batcher_load_duration_recent_seconds` | gauge | the automatic limit's last window mean load time |
 //! | `pgbatch_batcher_pending_keys` | gauge | keys gathered for the next load |
 //! | `pgbatch_batcher_queued_requests` | gauge | requests not yet taken by the worker |
 //! | `pgbatch_batcher_shed_total` | counter | requests refused because the queue was full |
@@ -67,6 +69,8 @@ const SECONDS_PER_NANO: f64 = 1e-9;
 pub(crate) struct Gauges {
     pub(crate) in_flight: Gauge,
     pub(crate) limit: Gauge,
+    pub(crate) load_least: Gauge,
+    pub(crate) load_recent: Gauge,
     pub(crate) pending: Gauge,
     pub(crate) queued: Gauge,
 }
@@ -116,6 +120,8 @@ pub(crate) fn export_batcher(stats: &Stats, name: &str) {
     let _ = stats.gauges.set(Gauges {
         in_flight: gauge!("pgbatch_batcher_loads_in_flight", &label),
         limit: gauge!("pgbatch_batcher_concurrency_limit", &label),
+        load_least: gauge!("pgbatch_batcher_load_duration_least_seconds", &label),
+        load_recent: gauge!("pgbatch_batcher_load_duration_recent_seconds", &label),
         pending: gauge!("pgbatch_batcher_pending_keys", &label),
         queued: gauge!("pgbatch_batcher_queued_requests", &label),
     });
@@ -207,6 +213,16 @@ fn describe_batcher() {
         "pgbatch_batcher_concurrency_limit",
         Unit::Count,
         "Loads allowed at once: the automatic limit where it stands, or the fixed one."
+    );
+    describe_gauge!(
+        "pgbatch_batcher_load_duration_least_seconds",
+        Unit::Seconds,
+        "The automatic limit's least mean load time of a measurement window since the world last changed."
+    );
+    describe_gauge!(
+        "pgbatch_batcher_load_duration_recent_seconds",
+        Unit::Seconds,
+        "The automatic limit's last measurement window's mean load time."
     );
     describe_gauge!(
         "pgbatch_batcher_pending_keys",

@@ -188,6 +188,10 @@ pub(crate) struct Stats {
     pub(crate) timed_out_batches: Count,
     pub(crate) pending_keys: AtomicU64,
     pub(crate) in_flight_batches: AtomicU64,
+    /// The automatic limit's least and latest window mean load times, in
+    /// nanoseconds (0: none yet, or a fixed limit).
+    pub(crate) load_time_least: AtomicU64,
+    pub(crate) load_time_recent: AtomicU64,
     pub(crate) batch_size: Histogram<12>,
     pub(crate) queue_wait: Histogram<24>,
     pub(crate) load_duration: Histogram<24>,
@@ -214,6 +218,8 @@ impl Stats {
             timed_out_batches: Count::new(),
             pending_keys: AtomicU64::new(0),
             in_flight_batches: AtomicU64::new(0),
+            load_time_least: AtomicU64::new(0),
+            load_time_recent: AtomicU64::new(0),
             batch_size: Histogram::new(&SIZE_BOUNDS),
             queue_wait: Histogram::new(&DURATION_BOUNDS),
             load_duration: Histogram::new(&DURATION_BOUNDS),
@@ -228,6 +234,17 @@ impl Stats {
 
     pub(crate) fn record_duration<const N: usize>(h: &Histogram<N>, d: Duration) {
         h.record(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    }
+
+    /// Records the automatic limit's window load times.
+    pub(crate) fn set_load_times(&self, least: Option<Duration>, recent: Option<Duration>) {
+        let ns = |d: Option<Duration>| {
+            d.map_or(0, |d| {
+                u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1)
+            })
+        };
+        self.load_time_least.store(ns(least), Relaxed);
+        self.load_time_recent.store(ns(recent), Relaxed);
     }
 
     pub(crate) fn snapshot(&self, queued: usize, concurrency_limit: usize) -> StatsSnapshot {
@@ -249,6 +266,8 @@ impl Stats {
             queued: queued as u64,
             pending_keys: self.pending_keys.load(Relaxed),
             in_flight_batches: self.in_flight_batches.load(Relaxed),
+            load_time_least: nanos(self.load_time_least.load(Relaxed)),
+            load_time_recent: nanos(self.load_time_recent.load(Relaxed)),
             batch_size: self.batch_size.snapshot(),
             queue_wait: self.queue_wait.snapshot(),
             load_duration: self.load_duration.snapshot(),
@@ -303,12 +322,25 @@ pub struct StatsSnapshot {
     /// [`Concurrency`](crate::Concurrency), or where the automatic one
     /// stands.
     pub concurrency_limit: u64,
+    /// Under the automatic limit, the least mean load time of a
+    /// measurement window since the world last changed (about 50 ms of
+    /// loads each): a load's time with the least queueing in the database.
+    pub load_time_least: Option<Duration>,
+    /// Under the automatic limit, the last window's mean load time. Well
+    /// above [`load_time_least`](Self::load_time_least) with no more keys
+    /// per second means loads queue in the database.
+    pub load_time_recent: Option<Duration>,
     /// Distinct keys per dispatched batch.
     pub batch_size: HistogramSnapshot,
     /// Time from a request's enqueue to its batch's dispatch, in nanoseconds.
     pub queue_wait: HistogramSnapshot,
     /// Time from dispatch to the loader's completion, in nanoseconds.
     pub load_duration: HistogramSnapshot,
+}
+
+/// A stored duration in nanoseconds, 0 meaning none.
+fn nanos(ns: u64) -> Option<Duration> {
+    (ns != 0).then(|| Duration::from_nanos(ns))
 }
 
 #[cfg(test)]

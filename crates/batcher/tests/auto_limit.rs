@@ -174,6 +174,11 @@ async fn shrinks_when_more_loads_only_get_in_each_others_way() {
     tokio::time::sleep(Duration::from_secs(4)).await;
     let (_, high) = measure(&b, &served, Duration::from_millis(500)).await;
     assert!(high >= 12, "limit {high} far away");
+    let far = b.stats();
+    let (least, recent) = (far.load_time_least.unwrap(), far.load_time_recent.unwrap());
+    // The round trip: no load is quicker, and none queues.
+    assert!(least >= Duration::from_millis(5), "{least:?}");
+    assert!(recent < least * 2, "{recent:?} against {least:?}");
     // Then next to a 2-core database: loads beyond two slow each other
     // down, so fewer loads serve more.
     model.set(|w| {

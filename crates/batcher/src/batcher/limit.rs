@@ -28,40 +28,53 @@
 //!
 //! # How the limit moves
 //!
-//! A hill climb with memory:
+//! A hill climb with memory, that settles at the knee: the fewest loads
+//! that reach the throughput. Past the knee more loads add nothing but
+//! queueing in the database and smaller batches, which cost it more per
+//! key, so the burden of proof is always on more loads:
 //! - every limit tried keeps a smoothed score;
 //! - from the current limit ("home") a probe tries a neighbour, half as
-//!   many again or a third fewer (at least one away), for one window. A
-//!   probe that scores better by more than the noise home's own windows
-//!   show (and at least 2%) becomes home, and so does a probe one step
-//!   down that scores no worse (fewer loads win ties: bigger batches cost
-//!   the database less per key). The climb then goes on in that
+//!   many again or a third fewer (at least one away). A probe to fewer
+//!   loads becomes home when it scores within 2% of home; a probe to more
+//!   loads must beat home by more than the noise home's own windows show
+//!   (and at least 2%). Either must pass in one window and then in the
+//!   mean of that window and one more, and is judged on those windows
+//!   alone, never on what that limit scored before: one window that passes
+//!   is as often luck, a limit moved by luck stays there until luck moves
+//!   it back, and an old score was measured in another world. The climb then goes on in that
 //!   direction, each step up twice the last, so a long gentle slope takes
-//!   a few windows (down, a third of home each time: a short way, where an
-//!   overshoot on a lucky window lands on the steep side);
-//!   otherwise the limit returns home, and soon tries one step that way
-//!   (the next probe that way after that is coarse again);
+//!   a few windows (down, a third of home each time); otherwise the limit
+//!   returns home, and soon tries one step that way (the next probe that
+//!   way after that is coarse again);
 //! - home's neighbours are probed again from time to time, one side at a
 //!   time: after 6 windows at first, twice as long after each one-step
 //!   probe that fails (up to 48), so a limit that keeps proving right costs
-//!   ever fewer windows at a worse one;
+//!   ever fewer windows at a worse one; of two probes owed, the one to
+//!   fewer loads goes first;
 //! - when home's score moves far beyond its noise in two windows running
 //!   (the database slowed down, the round trip changed, a competing load
 //!   started or stopped), every other score is forgotten and both
 //!   neighbours are probed at once, so the climb starts again from where it
-//!   is rather than trusting measurements of another world.
+//!   is rather than trusting measurements of another world;
+//! - the first window, which pays for the start (connections opened,
+//!   statements prepared), is not scored, and the noise starts at 5%
+//!   until home's windows measure it.
 //!
 //! The failure modes of adaptive limiters this avoids:
 //! - *a stale baseline* (Vegas's and Envoy's minimum round trip): there is
 //!   none; a probe is compared with a fresh measurement of home;
-//! - *oscillation and drift on noise*: a move needs a margin above the
-//!   measured noise, a probe lasts one window, and one odd window is not a
+//! - *oscillation and drift on noise*: a move needs two windows, a move
+//!   up a margin above the measured noise, and one odd window is not a
 //!   changed world;
 //! - *collapse under a noisy neighbour*: a slower world lowers every score
-//!   alike, and the limit moves only when a neighbour does better in that
+//!   alike, and the limit moves only when a neighbour does as well in that
 //!   same world; it never leaves `min..=max`;
 //! - *learning from idle time*: a window in which the limit never held a
 //!   batch back says nothing about the limit and is not scored.
+//!
+//! The tests drive it through a simulated database (`limit/sim.rs`): a
+//! closed loop of callers over loads that run on a fixed number of
+//! workers, each load costing a fixed part plus a part per key.
 //!
 //! This module is plain arithmetic on what the worker reports, with time
 //! passed in, so its unit tests need no runtime.
@@ -86,6 +99,10 @@ const MIN_SETTLE: Duration = Duration::from_millis(2);
 /// A probe must beat home's score by at least this fraction, and by more
 /// than home's measured noise, to become home.
 const MARGIN: f64 = 0.02;
+/// A probe to fewer loads becomes home when it scores within this
+/// fraction of home: the limit settles at the fewest loads that reach the
+/// throughput, not wherever noise left it.
+const KNEE_TOLERANCE: f64 = 0.02;
 /// Home's score moving by more than this fraction (and by three times its
 /// noise) in two windows running means the world changed.
 const SHIFT: f64 = 0.3;
@@ -97,6 +114,10 @@ const PROBE_EVERY_MIN: u32 = 6;
 const PROBE_EVERY_MAX: u32 = 48;
 /// Weight of a new window in a limit's smoothed score.
 const SMOOTHING: f64 = 0.3;
+/// Home's noise before any window measured it (natural log): a shared
+/// machine's 50 ms windows stray by 4-10% (BENCHMARKS §2), and a first
+/// probe judged against no noise at all wins on luck.
+const NOISE_PRIOR: f64 = 0.05;
 /// Weight of a new window in home's noise estimate.
 const NOISE_SMOOTHING: f64 = 0.2;
 /// Weight of a new load in the smoothed load duration.
@@ -135,6 +156,8 @@ struct Window {
     /// Response times of the served callers, added up.
     response: Duration,
     batches: u32,
+    /// The loads' times, added up.
+    load: Duration,
     /// A due batch found every slot the limit allows taken.
     held_back: bool,
 }
@@ -146,6 +169,7 @@ impl Window {
             served: 0,
             response: Duration::ZERO,
             batches: 0,
+            load: Duration::ZERO,
             held_back: false,
         }
     }
@@ -194,8 +218,17 @@ pub(crate) struct AutoLimit {
     noise: f64,
     /// The last home window strayed beyond a shift, this way (+1 or -1).
     strayed: Option<f64>,
+    /// A window was measured (and not scored: see `judge`).
+    warm: bool,
+    /// The first window's score of a probe that passed, while a second
+    /// window confirms it.
+    confirming: Option<f64>,
     /// Smoothed duration of a load, which sets the settling time.
     load_time: Option<Duration>,
+    /// The least and the latest scored window's mean load time; the
+    /// least is forgotten when the world changes.
+    least_load: Option<Duration>,
+    recent_load: Option<Duration>,
     window: Window,
     /// Windows scored, for tests to step window by window.
     #[cfg(test)]
@@ -224,9 +257,13 @@ impl AutoLimit {
             probe_every: PROBE_EVERY_MIN,
             streak: 0,
             scores: Vec::new(),
-            noise: 0.0,
+            noise: NOISE_PRIOR,
             strayed: None,
+            warm: false,
+            confirming: None,
             load_time: None,
+            least_load: None,
+            recent_load: None,
             window: Window::starting(now),
             #[cfg(test)]
             judged: 0,
@@ -237,6 +274,12 @@ impl AutoLimit {
     #[cfg(test)]
     pub(crate) fn limit(&self) -> usize {
         self.limit
+    }
+
+    /// The least and the latest scored window's mean load time (see
+    /// `StatsSnapshot::load_time_least`).
+    pub(crate) fn load_times(&self) -> (Option<Duration>, Option<Duration>) {
+        (self.least_load, self.recent_load)
     }
 
     /// Keys waited because of the limit (see `policy::held_by_limit`): the
@@ -266,6 +309,7 @@ impl AutoLimit {
         w.served += served as u64;
         w.response += response;
         w.batches += 1;
+        w.load += load;
         let elapsed = now - w.from;
         let done = (elapsed >= MIN_WINDOW && w.batches >= MIN_BATCHES) || elapsed >= MAX_WINDOW;
         if !done {
@@ -310,6 +354,13 @@ impl AutoLimit {
             self.judged += 1;
         }
         let at_home = self.probing.is_none();
+        if !std::mem::replace(&mut self.warm, true) {
+            // The first window pays for the start (connections opened,
+            // statements prepared): scored, it would make any probe look
+            // better.
+            self.window = Window::starting(now);
+            return;
+        }
         if at_home && !window.held_back {
             // The limit held nothing back: this window says nothing about
             // it. Keep it, and measure again.
@@ -317,6 +368,11 @@ impl AutoLimit {
             return;
         }
         let score = window.score();
+        if window.batches > 0 {
+            let mean = window.load / window.batches;
+            self.recent_load = Some(mean);
+            self.least_load = Some(self.least_load.map_or(mean, |least| least.min(mean)));
+        }
         tracing::trace!(
             limit = self.limit,
             home = self.home,
@@ -325,6 +381,7 @@ impl AutoLimit {
             noise = self.noise,
             served = window.served,
             batches = window.batches,
+            load_ms = self.recent_load.map_or(0.0, |d| d.as_secs_f64() * 1e3),
             "concurrency window"
         );
         if at_home {
@@ -333,7 +390,14 @@ impl AutoLimit {
             self.record(self.limit, score);
         }
         let next = match self.probing.take() {
-            Some(dir) => self.after_probe(dir),
+            Some(dir) => match self.after_probe(dir, score) {
+                Some(next) => next,
+                None => {
+                    // Measured again as it is.
+                    self.window = Window::starting(now);
+                    return;
+                }
+            },
             None => self.at_home(),
         };
         self.set(next, now);
@@ -379,33 +443,56 @@ impl AutoLimit {
         for s in &mut self.scores {
             *s = None;
         }
+        self.least_load = self.recent_load;
         self.record(home, score);
         self.owed = [true, true];
         self.fine = [false, false];
     }
 
     /// The next limit after a probe in `dir` from home.
-    fn after_probe(&mut self, dir: Direction) -> usize {
+    fn after_probe(&mut self, dir: Direction, score: f64) -> Option<usize> {
         let probe = self.limit;
-        let margin = MARGIN.max(self.noise.exp_m1());
-        let better = match (self.score(probe), self.score(self.home)) {
-            // A move must beat home by more than the noise, but one step
-            // down wins a tie: bigger batches cost the database less per
-            // key and leave it room for other work, and on a flat top this
-            // keeps the limit from staying up where lucky windows took it.
-            // Only one step: a coarse move down on a tie, again and again,
-            // walks off the top's far edge faster than noisy probes up can
-            // climb back.
-            (Some(p), Some(h)) => {
-                if dir == Direction::Down && probe.abs_diff(self.home) == 1 {
-                    p >= h
+        let Some(home) = self.score(self.home) else {
+            return Some(self.after_verdict(dir, probe, true));
+        };
+        // Judged on this probe's own windows, never on what the limit
+        // scored in an earlier probe: the world may have moved since, by
+        // less than a changed world, and a stale score decides wrong.
+        let passes = |x: f64| match dir {
+            // More loads must beat home by more than the noise.
+            Direction::Up => x > home * (1.0 + MARGIN.max(self.noise.exp_m1())),
+            // Fewer loads need only come within the tolerance: past the
+            // knee more loads add no throughput, only queueing and smaller
+            // batches, which cost the database more per key. The fewest
+            // that keep up are the knee.
+            Direction::Down => x >= home * (1.0 - KNEE_TOLERANCE),
+        };
+        // In two windows: one window that passes is as often luck, and a
+        // limit moved by luck stays there until luck moves it back.
+        let better = match self.confirming.take() {
+            None if passes(score) => {
+                self.confirming = Some(score);
+                self.probing = Some(dir);
+                return None;
+            }
+            None => false,
+            Some(first) => {
+                let mean = (first + score) / 2.0;
+                if passes(mean) {
+                    // Its score, fresh, for the probes from it.
+                    self.scores[probe - 1] = Some(mean);
+                    true
                 } else {
-                    p > h * (1.0 + margin)
+                    false
                 }
             }
-            (Some(_), None) => true,
-            _ => false,
         };
+        Some(self.after_verdict(dir, probe, better))
+    }
+
+    /// The next limit once a probe in `dir` to `probe` is judged `better`
+    /// than home or not.
+    fn after_verdict(&mut self, dir: Direction, probe: usize, better: bool) -> usize {
         if !better {
             self.streak = 0;
             if probe.abs_diff(self.home) > 1 {
@@ -453,7 +540,9 @@ impl AutoLimit {
         if self.strayed.is_some() {
             return self.home; // see whether the world changed first
         }
-        for dir in [Direction::Up, Direction::Down] {
+        // Fewer loads first: of two owed probes, the one that may spare
+        // the database.
+        for dir in [Direction::Down, Direction::Up] {
             if !std::mem::take(&mut self.owed[dir as usize]) {
                 continue;
             }
@@ -475,7 +564,11 @@ impl AutoLimit {
 }
 
 #[cfg(test)]
+mod sim;
+
+#[cfg(test)]
 mod tests {
+    use super::sim::{knee, sweep, Limit, Sim, World};
     use super::*;
 
     /// Drives `limit` through `windows` windows of a modelled system in
@@ -634,5 +727,116 @@ mod tests {
         limit.fine[Direction::Down as usize] = true;
         assert_eq!(limit.neighbour(12, Direction::Down), Some(11));
         assert_eq!(limit.neighbour(12, Direction::Up), Some(16));
+    }
+
+    /// The median of `xs`.
+    fn median_of(xs: &[usize]) -> usize {
+        let mut xs = xs.to_vec();
+        xs.sort_unstable();
+        xs[xs.len() / 2]
+    }
+
+    /// Auto in `world` for `warmup` and then `length`, from a fresh
+    /// search between 1 and `max`.
+    fn auto_in(world: &World, max: usize, warmup: Duration, length: Duration) -> sim::Measured {
+        let mut sim = Sim::new(world, 11);
+        let mut auto = AutoLimit::new(1, max, sim.now());
+        sim.run(world, Limit::Auto(&mut auto), warmup);
+        sim.run(world, Limit::Auto(&mut auto), length)
+    }
+
+    #[test]
+    fn settles_at_the_knee_of_a_cpu_bound_database() {
+        let world = World::cpu_bound();
+        let fixed = sweep(&world, 16, Duration::from_secs(2));
+        let best = fixed.iter().copied().fold(0.0, f64::max);
+        let knee = knee(&fixed, 0.03);
+        let auto = auto_in(&world, 16, Duration::from_secs(1), Duration::from_secs(10));
+        let limit = median_of(&auto.limits);
+        assert!(
+            (knee..=knee + 1).contains(&limit),
+            "settled at {limit}, the knee is {knee}: fixed {fixed:?}"
+        );
+        assert!(
+            auto.per_sec >= 0.95 * best,
+            "{:.0} of the best fixed {best:.0}: fixed {fixed:?}",
+            auto.per_sec
+        );
+    }
+
+    #[test]
+    fn climbs_to_the_pool_when_the_round_trip_dominates() {
+        let world = World {
+            round_trip: Duration::from_millis(5),
+            ..World::cpu_bound()
+        };
+        let fixed = sweep(&world, 16, Duration::from_secs(2));
+        let best = fixed.iter().copied().fold(0.0, f64::max);
+        let knee = knee(&fixed, 0.03);
+        assert!(knee >= 10, "the round trip dominates: {fixed:?}");
+        let auto = auto_in(&world, 16, Duration::from_secs(2), Duration::from_secs(5));
+        assert!(median_of(&auto.limits) >= knee, "{:?}", auto.limits);
+        assert!(auto.per_sec >= 0.95 * best, "{} of {best}", auto.per_sec);
+    }
+
+    #[test]
+    fn follows_a_slowdown_and_a_speedup_within_two_seconds() {
+        let fast = World {
+            round_trip: Duration::from_millis(2),
+            ..World::cpu_bound()
+        };
+        let slow = World {
+            per_load: fast.per_load * 4,
+            per_key: fast.per_key * 4,
+            ..fast
+        };
+        let length = Duration::from_secs(2);
+        let (fast_knee, slow_knee) = (
+            knee(&sweep(&fast, 16, length), 0.03),
+            knee(&sweep(&slow, 16, length), 0.03),
+        );
+        assert!(fast_knee > slow_knee, "{fast_knee} {slow_knee}");
+        let mut sim = Sim::new(&fast, 5);
+        let mut auto = AutoLimit::new(1, 16, sim.now());
+        sim.run(&fast, Limit::Auto(&mut auto), Duration::from_secs(10));
+        for (world, knee) in [(slow, slow_knee), (fast, fast_knee)] {
+            sim.run(&world, Limit::Auto(&mut auto), Duration::from_secs(2));
+            let after = sim.run(&world, Limit::Auto(&mut auto), Duration::from_secs(3));
+            let limit = median_of(&after.limits);
+            assert!(
+                limit.abs_diff(knee) <= 1,
+                "at {limit} 2 s after the change, the knee is {knee}: {:?}",
+                after.limits
+            );
+        }
+    }
+
+    #[test]
+    fn does_not_drift_up_over_a_minute() {
+        let world = World::cpu_bound();
+        let knee = knee(&sweep(&world, 16, Duration::from_secs(2)), 0.03);
+        let mut sim = Sim::new(&world, 3);
+        let mut auto = AutoLimit::new(1, 16, sim.now());
+        let mut medians = Vec::new();
+        let mut means = Vec::new();
+        for _ in 0..6 {
+            let ten = sim.run(&world, Limit::Auto(&mut auto), Duration::from_secs(10));
+            medians.push(median_of(&ten.limits));
+            means.push(ten.limits.iter().sum::<usize>() as f64 / ten.limits.len() as f64);
+        }
+        assert!(
+            medians.iter().all(|&m| (knee..=knee + 1).contains(&m)),
+            "medians per 10 s {medians:?}, the knee is {knee}"
+        );
+        // The first half's mean against the second's (the first 10 s
+        // include the climb).
+        let (first, second) = (
+            means[1..3].iter().sum::<f64>() / 2.0,
+            means[3..].iter().sum::<f64>() / 3.0,
+        );
+        assert!(
+            second <= first + 0.5,
+            "means per 10 s {means:?}, the knee is {knee}"
+        );
     }
 }

@@ -18,6 +18,9 @@ use crate::domain::writes::Writes;
 
 /// Reads one counter or gauge out of a batcher's snapshot.
 type Field = fn(&pgbatch::StatsSnapshot) -> u64;
+/// Reads one figure only the automatic limit has out of a batcher's
+/// snapshot.
+type LoadTime = fn(&pgbatch::StatsSnapshot) -> Option<std::time::Duration>;
 /// Reads one counter out of a cache's snapshot.
 type CacheField = fn(&pgbatch::cache::CacheStats) -> u64;
 /// Reads one histogram out of a batcher's snapshot.
@@ -271,6 +274,31 @@ fn encode_batcher_gauges(
         for (batcher, stats) in batchers {
             let labels = [("batcher", *batcher)];
             ConstGauge::new(value(stats) as i64).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    // What the automatic limit sees: a recent load time well above the
+    // least one, with no more keys per second, is loads queueing in the
+    // database. Only batchers under the automatic limit have them.
+    let load_times: [(&str, &str, LoadTime); 2] = [
+        (
+            "batcher_load_duration_least",
+            "The automatic limit's least mean load time of a measurement window since the world last changed",
+            |s| s.load_time_least,
+        ),
+        (
+            "batcher_load_duration_recent",
+            "The automatic limit's last measurement window's mean load time",
+            |s| s.load_time_recent,
+        ),
+    ];
+    for (name, help, value) in load_times {
+        let mut family =
+            encoder.encode_descriptor(name, help, Some(&Unit::Seconds), MetricType::Gauge)?;
+        for (batcher, stats) in batchers {
+            if let Some(d) = value(stats) {
+                let labels = [("batcher", *batcher)];
+                ConstGauge::new(d.as_secs_f64()).encode(family.encode_family(&labels)?)?;
+            }
         }
     }
     Ok(())
