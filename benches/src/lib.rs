@@ -16,8 +16,23 @@ use pgbatch::Loader;
 
 pub mod cpu;
 pub mod delay_proxy;
+/// A hand-written eager batcher: the baseline pgbatch's defaults must beat.
+pub mod minimal;
 pub mod reads;
 pub mod rounds;
+
+/// Logs to stderr what `RUST_LOG` asks for, nothing without it: a run can
+/// show, say, the automatic limit's windows
+/// (`RUST_LOG=pgbatch::batcher::limit=trace`).
+pub fn log_from_env() {
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(false)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+}
 
 /// Opens the CSV file at `path` for appending (creating its directory, and
 /// writing `header` when the file is new) and returns it with the current

@@ -22,6 +22,7 @@ use server::domain::lookup::Lookup;
 use server::settings::{BatchSettings, CacheSettings, DbSettings, ReadPath, ReadSettings};
 use tokio_postgres::NoTls;
 
+use crate::minimal::MinimalBatcher;
 use crate::{closed_loop, closed_loop_warm, KeyStream, RunReport};
 
 /// The flags every load generator shares: which table, on which database.
@@ -457,6 +458,55 @@ pub async fn batched_run_warm(
         mean_batch: stats.batch_size.mean().unwrap_or(0.0),
         limit: stats.concurrency_limit,
     })
+}
+
+/// What [`minimal_run`] measured.
+#[derive(Debug)]
+pub struct MinimalRun {
+    /// Latencies and throughput after the warm-up.
+    pub report: RunReport,
+    /// Keys per statement over the whole run.
+    pub mean_batch: f64,
+}
+
+/// As [`batched_run_warm`], through the hand-written
+/// [`MinimalBatcher`] on `connections` connections of its own, with
+/// batches of at most `max_batch` keys.
+///
+/// # Errors
+///
+/// When a connection cannot be made.
+///
+/// # Panics
+///
+/// When a read fails.
+pub async fn minimal_run(
+    config: &tokio_postgres::Config,
+    connections: usize,
+    max_batch: usize,
+    n: usize,
+    warmup: Duration,
+    run: Duration,
+    rows: u64,
+) -> anyhow::Result<MinimalRun> {
+    let batcher = Arc::new(MinimalBatcher::start(config, connections, max_batch).await?);
+    let reader = Arc::clone(&batcher);
+    let report = closed_loop_warm(n, warmup, run, rows, move |k| {
+        let batcher = Arc::clone(&reader);
+        async move {
+            if let Err(e) = batcher.get(key(k)).await {
+                panic!("minimal batcher read failed: {e:#}");
+            }
+        }
+    })
+    .await;
+    let mean_batch = batcher.mean_batch();
+    // Every caller has finished, so the run holds the only handle.
+    Arc::into_inner(batcher)
+        .context("the minimal batcher is still shared after its run")?
+        .shutdown()
+        .await;
+    Ok(MinimalRun { report, mean_batch })
 }
 
 /// What a cached run measured.

@@ -17,10 +17,21 @@
 //!   Prints and plots throughput, p99 and the chosen limit every 100 ms,
 //!   and how long throughput took after each change to reach 90% of what
 //!   the new phase settles at.
+//! - `baseline` (only when named, and in `--smoke`): the strongest fair
+//!   baseline of issue 43, the eager batcher an engineer writes by hand
+//!   (`benches::minimal`: fixed connections, a batch cap). Each setting of
+//!   `--baseline-connections` by `--baseline-caps` runs once, at
+//!   `--baseline-initiators` against the database direct; the best by
+//!   reads/s then meets the batcher at its defaults in `--rounds`
+//!   interleaved rounds. Prints both, and defaults over that best per
+//!   round for reads/s (target: at least 1.0) and p99 (target: below 1.0).
+//!   Nothing is written: its figures only mean something beside each
+//!   other.
 //!
 //! ```text
 //! cargo run --release -p benches --bin autotune                  # both, tens of minutes
 //! cargo run --release -p benches --bin autotune -- --only timeline
+//! cargo run --release -p benches --bin autotune -- --only baseline
 //! cargo run --release -p benches --bin autotune -- --smoke       # seconds, for CI
 //! ```
 
@@ -32,10 +43,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use benches::delay_proxy::DelayProxy;
 use benches::reads::{self, TableArgs};
-use benches::rounds::{median, median_by, range_by};
-use benches::{closed_loop_timeline, ms, KeyStream, Timeline};
+use benches::rounds::{median, median_by, range_by, spread};
+use benches::{closed_loop_timeline, ms, print_markdown, Align, KeyStream, RunReport, Timeline};
 use clap::Parser;
 use pgbatch::pg::{BatchQuery as _, Pool, PoolOptions};
 use pgbatch::Concurrency;
@@ -58,7 +70,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Args {
     #[command(flatten)]
     table: TableArgs,
-    /// What to run: `sweep`, `timeline`.
+    /// What to run: `sweep`, `timeline`, `baseline` (not by default;
+    /// `--smoke` adds it).
     #[arg(
         long,
         value_enum,
@@ -66,7 +79,7 @@ struct Args {
         default_value = "sweep,timeline"
     )]
     only: Vec<Part>,
-    /// Interleaved rounds of the sweep.
+    /// Interleaved rounds of the sweep, and of the baseline's comparison.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// Seconds measured per run.
@@ -87,6 +100,18 @@ struct Args {
     /// Connections of the pool (auto's bound).
     #[arg(long, default_value_t = 16)]
     pool_size: usize,
+    /// Connections the baseline's minimal batcher is swept over (one
+    /// worker, and so one batch in flight, per connection).
+    #[arg(long, value_delimiter = ',', default_value = "2,3,4,6,8,10")]
+    baseline_connections: Vec<usize>,
+    /// Batch caps the baseline's minimal batcher is swept over, with each
+    /// of `--baseline-connections`.
+    #[arg(long, value_delimiter = ',', default_value = "64,128,256")]
+    baseline_caps: Vec<usize>,
+    /// Initiators of the baseline: 300, the load of the sweep's targets
+    /// for the bulk ceiling and p99.
+    #[arg(long, default_value_t = 300)]
+    baseline_initiators: usize,
     /// Seconds of each phase of the timeline.
     #[arg(long, default_value_t = 8.0)]
     phase_seconds: f64,
@@ -108,6 +133,8 @@ enum Part {
     Sweep,
     /// Auto while the round trip and the competing load change.
     Timeline,
+    /// The defaults against the best setting of a hand-written batcher.
+    Baseline,
 }
 
 /// The batcher's concurrency in one run.
@@ -139,11 +166,24 @@ struct Sample {
     limit: u64,
 }
 
+impl Sample {
+    fn of(report: &RunReport, mean_batch: f64, limit: u64) -> Self {
+        Self {
+            per_sec: report.per_sec(),
+            p50: report.quantile(0.5),
+            p99: report.quantile(0.99),
+            mean_batch,
+            limit,
+        }
+    }
+}
+
 /// Runs by (round trip index, initiators, setting).
 type Samples = BTreeMap<(usize, usize, Setting), Vec<Sample>>;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
+    benches::log_from_env();
     let mut args = Args::parse();
     args.table.apply_smoke("autotune");
     if args.table.smoke {
@@ -154,6 +194,13 @@ async fn main() -> anyhow::Result<()> {
         args.rtt_ms = vec![0.0, 1.0];
         args.fixed = vec![2, 4];
         args.phase_seconds = 0.5;
+        args.baseline_connections = vec![2, 4];
+        args.baseline_caps = vec![64];
+        args.baseline_initiators = 32;
+        // CI's proof that the baseline runs, though no default run has it.
+        if !args.only.contains(&Part::Baseline) {
+            args.only.push(Part::Baseline);
+        }
     }
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     args.table
@@ -170,6 +217,9 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     }
     if args.only.contains(&Part::Timeline) {
         timeline(args, db).await?;
+    }
+    if args.only.contains(&Part::Baseline) {
+        baseline(args, db).await?;
     }
     Ok(())
 }
@@ -470,6 +520,190 @@ fn plot_sweep(path: &Path, args: &Args, samples: &Samples) -> anyhow::Result<()>
         }
     }
     root.present().map_err(plot_err)?;
+    Ok(())
+}
+
+/// A batcher the baseline part runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Contender {
+    /// pgbatch as the server sets it up by default.
+    Defaults,
+    /// The hand-written eager batcher (`benches::minimal`).
+    Minimal {
+        connections: usize,
+        max_batch: usize,
+    },
+}
+
+impl Contender {
+    fn label(self) -> String {
+        match self {
+            Contender::Defaults => "pgbatch defaults".to_owned(),
+            Contender::Minimal {
+                connections,
+                max_batch,
+            } => format!("minimal, {connections} connections, batches of {max_batch}"),
+        }
+    }
+}
+
+/// One baseline run of `contender` against the database direct, after the
+/// warm-up.
+async fn contend(
+    args: &Args,
+    db: &Database,
+    pool: &Pool,
+    contender: Contender,
+) -> anyhow::Result<Sample> {
+    let (n, rows) = (args.baseline_initiators, args.table.rows);
+    let run = Duration::from_secs_f64(args.seconds);
+    let warmup = Duration::from_secs_f64(args.warmup);
+    eprintln!("baseline: {n} initiators, {}", contender.label());
+    Ok(match contender {
+        Contender::Defaults => {
+            let r = reads::batched_run_warm(pool, settings(Setting::Auto), n, warmup, run, rows)
+                .await?;
+            Sample::of(&r.report, r.mean_batch, r.limit)
+        }
+        Contender::Minimal {
+            connections,
+            max_batch,
+        } => {
+            let r = reads::minimal_run(&db.config, connections, max_batch, n, warmup, run, rows)
+                .await?;
+            Sample::of(&r.report, r.mean_batch, 0)
+        }
+    })
+}
+
+/// Per round, `f` of the defaults over `f` of the minimal batcher.
+fn per_round_ratio(
+    defaults: &[Sample],
+    minimal: &[Sample],
+    f: impl Fn(&Sample) -> f64,
+) -> Vec<f64> {
+    defaults
+        .iter()
+        .zip(minimal)
+        .map(|(d, m)| f(d) / f(m))
+        .collect()
+}
+
+async fn baseline(args: &Args, db: &Database) -> anyhow::Result<()> {
+    // As the sweep's pool without added round trip.
+    let pool = pgbatch::pg::pool(
+        db.config.clone(),
+        &PoolOptions::with_max_size(args.pool_size),
+    )?;
+
+    // Once each: the sweep only has to find the best, which the rounds
+    // below then measure as carefully as the defaults.
+    let mut swept = Vec::new();
+    for &connections in &args.baseline_connections {
+        for &max_batch in &args.baseline_caps {
+            let m = Contender::Minimal {
+                connections,
+                max_batch,
+            };
+            swept.push(((connections, max_batch), contend(args, db, &pool, m).await?));
+        }
+    }
+    let ((connections, max_batch), best_swept) = swept
+        .iter()
+        .copied()
+        .max_by(|a, b| a.1.per_sec.total_cmp(&b.1.per_sec))
+        .context("--baseline-connections and --baseline-caps give no setting")?;
+    let best = Contender::Minimal {
+        connections,
+        max_batch,
+    };
+    println!(
+        "\nMinimal eager batcher, {} rows, {} initiators, the database direct; each setting once, {:.1} s after {:.1} s of warm-up\n",
+        args.table.rows, args.baseline_initiators, args.seconds, args.warmup
+    );
+    print_markdown(
+        &[
+            ("connections", Align::Right),
+            ("batch cap", Align::Right),
+            ("reads/s", Align::Right),
+            ("p99 ms", Align::Right),
+            ("mean batch", Align::Right),
+        ],
+        swept.iter().map(|((c, cap), s)| {
+            vec![
+                c.to_string(),
+                cap.to_string(),
+                format!("{:.0}", s.per_sec),
+                format!("{:.2}", ms(s.p99)),
+                format!("{:.1}", s.mean_batch),
+            ]
+        }),
+    );
+    println!(
+        "\nbest: {} ({:.0} reads/s)",
+        best.label(),
+        best_swept.per_sec
+    );
+
+    let contenders = [Contender::Defaults, best];
+    let mut runs: [Vec<Sample>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..args.rounds {
+        eprintln!("baseline round {} of {}", round + 1, args.rounds);
+        // Rotated each round, so neither always runs first.
+        let mut order = [0, 1];
+        order.rotate_left(round % 2);
+        for i in order {
+            runs[i].push(contend(args, db, &pool, contenders[i]).await?);
+        }
+    }
+    println!(
+        "\n{} rows, {} initiators, the database direct; pgbatch at the server's defaults on a pool of {}, the minimal batcher at its best setting above; {} interleaved rounds of {:.1} s after {:.1} s of warm-up; medians (range)\n",
+        args.table.rows, args.baseline_initiators, args.pool_size, args.rounds, args.seconds, args.warmup
+    );
+    print_markdown(
+        &[
+            ("batcher", Align::Left),
+            ("reads/s", Align::Right),
+            ("p50 ms", Align::Right),
+            ("p99 ms", Align::Right),
+            ("mean batch", Align::Right),
+        ],
+        contenders.iter().zip(&runs).map(|(c, v)| {
+            vec![
+                c.label(),
+                spread(&v.iter().map(|s| s.per_sec).collect::<Vec<_>>(), 0),
+                format!("{:.2}", median_by(v, |s| ms(s.p50))),
+                format!("{:.2}", median_by(v, |s| ms(s.p99))),
+                format!("{:.1}", median_by(v, |s| s.mean_batch)),
+            ]
+        }),
+    );
+    let [defaults, minimal] = &runs;
+    let reads = per_round_ratio(defaults, minimal, |s| s.per_sec);
+    let p99 = per_round_ratio(defaults, minimal, |s| ms(s.p99));
+    println!();
+    print_markdown(
+        &[
+            ("defaults / minimal best, per round", Align::Left),
+            ("median (range)", Align::Right),
+            ("target (issue 43)", Align::Left),
+            ("verdict", Align::Left),
+        ],
+        [
+            vec![
+                "reads/s".to_owned(),
+                spread(&reads, 3),
+                "at least 1.0".to_owned(),
+                verdict(median(&reads) >= 1.0).to_owned(),
+            ],
+            vec![
+                "p99".to_owned(),
+                spread(&p99, 3),
+                "below 1.0".to_owned(),
+                verdict(median(&p99) < 1.0).to_owned(),
+            ],
+        ],
+    );
     Ok(())
 }
 

@@ -133,6 +133,7 @@ struct Outcome {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
+    benches::log_from_env();
     let mut args = Args::parse();
     args.table.apply_smoke("loadgen");
     if args.table.smoke {
