@@ -186,8 +186,8 @@ struct State<K, V> {
     /// miss enqueued before then may find its key stored by that load.
     last_fill: Option<Instant>,
     /// The cache's hashes of keys recent loads filled, each in the set its
-    /// low bits name, the newest first (a fifth to the same set pushes
-    /// out the oldest): a miss whose hash is not here is loaded without
+    /// low bits name, in the order first filled (a fifth to the same set
+    /// pushes out the oldest): a miss whose hash is not here is loaded without
     /// looking at the cache again, so misses of keys nobody just loaded
     /// (uniform keys over a large table) cost one read of 32 bytes, not a
     /// cache lookup. Four ways, not one: with one, a burst's later fills
@@ -716,9 +716,16 @@ where
             gauges.pending.set(self.pending.len() as f64);
             gauges.in_flight.set(self.shared.running_loads() as f64);
             gauges.limit.set(self.shared.limit() as f64);
-            let seconds = |ns: &std::sync::atomic::AtomicU64| ns.load(Relaxed) as f64 * 1e-9;
-            gauges.load_least.set(seconds(&stats.load_time_least));
-            gauges.load_recent.set(seconds(&stats.load_time_recent));
+            // Only the automatic limit has them (0: none).
+            for (gauge, ns) in [
+                (&gauges.load_least, &stats.load_time_least),
+                (&gauges.load_recent, &stats.load_time_recent),
+            ] {
+                let ns = ns.load(Relaxed);
+                if ns != 0 {
+                    gauge.set(ns as f64 * 1e-9);
+                }
+            }
             gauges.queued.set(self.rx.len() as f64);
         }
     }

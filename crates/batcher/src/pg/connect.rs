@@ -295,18 +295,19 @@ struct Hosts {
     cutoff: AtomicU64,
 }
 
-/// Set in [`Hosts::failed`] for a host that did not answer in time: it is
-/// tried after those that answered and refused (a standby that may be
-/// promoted any moment).
+/// Set in [`Hosts::failed`] for a host that did not answer in time, or
+/// failed without a server's error (refused at the socket, a TLS or name
+/// failure): it is tried after those that answered and refused (a standby
+/// that may be promoted any moment).
 const TIMED_OUT: u64 = 1 << 63;
 
 /// Set in [`Hosts::failed`] for a host whose attempt was abandoned (its
 /// caller's deadline passed first): tried after those that refused and
-/// before those that did not answer in their whole deadline. An attempt
-/// abandoned early proves little of its host: it may have begun just as
-/// the caller gave up, a hung host tried first having used up its time,
-/// and putting it behind the hung host would make every caller with as
-/// short a deadline wait for the hung one again.
+/// before those that did not answer (or failed without a server's error).
+/// An attempt abandoned early proves little of its host: it may have begun
+/// just as the caller gave up, a hung host tried first having used up its
+/// time, and putting it behind the hung host would make every caller with
+/// as short a deadline wait for the hung one again.
 const ABANDONED: u64 = 1 << 62;
 
 /// The time part of a [`Hosts::failed`] mark.
@@ -528,7 +529,7 @@ where
         let config = host_config(&self.config, i);
         let tls = self.tls.clone();
         let slot = i.min(self.hosts.failed.len() - 1);
-        // Marks the host as one that did not answer unless defused: the
+        // Marks the host as abandoned unless defused: the
         // attempt may be dropped before it ends.
         let mut pending = Unanswered {
             hosts: &self.hosts,
@@ -571,9 +572,20 @@ struct Unanswered<'a> {
 
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
-        if self.armed {
-            self.hosts.failed[self.slot].store(since_epoch().max(1) | ABANDONED, Ordering::Relaxed);
+        if !self.armed {
+            return;
         }
+        // An attempt begun before another caller's attempt on this host
+        // timed out must not downgrade that recent, surer mark.
+        let now = since_epoch().max(1);
+        let _ = self.hosts.failed[self.slot].fetch_update(
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+            |mark| {
+                let recent = now.saturating_sub(mark & MARK_TIME) < millis(FAILED_HOST_MEMORY);
+                (mark & TIMED_OUT == 0 || !recent).then_some(now | ABANDONED)
+            },
+        );
     }
 }
 

@@ -333,6 +333,12 @@ async fn session(
                 ping = Some(next);
                 next_ping = Instant::now() + settings.ping_every;
             }
+            // A send may wait for a connection longer than the listener
+            // may go unproved (the pool's wait and create timeouts): the
+            // bound holds meanwhile too.
+            () = tokio::time::sleep_until((last_proof + unproved_limit(settings)).into()), if sending.is_some() => {
+                bail!("no ping reached the listener for {:?}", last_proof.elapsed());
+            }
             sent = async { sending.as_mut().expect("polled only while sending").await }, if sending.is_some() => {
                 sending = None;
                 match sent {
