@@ -32,7 +32,8 @@
 //! that reach the throughput. Past the knee more loads add nothing but
 //! queueing in the database and smaller batches, which cost it more per
 //! key, so the burden of proof is always on more loads:
-//! - every limit tried keeps a smoothed score;
+//! - every limit that was home keeps a smoothed score of its home
+//!   windows (a probe's windows only judge the probe);
 //! - from the current limit ("home") a probe tries a neighbour, half as
 //!   many again or a third fewer (at least one away). A probe to fewer
 //!   loads becomes home when it scores within 2% of home, if home's loads
@@ -219,8 +220,9 @@ pub(crate) struct AutoLimit {
     /// doubles the next coarse step, so a long gentle slope is climbed in
     /// a few windows.
     streak: u32,
-    /// Smoothed score per limit (index `limit - 1`); `None`: not measured
-    /// since the world last changed. Grown as limits are tried, so a huge
+    /// Smoothed score per limit that was home (index `limit - 1`), from
+    /// its home windows, or the two windows that made it home; `None`: not
+    /// home since the world last changed. Grown as limits are tried, so a huge
     /// `max` costs nothing.
     scores: Vec<Option<f64>>,
     /// How far, in natural log, home's windows stray from its smoothed
@@ -406,8 +408,6 @@ impl AutoLimit {
                     None => load,
                 });
             }
-        } else {
-            self.record(self.limit, score);
         }
         let next = match self.probing.take() {
             Some(dir) => match self.after_probe(dir, score, window_load) {
@@ -423,12 +423,17 @@ impl AutoLimit {
         self.set(next, now);
     }
 
-    /// Adds a window's `score` to `limit`'s.
-    fn record(&mut self, limit: usize, score: f64) {
+    /// `limit`'s score, the vector grown to hold it.
+    fn slot(&mut self, limit: usize) -> &mut Option<f64> {
         if self.scores.len() < limit {
             self.scores.resize(limit, None);
         }
-        let slot = &mut self.scores[limit - 1];
+        &mut self.scores[limit - 1]
+    }
+
+    /// Adds a window's `score` to `limit`'s.
+    fn record(&mut self, limit: usize, score: f64) {
+        let slot = self.slot(limit);
         *slot = Some(match *slot {
             Some(old) => old * (1.0 - SMOOTHING) + score * SMOOTHING,
             None => score,
@@ -521,7 +526,7 @@ impl AutoLimit {
                 if passes(mean, mean_load) {
                     // Its score and load time, fresh, for the probes
                     // from it.
-                    self.scores[probe - 1] = Some(mean);
+                    *self.slot(probe) = Some(mean);
                     self.home_load = mean_load.or(self.home_load);
                     true
                 } else {
@@ -610,7 +615,7 @@ mod sim;
 
 #[cfg(test)]
 mod tests {
-    use super::sim::{knee, sweep, Limit, Sim, World};
+    use super::sim::{knee, noise, sweep, Limit, Sim, World};
     use super::*;
 
     /// Drives `limit` through `windows` windows of a modelled system in
@@ -641,15 +646,6 @@ mod tests {
             seen.push(limit.limit());
         }
         (seen, now)
-    }
-
-    /// A deterministic factor in `1 ± spread`.
-    fn noise(state: &mut u64, spread: f64) -> f64 {
-        *state ^= *state << 13;
-        *state ^= *state >> 7;
-        *state ^= *state << 17;
-        let unit = (*state >> 11) as f64 / (1u64 << 53) as f64;
-        1.0 + spread * (2.0 * unit - 1.0)
     }
 
     fn peaked_at(best: usize) -> impl Fn(usize) -> f64 {

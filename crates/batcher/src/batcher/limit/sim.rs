@@ -134,11 +134,7 @@ impl Sim {
 
     /// A factor in `1 ± spread`.
     fn noise(&mut self, spread: f64) -> f64 {
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        let unit = (self.rng >> 11) as f64 / (1u64 << 53) as f64;
-        1.0 + spread * (2.0 * unit - 1.0)
+        noise(&mut self.rng, spread)
     }
 
     /// Sends a load of what waits (up to the batch cap).
@@ -247,6 +243,15 @@ impl Sim {
             },
         }
     }
+}
+
+/// A deterministic factor in `1 ± spread`, from the xorshift `state`.
+pub(super) fn noise(state: &mut u64, spread: f64) -> f64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    let unit = (*state >> 11) as f64 / (1u64 << 53) as f64;
+    1.0 + spread * (2.0 * unit - 1.0)
 }
 
 /// Each fixed limit of `1..=max` in `world` for `length`: callers answered
