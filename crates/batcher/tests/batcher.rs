@@ -150,6 +150,74 @@ async fn at_most_max_concurrent_batches_run_at_once() {
     assert_eq!(loader.calls().len(), 20);
 }
 
+/// A load that ends frees its slot for the next due batch before its
+/// own callers are answered: answering a batch takes the worker a while,
+/// and the database should not wait meanwhile. On the current-thread
+/// runtime tasks run in the order they were woken, so the next load runs
+/// before the first caller does.
+#[tokio::test]
+async fn the_next_batch_starts_before_the_finished_one_is_answered() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use std::sync::{Arc, Mutex};
+
+    let first_answered = Arc::new(AtomicBool::new(false));
+    let seen_by_second_load = Arc::new(Mutex::new(None));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let loader = {
+        let (first_answered, seen, gate) = (
+            Arc::clone(&first_answered),
+            Arc::clone(&seen_by_second_load),
+            Arc::clone(&gate),
+        );
+        loader_fn(move |keys: Vec<u64>| {
+            let (first_answered, seen, gate) = (
+                Arc::clone(&first_answered),
+                Arc::clone(&seen),
+                Arc::clone(&gate),
+            );
+            async move {
+                if keys == [1] {
+                    gate.acquire().await.expect("gate open").forget();
+                } else {
+                    *seen.lock().unwrap() = Some(first_answered.load(SeqCst));
+                }
+                Ok::<_, Infallible>(keys.into_iter().map(|k| (k, value_of(k))).collect())
+            }
+        })
+    };
+    let b = builder()
+        .policy(FlushPolicy::Eager)
+        .max_concurrent_batches(1)
+        .build(loader)
+        .unwrap();
+
+    let first = {
+        let (b, first_answered) = (b.clone(), Arc::clone(&first_answered));
+        tokio::spawn(async move {
+            let answer = b.load(1).await;
+            first_answered.store(true, SeqCst);
+            answer
+        })
+    };
+    settle().await;
+    let second = spawn_load(&b, 2);
+    settle().await;
+    assert_eq!(
+        *seen_by_second_load.lock().unwrap(),
+        None,
+        "one slot: key 2 waits"
+    );
+
+    gate.add_permits(1);
+    assert_eq!(ok(first).await, Some(value_of(1)));
+    assert_eq!(ok(second).await, Some(value_of(2)));
+    assert_eq!(
+        *seen_by_second_load.lock().unwrap(),
+        Some(false),
+        "key 2's load must start before key 1's caller has its answer"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_key_asked_twice_in_one_batch_is_loaded_once() {
     let loader = TestLoader::gated();

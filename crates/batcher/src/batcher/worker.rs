@@ -155,8 +155,9 @@ struct Running<K, V> {
     span: tracing::Span,
     /// Whether the load fills a cache (it has cache misses).
     fills: bool,
-    /// Freed when the batch's waiters have been answered.
-    _slot: LoadSlot,
+    /// Freed as the load completes, before its waiters are answered (see
+    /// [`State::complete`]).
+    slot: LoadSlot,
 }
 
 struct State<K, V> {
@@ -509,7 +510,7 @@ where
                 started: now,
                 span,
                 fills,
-                _slot: slot,
+                slot,
             },
         );
     }
@@ -546,9 +547,14 @@ where
         }
         let load_time = now - run.started;
         Stats::record_duration(&stats.load_duration, load_time);
-        let _enter = run.span.enter();
-        let keys = run.waiters.len();
-        let settled = match outcome {
+        let Running {
+            waiters,
+            span,
+            slot,
+            ..
+        } = run;
+        let keys = waiters.len();
+        let settled = span.in_scope(|| match outcome {
             Ok(outcome) => outcome.settle(stats, keys),
             // `run::contain` catches the loader's panics, so the task only
             // fails when it is cancelled: the runtime is shutting down.
@@ -556,24 +562,34 @@ where
                 Stats::incr(&stats.failed_keys, keys as u64);
                 Err(Error::Closed)
             }
-        };
+        });
+        if let (Ok(_), Some(auto)) = (&settled, &mut self.auto_limit) {
+            let (mut served, mut response) = (0, Duration::ZERO);
+            for w in waiters.values().flatten() {
+                served += 1;
+                response += now.saturating_duration_since(w.enqueued_at);
+            }
+            if let Some(limit) = auto.completed(served, response, load_time, now) {
+                self.shared.set_limit(limit);
+                tracing::debug!(batcher = %self.shared.config.name, limit, "concurrency limit");
+            }
+            let (least, recent) = auto.load_times();
+            stats.set_load_times(least, recent);
+        }
+        // The next due batch goes out before this one's waiters are
+        // answered: answering a batch of callers takes the worker a while,
+        // and meanwhile the database would wait for its next load. A loop
+        // that owns its connection, as a hand-written batcher's does, pays
+        // that wait once per batch; at the knee, with few loads in flight,
+        // it was most of what set pgbatch behind one.
+        drop(slot);
+        self.flush_if_due();
+        let stats = &self.shared.stats;
+        let _enter = span.enter();
         match settled {
             Ok(mut values) => {
-                if let Some(auto) = &mut self.auto_limit {
-                    let (mut served, mut response) = (0, Duration::ZERO);
-                    for w in run.waiters.values().flatten() {
-                        served += 1;
-                        response += now.saturating_duration_since(w.enqueued_at);
-                    }
-                    if let Some(limit) = auto.completed(served, response, load_time, now) {
-                        self.shared.set_limit(limit);
-                        tracing::debug!(batcher = %self.shared.config.name, limit, "concurrency limit");
-                    }
-                    let (least, recent) = auto.load_times();
-                    stats.set_load_times(least, recent);
-                }
                 let mut found = 0;
-                for (key, waiters) in run.waiters {
+                for (key, waiters) in waiters {
                     let value = values.remove(&key);
                     found += usize::from(self.load.found(value.as_ref()));
                     self.held -= waiters.len();
@@ -582,14 +598,12 @@ where
                 run::record_found(stats, found, keys);
             }
             Err(failure) => {
-                for waiters in run.waiters.into_values() {
+                for waiters in waiters.into_values() {
                     self.held -= waiters.len();
                     reply_all(waiters, Err(failure.clone()));
                 }
             }
         }
-        // The slot is freed here, as `run` drops, after every waiter has
-        // its answer.
     }
 
     /// For a cache miss that waited in the channel while a load filled
