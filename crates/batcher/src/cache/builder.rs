@@ -11,8 +11,9 @@ use std::time::Duration;
 use moka::notification::RemovalCause;
 
 use super::admission::{Admission, Doorkeeper};
-use super::coalescing::{Cache, Cached, Counters, MissFn, Source};
 use super::expiry::JitteredExpiry;
+use super::handle::Cache;
+use super::shared::{Cached, Counters, MissFn, Source};
 use crate::{Batcher, BuildError, Error};
 
 type Weigher<K, V> = Arc<dyn Fn(&K, &V) -> u32 + Send + Sync>;
@@ -66,7 +67,7 @@ where
     V: Clone + Send + Sync + 'static,
 {
     /// Starts configuring a cache. (Here rather than beside `Cache`, so
-    /// that this module uses `coalescing` and not the other way round.)
+    /// that this module uses `handle` and not the other way round.)
     pub fn builder() -> CacheBuilder<K, V> {
         CacheBuilder::default()
     }

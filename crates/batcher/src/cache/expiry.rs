@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use moka::Expiry;
 
-use super::coalescing::Cached;
+use super::shared::Cached;
 
 #[derive(Debug)]
 pub(super) struct JitteredExpiry {

@@ -37,26 +37,36 @@
 //! # Modules
 //!
 //! A module uses only those listed below it (`Cache::builder` is defined
-//! in `builder`, so `coalescing` does not name `CacheBuilder`). From the
-//! rest of the crate: the
+//! in `builder`, so `handle` does not name `CacheBuilder`; the two ways to
+//! load a miss, `fill` and `flights`, share only `shared`). From the rest
+//! of the crate: the
 //! engine's handle and fill hooks (`crate::batcher`: `Stamp`, `Fill`,
 //! `FillFn`, `Filled`), and the crate's errors.
 //!
 //! - `builder`: `CacheBuilder`, validation, and the two ways to build
 //!   (over a batcher, or over any loader).
-//! - `expiry`: the jittered TTL as moka's `Expiry` over `coalescing`'s
+//! - `expiry`: the jittered TTL as moka's `Expiry` over `shared`'s
 //!   stored entries.
-//! - `coalescing`: `Cache`: hits, misses, the flights of misses over a
-//!   plain loader, the fill from a batcher's loads, invalidation.
+//! - `handle`: `Cache`: hits, where a miss goes, `insert` and
+//!   invalidation, stats.
+//! - `fill`: misses over a batcher: `FillFrom`, through which the
+//!   batcher's loads fill the store.
+//! - `flights`: misses over any other loader: one shared load per key.
+//! - `shared`: `Inner`, what the handle and both strategies share: the
+//!   store and its entries, the flights' map, the counters, and the
+//!   checked put that fills the store.
 //! - `epochs`: the striped invalidation counters that stamp each miss.
 //! - `admission`: `Admission` and the second-miss doorkeeper.
 
 mod admission;
 mod builder;
-mod coalescing;
 mod epochs;
 mod expiry;
+mod fill;
+mod flights;
+mod handle;
+mod shared;
 
 pub use admission::Admission;
 pub use builder::CacheBuilder;
-pub use coalescing::{Cache, CacheStats};
+pub use handle::{Cache, CacheStats};
