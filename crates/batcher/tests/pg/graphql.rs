@@ -3,7 +3,7 @@
 //! query is served from the cache, and bad input is a GraphQL error.
 
 #[allow(dead_code)] // the example's `main` is not run here
-#[path = "../examples/graphql.rs"]
+#[path = "../../examples/graphql.rs"]
 mod example;
 
 use pgbatch::pg::{self, PoolOptions};

@@ -1,17 +1,15 @@
 //! The coalescing cache. moka's clock does not follow tokio's paused time,
 //! so TTL tests run on short real durations with `run_pending_tasks`.
 
-mod support;
-
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::{value_of, TestLoader};
 use pgbatch::cache::{Admission, Cache, CacheBuilder};
 use pgbatch::{loader_fn, Batcher, Error};
-use support::{value_of, TestLoader};
 use tokio::sync::Semaphore;
 
 /// Where a cache's misses go: the guarantees hold for both.

@@ -1,13 +1,11 @@
 //! Black-box tests of the batcher's behaviour, on virtual time.
 
-mod support;
-
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
+use crate::support::{settle, value_of, TestError, TestLoader, FAIL_KEY, MISSING_FROM, PANIC_KEY};
 use pgbatch::{loader_fn, Batcher, BatcherBuilder, BuildError, Error, FlushPolicy, Overflow};
-use support::{settle, value_of, TestError, TestLoader, FAIL_KEY, MISSING_FROM, PANIC_KEY};
 use tokio::task::JoinHandle;
 use tokio::time::{advance, Instant};
 use tokio_test::{assert_pending, assert_ready};
