@@ -9,6 +9,7 @@ pub mod auth;
 pub mod failure;
 pub mod import;
 pub mod input;
+pub mod invalidation;
 pub mod listing;
 pub mod lookup;
 pub mod reads;

@@ -3,7 +3,8 @@
 //! repositories).
 //!
 //! A new read endpoint adds its query to [`crate::db::queries`] with its
-//! [`Invalidated`] impl here (the tables it reads), a field and one
+//! [`Invalidated`] impl in [`crate::domain::invalidation`] (the tables it
+//! reads), a field and one
 //! `Registry::add` line in [`Reads::new`], a route, and its annotation in
 //! `http::openapi`. Statistics, cache syncing, shutdown and invalidation
 //! reach every registered lookup by themselves; the tests check each
@@ -16,16 +17,19 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt as _;
 use pgbatch::cache::CacheStats;
-use pgbatch::pg::{BatchQuery, PgError, Statements};
+use pgbatch::pg::{PgError, Statements};
 use pgbatch::{BuildError, StatsSnapshot};
 use tokio_postgres::types::PgLsn;
 
 use crate::cluster::coherence::Coherence;
 use crate::cluster::replicas::{Needs, ReadRouter};
 use crate::db::queries::kv::KvQuery;
-use crate::db::queries::objects::{self, ObjectKey, ObjectStatQuery};
+use crate::db::queries::objects::{self, ObjectStatQuery};
 use crate::db::queries::repositories::{self, Repository};
 use crate::domain::failure::Failure;
+#[cfg(test)]
+use crate::domain::invalidation::Table;
+use crate::domain::invalidation::{Change, Invalidated};
 use crate::domain::listing::{self, ListRequest, Listing};
 use crate::domain::lookup::Lookup;
 use crate::settings::ReadSettings;
@@ -60,86 +64,6 @@ pub struct LookupStats {
     pub batcher: Option<StatsSnapshot>,
     /// Its cache's, on the cached path.
     pub cache: Option<CacheStats>,
-}
-
-/// A table some lookup reads: a change to it must reach that lookup's
-/// cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Table {
-    /// `objects`.
-    Objects,
-    /// `repositories`.
-    Repositories,
-    /// `random_read_test`.
-    Kv,
-}
-
-impl Table {
-    /// Every table, for the tests that check lookups against their SQL.
-    pub const ALL: [Self; 3] = [Self::Objects, Self::Repositories, Self::Kv];
-
-    /// The table's name in SQL.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Objects => "objects",
-            Self::Repositories => "repositories",
-            Self::Kv => "random_read_test",
-        }
-    }
-}
-
-/// A change that may make cached values stale, as writes and the
-/// invalidation listener report it to [`Reads::changed`].
-#[derive(Debug, Clone, Copy)]
-pub enum Change<'a> {
-    /// One object was written or deleted.
-    Object(&'a ObjectKey),
-    /// Objects or repositories changed without a list of keys: an import,
-    /// a repository created or deleted, or another instance's notice of
-    /// one.
-    Objects,
-    /// Anything may have changed (a notice that could not be read).
-    Everything,
-}
-
-impl Change<'_> {
-    /// Whether this change may touch `table`.
-    fn touches(self, table: Table) -> bool {
-        match self {
-            Self::Object(_) => table == Table::Objects,
-            Self::Objects => matches!(table, Table::Objects | Table::Repositories),
-            Self::Everything => true,
-        }
-    }
-}
-
-/// What a query's cached values depend on. A bound of [`Reads`]'
-/// registry, so every lookup states it.
-pub trait Invalidated: BatchQuery {
-    /// Every table the query's statements read (checked against them in
-    /// the tests).
-    const TABLES: &'static [Table];
-
-    /// The one cached key an object's change makes stale, if the query is
-    /// keyed by object; otherwise such a change drops the whole cache
-    /// (when the query reads [`Table::Objects`]).
-    fn object_key(_key: &ObjectKey) -> Option<Self::Key> {
-        None
-    }
-}
-
-impl Invalidated for KvQuery {
-    const TABLES: &'static [Table] = &[Table::Kv];
-}
-
-impl Invalidated for ObjectStatQuery {
-    // An object's stat names its repository's branch, and a missing
-    // repository is an answer too.
-    const TABLES: &'static [Table] = &[Table::Objects, Table::Repositories];
-
-    fn object_key(key: &ObjectKey) -> Option<ObjectKey> {
-        Some(key.clone())
-    }
 }
 
 /// A lookup as the registry sees it, whatever its query.
@@ -429,6 +353,7 @@ async fn list_on<C: tokio_postgres::GenericClient + Sync>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::db::queries::objects::ObjectKey;
     use crate::settings::ReadPath;
 
     /// Reads on the cached path over a pool that never connects: building

@@ -18,7 +18,8 @@ use crate::db::queries::repositories::{self, Repository};
 use crate::db::queries::system;
 use crate::domain::failure::{Failure, Work};
 use crate::domain::import::NdjsonObjects;
-use crate::domain::reads::{Change, Reads};
+use crate::domain::invalidation::Change;
+use crate::domain::reads::Reads;
 use crate::settings::{ImportSettings, Pooler, WriteSettings};
 use tokio::sync::Semaphore;
 

@@ -53,114 +53,25 @@ use std::time::Instant;
 
 use anyhow::{bail, Context as _};
 use futures_util::future::poll_fn;
-use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_postgres::AsyncMessage;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::coherence::Coherence;
 use crate::cluster::replicas::ReadRouter;
-use crate::db::queries::objects::ObjectKey;
 use crate::db::queries::system;
 use crate::db::tls::Tls;
 use crate::db::Postgres;
-use crate::domain::auth::Authenticator;
-use crate::domain::reads::{Change, Reads};
+use crate::domain::invalidation::Invalidation;
+pub use crate::domain::invalidation::{Caches, CHANNEL};
 use crate::settings::InvalidationSettings;
 use pgbatch::pg::{Connector, Pool};
-
-/// The notification channel the triggers send on.
-pub const CHANNEL: &str = "pgbatch_invalidate";
 
 /// The channel of the listener's pings (see the module docs).
 pub const PING_CHANNEL: &str = "pgbatch_listener_ping";
 
 /// The listener's `application_name`, which names it in `pg_stat_activity`.
 pub const APPLICATION_NAME: &str = "pgbatch-listener";
-
-/// What a notification asks to drop.
-#[derive(Debug, PartialEq, Eq)]
-enum Invalidation {
-    Objects(Vec<ObjectKey>),
-    AllObjects,
-    Tokens(Vec<Vec<u8>>),
-    AllAuth,
-    /// A payload this version cannot read: everything is dropped.
-    Unknown,
-}
-
-#[derive(Deserialize)]
-struct Payload {
-    c: String,
-    #[serde(default)]
-    all: bool,
-    /// `null` when a statement touched no row (older triggers sent it).
-    #[serde(default)]
-    k: Option<Vec<serde_json::Value>>,
-}
-
-impl Invalidation {
-    fn parse(text: &str) -> Self {
-        let Ok(p) = serde_json::from_str::<Payload>(text) else {
-            return Self::Unknown;
-        };
-        match (p.c.as_str(), p.all) {
-            ("objects", true) => Self::AllObjects,
-            ("auth", _) | ("tokens", true) => Self::AllAuth,
-            ("objects", false) => p
-                .k
-                .unwrap_or_default()
-                .into_iter()
-                .map(|k| {
-                    let (repository, path): (String, String) = serde_json::from_value(k).ok()?;
-                    Some(ObjectKey { repository, path })
-                })
-                .collect::<Option<_>>()
-                .map_or(Self::Unknown, Self::Objects),
-            ("tokens", false) => {
-                p.k.unwrap_or_default()
-                    .into_iter()
-                    .map(|k| hex::decode(k.as_str()?).ok())
-                    .collect::<Option<_>>()
-                    .map_or(Self::Unknown, Self::Tokens)
-            }
-            _ => Self::Unknown,
-        }
-    }
-}
-
-/// The caches notifications are applied to.
-#[derive(Debug, Clone)]
-pub struct Caches {
-    /// The object-stat (and kv) lookups.
-    pub reads: Reads,
-    /// The token cache.
-    pub auth: Authenticator,
-    /// Told the primary's position after each invalidation, so cache
-    /// fills from replicas are no older.
-    pub router: ReadRouter,
-}
-
-impl Caches {
-    async fn apply(&self, invalidation: Invalidation) {
-        match invalidation {
-            Invalidation::Objects(keys) => {
-                for key in &keys {
-                    self.reads.changed(Change::Object(key)).await;
-                }
-            }
-            Invalidation::AllObjects => self.reads.changed(Change::Objects).await,
-            Invalidation::Tokens(digests) => self.auth.forget(&digests).await,
-            Invalidation::AllAuth => self.auth.forget_all(),
-            Invalidation::Unknown => self.flush().await,
-        }
-    }
-
-    async fn flush(&self) {
-        self.reads.changed(Change::Everything).await;
-        self.auth.forget_all();
-    }
-}
 
 /// Listens on `target` until `stop`, applying notifications to `caches`
 /// and keeping `coherence` true only while notifications are proved to
@@ -435,53 +346,5 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn payloads_parse_and_anything_else_flushes() {
-        assert_eq!(
-            Invalidation::parse(r#"{"c":"objects","k":[["demo","a/b"],["x","y z"]]}"#),
-            Invalidation::Objects(vec![
-                ObjectKey {
-                    repository: "demo".into(),
-                    path: "a/b".into()
-                },
-                ObjectKey {
-                    repository: "x".into(),
-                    path: "y z".into()
-                },
-            ])
-        );
-        assert_eq!(
-            Invalidation::parse(r#"{"c":"objects","all":true}"#),
-            Invalidation::AllObjects
-        );
-        assert_eq!(
-            Invalidation::parse(r#"{"c":"tokens","k":["00ff"]}"#),
-            Invalidation::Tokens(vec![vec![0, 255]])
-        );
-        assert_eq!(
-            Invalidation::parse(r#"{"c":"auth","all":true}"#),
-            Invalidation::AllAuth
-        );
-        // A statement that touched nothing: nothing to drop, no flush.
-        assert_eq!(
-            Invalidation::parse(r#"{"c" : "tokens", "k" : null}"#),
-            Invalidation::Tokens(vec![])
-        );
-        for bad in [
-            "",
-            "not json",
-            r#"{"c":"objects","k":[["only-one"]]}"#,
-            r#"{"c":"tokens","k":["zz"]}"#,
-            r#"{"c":"future"}"#,
-        ] {
-            assert_eq!(Invalidation::parse(bad), Invalidation::Unknown, "{bad}");
-        }
     }
 }
