@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 use benches::{closed_loop, seeded_database, RunReport};
 use clap::Parser;
 use hdrhistogram::Histogram;
-use server::db::queries::objects::{ObjectKey, ObjectRow, Stat};
+use server::db::queries::objects::ObjectRow;
+use server::model::objects::{ObjectKey, Stat};
 use server::settings::{ReadPath, ReadSettings, Settings};
 use server::AppState;
 

@@ -25,6 +25,8 @@
 //! cli        clap flags and their conversion to Settings (for `main`; benches reuse PolicyArg)
 //! settings   typed settings, the edge's included, with every default
 //! logs       where log lines go: standard error, through a writer thread
+//! model      the data handed out (objects, repositories, tokens, grants), with their JSON and
+//!            OpenAPI shapes; imports nothing of the crate
 //! ```
 //!
 //! A read goes `http::routes` → [`Reads`](domain::reads::Reads) →
@@ -40,6 +42,7 @@ pub mod domain;
 pub mod http;
 pub mod logs;
 pub mod metrics;
+pub mod model;
 pub mod service;
 pub mod settings;
 #[cfg(feature = "testing")]

@@ -7,10 +7,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// Top to bottom, as in `lib.rs`'s layer map: each may import from itself
-/// and from what follows it.
+/// and from what follows it. `model` (the data the service hands out) is
+/// last: every layer may use it, and it imports nothing of the crate.
 const LAYERS: &[&str] = &[
     "lib", "testing", "http", "service", "metrics", "domain", "cluster", "db", "cli", "settings",
-    "logs",
+    "logs", "model",
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -105,6 +106,61 @@ fn subsystems_import_only_the_layers_below_them() {
     );
 }
 
+/// The code lines (comments left out) of the files under `src/<folder>`
+/// naming any of `words`, as `path:line: text`.
+fn code_naming(folder: &str, words: &[&str]) -> Vec<String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src.join(folder), &mut files);
+    assert!(!files.is_empty(), "no files under src/{folder}");
+    let mut found = Vec::new();
+    for file in &files {
+        for (n, line) in fs::read_to_string(file).unwrap().lines().enumerate() {
+            if !line.trim_start().starts_with("//") && words.iter().any(|w| line.contains(w)) {
+                found.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_model_is_the_bottom_layer() {
+    assert_eq!(LAYERS.last(), Some(&"model"));
+    let upward: Vec<String> = code_naming("model", &["crate::"])
+        .into_iter()
+        .filter(|line| crate_paths(line).iter().any(|target| *target != "model"))
+        .collect();
+    assert!(
+        upward.is_empty(),
+        "model imports nothing of the crate:\n{}",
+        upward.join("\n")
+    );
+}
+
+#[test]
+fn the_database_names_no_http_or_openapi_type() {
+    let found = code_naming(
+        "db",
+        &["utoipa", "axum", "hyper", "Serialize", "crate::http"],
+    );
+    assert!(
+        found.is_empty(),
+        "wire types belong in `model`, routes in `http`:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn handlers_do_not_reach_for_queries() {
+    let found = code_naming("http", &["db::queries"]);
+    assert!(
+        found.is_empty(),
+        "a handler goes through `domain`, and answers with `model`'s types:\n{}",
+        found.join("\n")
+    );
+}
+
 #[test]
 fn the_checker_sees_an_upward_import() {
     assert_eq!(crate_paths("use crate::http::error::AppError;"), ["http"]);
@@ -113,4 +169,8 @@ fn the_checker_sees_an_upward_import() {
         ["db", "settings"]
     );
     assert!(crate_paths("use pgbatch_crate::x;").is_empty());
+    assert_eq!(
+        crate_paths("use crate::model::objects::ObjectKey;"),
+        ["model"]
+    );
 }

@@ -2,8 +2,9 @@
 //! and the schema migrations applied to it; below it, every SQL statement
 //! (`queries`), TLS to Postgres (`tls`) and the demo data (`seed`).
 //!
-//! Imports from `settings` only: the database layer knows nothing of HTTP,
-//! caches or the domain.
+//! Imports from `settings`, and from `model` the types its queries answer
+//! with: the database layer names no HTTP or OpenAPI type, and knows nothing
+//! of caches or the domain.
 
 pub mod queries;
 pub mod seed;

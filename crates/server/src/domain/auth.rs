@@ -23,10 +23,10 @@ use tokio_postgres::types::PgLsn;
 use crate::cluster::coherence::Coherence;
 use crate::cluster::replicas::{Needs, ReadRouter};
 use crate::db::queries::auth as sql;
-pub use crate::db::queries::auth::{Grant, TokenInfo};
 use crate::db::Postgres;
 use crate::domain::failure::Failure;
 use crate::domain::input;
+use crate::model::auth::{Grant, TokenInfo};
 use crate::settings::AuthSettings;
 
 mod memo;

@@ -15,9 +15,10 @@ use serde::Deserialize;
 
 use crate::cluster::replicas::ReadRouter;
 use crate::db::queries::kv::KvQuery;
-use crate::db::queries::objects::{ObjectKey, ObjectStatQuery};
+use crate::db::queries::objects::ObjectStatQuery;
 use crate::domain::auth::Authenticator;
 use crate::domain::reads::Reads;
+use crate::model::objects::ObjectKey;
 
 /// The notification channel the triggers send on.
 pub const CHANNEL: &str = "pgbatch_invalidate";

@@ -12,7 +12,7 @@
 
 use std::future::Future;
 
-use crate::db::queries::objects::ObjectStats;
+use crate::model::objects::ObjectStats;
 
 /// Most entries in one page (lakeFS's `amount` maximum).
 pub const MAX_AMOUNT: usize = 1000;

@@ -3,7 +3,7 @@
 //! HTTP): reads through lookups and caches, writes that invalidate them, imports, listings, tokens and
 //! grants, input validation, and the one domain error.
 //!
-//! Imports from `cluster`, `db` and `settings` only.
+//! Imports from `cluster`, `db`, `settings` and `model` only.
 
 pub mod auth;
 pub mod failure;

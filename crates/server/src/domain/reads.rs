@@ -25,13 +25,14 @@ use crate::cluster::coherence::Coherence;
 use crate::cluster::replicas::{Needs, ReadRouter};
 use crate::db::queries::kv::KvQuery;
 use crate::db::queries::objects::{self, ObjectStatQuery};
-use crate::db::queries::repositories::{self, Repository};
+use crate::db::queries::repositories;
 use crate::domain::failure::Failure;
 #[cfg(test)]
 use crate::domain::invalidation::Table;
 use crate::domain::invalidation::{Change, Invalidated};
 use crate::domain::listing::{self, ListRequest, Listing};
 use crate::domain::lookup::Lookup;
+use crate::model::repositories::Repository;
 use crate::settings::ReadSettings;
 
 /// Every read the service does. Cheap to clone.
@@ -353,7 +354,7 @@ async fn list_on<C: tokio_postgres::GenericClient + Sync>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::db::queries::objects::ObjectKey;
+    use crate::model::objects::ObjectKey;
     use crate::settings::ReadPath;
 
     /// Reads on the cached path over a pool that never connects: building

@@ -13,13 +13,15 @@ use pgbatch::pg::{DbErrorKind, PgError, Pool, RowError, Statements, Writer, Writ
 use pgbatch::{loader_fn, Batcher, BuildError};
 use tokio_postgres::types::PgLsn;
 
-use crate::db::queries::objects::{self, ObjectKey, ObjectRow, ObjectUpsert, OBJECT_TABLE};
-use crate::db::queries::repositories::{self, Repository};
+use crate::db::queries::objects::{self, ObjectRow, ObjectUpsert, OBJECT_TABLE};
+use crate::db::queries::repositories;
 use crate::db::queries::system;
 use crate::domain::failure::{Failure, Work};
 use crate::domain::import::NdjsonObjects;
 use crate::domain::invalidation::Change;
 use crate::domain::reads::Reads;
+use crate::model::objects::ObjectKey;
+use crate::model::repositories::Repository;
 use crate::settings::{ImportSettings, Pooler, WriteSettings};
 use tokio::sync::Semaphore;
 

@@ -6,17 +6,7 @@ use pgbatch::pg::{Sql, Statements};
 use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
 
-/// One policy row: what a user may do in one repository, or in all (`*`).
-/// Serialized as `GET /api/v1/user` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
-pub struct Grant {
-    /// A repository name, or `*`.
-    pub repository: String,
-    /// Reads allowed.
-    pub read: bool,
-    /// Writes allowed.
-    pub write: bool,
-}
+use crate::model::auth::{Grant, TokenInfo};
 
 /// Who a token is: its user, their policies, and when it expires.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,22 +168,6 @@ pub async fn insert_token<C: GenericClient>(
         )
         .await?;
     Ok(n > 0)
-}
-
-/// A stored token as it is listed: never the token itself, only an id (the
-/// first 16 hex digits of its SHA-256 digest), its user and description.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
-pub struct TokenInfo {
-    /// The first 16 hex digits of the token's digest.
-    pub id: String,
-    /// The user it authenticates as.
-    pub user: String,
-    /// What it is for.
-    pub description: String,
-    /// When it was created, in Unix seconds.
-    pub created_at: i64,
-    /// When it stops working, in Unix seconds; `null`: never.
-    pub expires_at: Option<i64>,
 }
 
 /// The tokens of `user`, or of every user.

@@ -1,6 +1,9 @@
 //! All of the service's SQL, one module per table or concern: the lookups
 //! as [`BatchQuery`](pgbatch::pg::BatchQuery)s, the upsert the writer
 //! runs, and the plain statements of writes, authentication and set-up.
+//! What they answer with, where the service hands it out, is `model`'s
+//! (`ObjectStats`, `Repository`, `TokenInfo`, ...); a row only the
+//! database sees (`ObjectRow`, `TokenOwner`) is defined here.
 //! Elsewhere only what cannot live here: the migrations themselves
 //! (`migrations/`, and `db/superseded/` for a changed one's old text),
 //! `db`'s two statements on refinery's own history table, and the

@@ -1,42 +1,23 @@
 //! The `repositories` table.
 
-use serde::Serialize;
 use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Row};
 
-/// A repository, as the API shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-pub struct Repository {
-    /// Its name.
-    pub name: String,
-    /// Where its objects' data lives.
-    pub storage_namespace: String,
-    /// Creation time, seconds since the Unix epoch.
-    pub created_at: i64,
-    /// Its one branch (the lakeFS surface's), `main` unless named at
-    /// creation. Not in this API's own shape.
-    #[serde(skip)]
-    pub default_branch: String,
-    /// Marked read-only at creation (the lakeFS surface's flag). Not in
-    /// this API's own shape.
-    #[serde(skip)]
-    pub read_only: bool,
-}
+use crate::model::repositories::Repository;
 
 /// The columns a [`Repository`] is read from.
 const COLUMNS: &str =
     "name, storage_namespace, extract(epoch FROM created_at)::bigint, default_branch, read_only";
 
-impl Repository {
-    fn from_row(row: &Row) -> Result<Self, tokio_postgres::Error> {
-        Ok(Self {
-            name: row.try_get(0)?,
-            storage_namespace: row.try_get(1)?,
-            created_at: row.try_get(2)?,
-            default_branch: row.try_get(3)?,
-            read_only: row.try_get(4)?,
-        })
-    }
+/// A [`Repository`] from a row of [`COLUMNS`].
+fn from_row(row: &Row) -> Result<Repository, tokio_postgres::Error> {
+    Ok(Repository {
+        name: row.try_get(0)?,
+        storage_namespace: row.try_get(1)?,
+        created_at: row.try_get(2)?,
+        default_branch: row.try_get(3)?,
+        read_only: row.try_get(4)?,
+    })
 }
 
 /// Creates repository `name`; `None` if the name is taken.
@@ -81,7 +62,7 @@ pub async fn insert_with<C: GenericClient>(
         )
         .await?
         .as_ref()
-        .map(Repository::from_row)
+        .map(from_row)
         .transpose()
 }
 
@@ -99,7 +80,7 @@ pub async fn get<C: GenericClient>(
         .query_typed_opt(&sql, &[(&name, Type::TEXT)])
         .await?
         .as_ref()
-        .map(Repository::from_row)
+        .map(from_row)
         .transpose()
 }
 
@@ -132,7 +113,7 @@ pub async fn list<C: GenericClient>(client: &C) -> Result<Vec<Repository>, tokio
         .query_typed(&sql, &[])
         .await?
         .iter()
-        .map(Repository::from_row)
+        .map(from_row)
         .collect()
 }
 

@@ -11,13 +11,13 @@ use pgbatch::pg::Written;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::db::queries::objects::{ObjectKey, ObjectStats, Stat};
 use crate::domain::failure::Failure;
 use crate::domain::input::{self, ObjectBody};
 use crate::domain::lookup::Reservation;
 use crate::http::error::AppError;
 use crate::http::extract::{JsonBody, ObjectPath, ReadableRepository, WritableRepository};
 use crate::http::position::ReadPosition;
+use crate::model::objects::{ObjectKey, ObjectStats, Stat};
 use crate::service::state::AppState;
 
 /// The object a stat found in `repository`, `None` if the repository

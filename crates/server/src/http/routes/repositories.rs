@@ -6,12 +6,12 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::db::queries::repositories::Repository;
 use crate::domain::auth::Action;
 use crate::domain::input;
 use crate::http::error::AppError;
 use crate::http::extract::{Caller, JsonBody, WritableRepository};
 use crate::http::position::ReadPosition;
+use crate::model::repositories::Repository;
 use crate::service::state::AppState;
 
 /// The body of `POST /api/v1/repositories`.

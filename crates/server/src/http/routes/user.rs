@@ -5,9 +5,9 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::Serialize;
 
-use crate::domain::auth::{Grant, TokenInfo};
 use crate::http::error::AppError;
 use crate::http::extract::{Caller, PathParams};
+use crate::model::auth::{Grant, TokenInfo};
 use crate::service::state::AppState;
 
 /// The body of `GET /api/v1/user`.

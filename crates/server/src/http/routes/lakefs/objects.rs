@@ -17,14 +17,14 @@ use super::shapes::{
     StagingLocation, StagingMetadata,
 };
 use super::unserved::{self, Why};
-use crate::db::queries::objects::{ObjectKey, ObjectStats as Stats};
-use crate::db::queries::repositories::Repository;
 use crate::domain::auth::{Action, Principal};
 use crate::domain::failure::Failure;
 use crate::domain::input::{self, ObjectBody};
 use crate::domain::listing::{ListRequest, MAX_AMOUNT};
 use crate::http::extract::{Caller, JsonBody, PathParams};
 use crate::http::position::ReadPosition;
+use crate::model::objects::{ObjectKey, ObjectStats as Stats};
+use crate::model::repositories::Repository;
 use crate::service::state::AppState;
 
 /// `{repository}` and `{ref}` (or `{branch}`) of a path.

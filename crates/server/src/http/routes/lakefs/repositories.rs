@@ -181,7 +181,7 @@ async fn branch_of(
 /// and every instance, and another for a repository made again under the
 /// same name. There are no commits behind it: reading at it answers 501
 /// (see [`is_commit_id`]).
-pub(crate) fn head_commit_id(repo: &crate::db::queries::repositories::Repository) -> String {
+pub(crate) fn head_commit_id(repo: &crate::model::repositories::Repository) -> String {
     use sha2::Digest as _;
     let mut hash = sha2::Sha256::new();
     hash.update(b"pgbatch head commit\0");

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::db::queries::objects::ObjectStats as Stats;
-use crate::db::queries::repositories::Repository as Row;
 use crate::domain::listing::Entry;
+use crate::model::objects::ObjectStats as Stats;
+use crate::model::repositories::Repository as Row;
 
 /// `ObjectStats`.
 #[derive(Debug, Serialize)]
