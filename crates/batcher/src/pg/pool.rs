@@ -187,9 +187,12 @@ where
         // The connection used last goes out first, so a batcher at its
         // limit keeps a few warm server processes busy instead of cycling
         // through all of them: first-in-first-out read 0.75 of a
-        // hand-written batcher's throughput at the same limit, this 0.92
-        // (BENCHMARKS §2.1). Idle ones still face `pre_recycle` and
-        // keepalives.
+        // hand-written batcher's throughput at the same limit, this 0.85
+        // (BENCHMARKS §2.1). The ones at the bottom may stay idle for long:
+        // one the server closed meanwhile (`idle_session_timeout`) is
+        // found closed by the `Fast` recycle check and replaced, one a
+        // middlebox dropped silently by the keepalives, and `pre_recycle`
+        // drops those opened to a node no longer current.
         .queue_mode(QueueMode::Lifo)
         .wait_timeout(Some(options.wait_timeout))
         .create_timeout(Some(create_timeout))
