@@ -17,7 +17,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use benches::{closed_loop, seeded_database, RunReport};
+use benches::rounds::RoundArgs;
+use benches::{closed_loop, print_markdown, seeded_database, Align, RunReport};
 use clap::Parser;
 use hdrhistogram::Histogram;
 use server::db::queries::objects::ObjectRow;
@@ -27,7 +28,11 @@ use server::AppState;
 
 /// Measures cross-instance invalidation.
 #[derive(Debug, Parser)]
-#[command(about)]
+#[command(
+    about,
+    mut_arg("seconds", |a| a.default_value("5").help("Seconds per cost run")),
+    mut_arg("rounds", |a| a.help("Interleaved rounds of the cost runs"))
+)]
 struct Args {
     /// Objects seeded in repository `demo`.
     #[arg(long, default_value_t = 20_000)]
@@ -41,12 +46,8 @@ struct Args {
     /// Concurrent writers in the cost runs.
     #[arg(long, default_value_t = 300)]
     callers: usize,
-    /// Seconds per cost run.
-    #[arg(long, default_value_t = 5.0)]
-    seconds: f64,
-    /// Interleaved rounds of the cost runs.
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
+    #[command(flatten)]
+    runs: RoundArgs,
     /// A few seconds in all, for CI: proves the tool runs.
     #[arg(long)]
     smoke: bool,
@@ -78,7 +79,8 @@ fn address(stat: Option<Stat>) -> Option<String> {
 async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
     if args.smoke {
-        (args.objects, args.probes, args.seconds, args.rounds) = (1_000, 20, 0.3, 1);
+        (args.objects, args.probes) = (1_000, 20);
+        (args.runs.seconds, args.runs.rounds) = (0.3, 1);
     }
     let config = seeded_database(args.objects, 0).await;
     let settings = Settings {
@@ -106,16 +108,26 @@ async fn main() -> anyhow::Result<()> {
     let q = |q: f64| Duration::from_nanos(delays.value_at_quantile(q)).as_secs_f64() * 1e3;
     println!(
         "\n### Invalidation delay, B's write acknowledged to A's cached read seeing it\n\n\
-         {} probes, B writing {} other objects/s meanwhile, {} objects\n\n\
-         | p50 ms | p90 ms | p99 ms | max ms |\n|---:|---:|---:|---:|\n\
-         | {:.2} | {:.2} | {:.2} | {:.2} |",
+         {} probes, B writing {} other objects/s meanwhile, {} objects\n",
         delays.len(),
         args.write_rate,
         args.objects,
-        q(0.5),
-        q(0.9),
-        q(0.99),
-        Duration::from_nanos(delays.max()).as_secs_f64() * 1e3,
+    );
+    print_markdown(
+        &[
+            ("p50 ms", Align::Right),
+            ("p90 ms", Align::Right),
+            ("p99 ms", Align::Right),
+            ("max ms", Align::Right),
+        ],
+        [[
+            q(0.5),
+            q(0.9),
+            q(0.99),
+            Duration::from_nanos(delays.max()).as_secs_f64() * 1e3,
+        ]
+        .map(|ms| format!("{ms:.2}"))
+        .to_vec()],
     );
 
     write_cost(&b, &config, &args).await?;
@@ -184,9 +196,9 @@ async fn write_cost(
 ) -> anyhow::Result<()> {
     let (client, conn) = config.connect(tokio_postgres::NoTls).await?;
     tokio::spawn(conn);
-    let run = Duration::from_secs_f64(args.seconds);
+    let run = Duration::from_secs_f64(args.runs.seconds);
     let mut results: Vec<(&str, RunReport)> = Vec::new();
-    for _ in 0..args.rounds {
+    for _ in 0..args.runs.rounds {
         for (label, action) in [
             ("notifications on", "ENABLE"),
             ("notifications off", "DISABLE"),
@@ -209,19 +221,26 @@ async fn write_cost(
         .batch_execute("ALTER TABLE objects ENABLE TRIGGER USER")
         .await?;
     println!(
-        "\n### Micro-batched upserts through one instance, {} callers, {:.1} s per run\n\n\
-         | run | upserts/s | p50 ms | p99 ms |\n|---|---:|---:|---:|",
-        args.callers, args.seconds
+        "\n### Micro-batched upserts through one instance, {} callers, {:.1} s per run\n",
+        args.callers, args.runs.seconds
     );
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    for (label, r) in &results {
-        println!(
-            "| {label} | {:.0} | {:.2} | {:.2} |",
-            r.per_sec(),
-            ms(r.quantile(0.5)),
-            ms(r.quantile(0.99))
-        );
-    }
+    print_markdown(
+        &[
+            ("run", Align::Left),
+            ("upserts/s", Align::Right),
+            ("p50 ms", Align::Right),
+            ("p99 ms", Align::Right),
+        ],
+        results.iter().map(|(label, r)| {
+            vec![
+                (*label).to_owned(),
+                format!("{:.0}", r.per_sec()),
+                format!("{:.2}", ms(r.quantile(0.5))),
+                format!("{:.2}", ms(r.quantile(0.99))),
+            ]
+        }),
+    );
     let median_of = |label: &str| {
         let v: Vec<f64> = results
             .iter()
@@ -239,4 +258,16 @@ async fn write_cost(
         on / off
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_flags_keep_their_defaults() {
+        let args = Args::try_parse_from(["coherence"]).expect("the defaults parse");
+        let (seconds, rounds): (f64, usize) = (args.runs.seconds, args.runs.rounds);
+        assert_eq!((seconds, rounds), (5.0, 3));
+    }
 }

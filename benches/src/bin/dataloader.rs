@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use async_graphql::dataloader::{DataLoader, Loader as DataLoaderLoader};
 use benches::reads::{key, TableArgs};
-use benches::rounds::{median, spread};
+use benches::rounds::{median, spread, WarmRoundArgs};
 use benches::{closed_loop_warm, print_markdown, Align, RunReport};
 use clap::Parser;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -46,22 +46,18 @@ use server::db::Database;
 
 /// Measures pgbatch against async-graphql's DataLoader on Postgres.
 #[derive(Debug, Parser)]
-#[command(about)]
+#[command(
+    about,
+    mut_arg("rounds", |a| a.default_value("5").help("Interleaved rounds of the three contenders"))
+)]
 struct Args {
     #[command(flatten)]
     table: TableArgs,
     /// Concurrent callers, each asking for one key at a time.
     #[arg(long, default_value_t = 300)]
     resolvers: usize,
-    /// Interleaved rounds of the three contenders.
-    #[arg(long, default_value_t = 5)]
-    rounds: usize,
-    /// Seconds measured per run.
-    #[arg(long, default_value_t = 3.0)]
-    seconds: f64,
-    /// Seconds of the same load before each run is measured.
-    #[arg(long, default_value_t = 1.0)]
-    warmup: f64,
+    #[command(flatten)]
+    runs: WarmRoundArgs,
     /// Seconds per setting of the DataLoader's sweep.
     #[arg(long, default_value_t = 2.0)]
     sweep_seconds: f64,
@@ -157,9 +153,9 @@ async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
     args.table.apply_smoke("dataloader");
     if args.table.smoke {
-        args.rounds = 1;
-        args.seconds = 0.3;
-        args.warmup = 0.1;
+        args.runs.rounds = 1;
+        args.runs.seconds = 0.3;
+        args.runs.warmup = 0.1;
         args.sweep_seconds = 0.2;
         args.resolvers = 64;
     }
@@ -176,7 +172,7 @@ async fn run(
     seconds: f64,
 ) -> Sample {
     let (warmup, run) = (
-        Duration::from_secs_f64(args.warmup),
+        Duration::from_secs_f64(args.runs.warmup),
         Duration::from_secs_f64(seconds),
     );
     let rows = args.table.rows;
@@ -249,7 +245,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     let loader = PgLoader::new(pool, KvQuery);
     println!(
         "{} resolvers, pool of {}, {} rows; {} s runs after {} s warm-up\n",
-        args.resolvers, args.pool_size, args.table.rows, args.seconds, args.warmup
+        args.resolvers, args.pool_size, args.table.rows, args.runs.seconds, args.runs.warmup
     );
 
     // The DataLoader's best setting, found on this machine in this run.
@@ -349,11 +345,11 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
         ),
     ];
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); contenders.len()];
-    for round in 0..args.rounds {
+    for round in 0..args.runs.rounds {
         // Each round in another order, so no contender always runs first.
         for i in 0..contenders.len() {
             let c = (i + round) % contenders.len();
-            let s = run(args, db, &loader, contenders[c].1, args.seconds).await;
+            let s = run(args, db, &loader, contenders[c].1, args.runs.seconds).await;
             samples[c].push(s);
         }
     }
@@ -361,7 +357,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     println!(
         "Interleaved rounds: median (min-max) of {} rounds; ratios per round, then the median. \
          Best DataLoader setting: {}; best fixed pgbatch limit: {best_fixed}.\n",
-        args.rounds,
+        args.runs.rounds,
         best.describe()
     );
     let ratio = |who: usize, of: usize, f: fn(&Sample) -> f64| -> String {
@@ -405,4 +401,16 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
         }),
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_flags_keep_their_defaults() {
+        let args = Args::try_parse_from(["dataloader"]).expect("the defaults parse");
+        let runs = &args.runs;
+        assert_eq!((runs.rounds, runs.seconds, runs.warmup), (5, 3.0, 1.0));
+    }
 }

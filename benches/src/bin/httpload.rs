@@ -28,6 +28,7 @@ use std::process::Stdio;
 use anyhow::{bail, Context as _};
 use benches::cpu::{CpuSnapshot, CpuUse};
 use benches::reads::TableArgs;
+use benches::rounds::RoundArgs;
 use benches::{
     print_markdown,
     Align::{Left, Right},
@@ -43,7 +44,15 @@ const SCRIPT: &str = include_str!("../../wrk/read.lua");
 
 /// Drives the server's read paths over HTTP with wrk.
 #[derive(Debug, Parser)]
-#[command(about)]
+#[command(
+    about,
+    mut_arg("seconds", |a| a.help("Seconds per run (whole seconds: wrk's resolution)")),
+    mut_arg("rounds", |a| a.help(
+        "Rounds of all runs. The table shows each path's median round and \
+         the range, so a noisy moment on a shared machine moves one round, \
+         not the verdict; the rounds interleave, so drift hits every path"
+    ))
+)]
 struct Args {
     #[command(flatten)]
     table: TableArgs,
@@ -53,14 +62,9 @@ struct Args {
     /// wrk's threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
-    /// Seconds per run (whole seconds: wrk's resolution).
-    #[arg(long, default_value_t = 10)]
-    seconds: u64,
-    /// Rounds of all runs. The table shows each path's median round and
-    /// the range, so a noisy moment on a shared machine moves one round,
-    /// not the verdict; the rounds interleave, so drift hits every path.
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
+    /// `--seconds` (whole: wrk's resolution) and `--rounds`.
+    #[command(flatten)]
+    runs: RoundArgs<u64>,
     /// Keys of the hot-set run of the cached path (they fit in its cache).
     #[arg(long, default_value_t = 50_000)]
     hot_keys: u64,
@@ -132,10 +136,10 @@ async fn main() -> anyhow::Result<()> {
     let _logs = args.log.init()?;
     args.table.apply_smoke("httpload");
     if args.table.smoke {
-        args.seconds = 1;
+        args.runs.seconds = 1;
         args.connections = 16;
         args.hot_keys = 1_000;
-        args.rounds = 1;
+        args.runs.rounds = 1;
     }
     args.table
         .with_table(|o| o, async |db| measure(&args, db).await)
@@ -181,9 +185,9 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
         .filter(|r| args.only.contains(&r.0))
         .collect();
     let mut rounds: Vec<Vec<WrkResult>> = runs.iter().map(|_| Vec::new()).collect();
-    for round in 0..args.rounds.max(1) {
+    for round in 0..args.runs.rounds.max(1) {
         for (i, &(_, path, read_path, route, keys)) in runs.iter().enumerate() {
-            eprintln!("round {}/{}: {path}", round + 1, args.rounds.max(1));
+            eprintln!("round {}/{}: {path}", round + 1, args.runs.rounds.max(1));
             let seed = round * runs.len() + i;
             let result =
                 serve_and_drive(args, db, script.path(), read_path, route, keys, seed).await?;
@@ -336,7 +340,7 @@ async fn serve_and_drive(
     let before = state.reads.kv.batcher_stats();
     let cluster = db.cluster.as_ref();
     let cpu_before = CpuSnapshot::take(cluster);
-    let mut result = wrk(args, script, &url, route, keys, args.seconds, seed).await?;
+    let mut result = wrk(args, script, &url, route, keys, args.runs.seconds, seed).await?;
     let cpu = CpuSnapshot::take(cluster).since(&cpu_before);
     eprintln!("  {route}: {}", cpu.describe(result.requests));
     result.cpu = Some(cpu);
@@ -429,8 +433,8 @@ fn print_table(results: &[Outcome], args: &Args) {
         args.table.rows,
         args.threads,
         args.connections,
-        args.seconds,
-        args.rounds.max(1),
+        args.runs.seconds,
+        args.runs.rounds.max(1),
         policy_name(args.batch_policy)
     );
     let share = |per_sec: f64| {
@@ -560,7 +564,7 @@ fn append_csv(
         "{now},{},{},{},{},{round},\"{run}\",{keys},{:.0},{:.3},{:.3},{:.3},{:.3},{}",
         args.table.rows,
         args.connections,
-        args.seconds,
+        args.runs.seconds,
         policy_name(args.batch_policy),
         r.per_sec(),
         r.mean_us / 1e3,
@@ -570,4 +574,18 @@ fn append_csv(
         r.errors
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_flags_keep_their_defaults() {
+        let args = Args::try_parse_from(["httpload"]).expect("the defaults parse");
+        let (seconds, rounds): (u64, usize) = (args.runs.seconds, args.runs.rounds);
+        assert_eq!((seconds, rounds), (10, 3));
+        // wrk counts whole seconds.
+        assert!(Args::try_parse_from(["httpload", "--seconds", "1.5"]).is_err());
+    }
 }

@@ -236,21 +236,25 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
 /// of a real network (0.5 ms or more added).
 fn print_lookups(lookups: &[LookupOutcome]) {
     println!("\nOne caller, sequential: a cache hit (server's cached read path, key cached) vs an uncached single-row lookup\n");
-    println!(
-        "| added RTT | SELECT 1 mean ms | cache hit ns | uncached lookup µs | uncached / hit |"
+    print_markdown(
+        &[
+            ("added RTT", Left),
+            ("SELECT 1 mean ms", Right),
+            ("cache hit ns", Right),
+            ("uncached lookup µs", Right),
+            ("uncached / hit", Right),
+        ],
+        lookups.iter().map(|o| {
+            let t = o.times;
+            vec![
+                label(o.added_rtt_ms),
+                format!("{:.3}", ms(o.measured_rtt)),
+                t.hit.as_nanos().to_string(),
+                format!("{:.1}", t.uncached.as_secs_f64() * 1e6),
+                format!("{:.0}x", t.uncached.as_secs_f64() / t.hit.as_secs_f64()),
+            ]
+        }),
     );
-    println!("|---|---:|---:|---:|---:|");
-    for o in lookups {
-        let t = o.times;
-        println!(
-            "| {} | {:.3} | {} | {:.1} | {:.0}x |",
-            label(o.added_rtt_ms),
-            ms(o.measured_rtt),
-            t.hit.as_nanos(),
-            t.uncached.as_secs_f64() * 1e6,
-            t.uncached.as_secs_f64() / t.hit.as_secs_f64()
-        );
-    }
     println!();
     for o in lookups.iter().filter(|o| o.added_rtt_ms >= Some(0.5)) {
         let ratio = o.times.uncached.as_secs_f64() / o.times.hit.as_secs_f64();

@@ -308,13 +308,27 @@ async fn compare_statements(
         rates[0].len(),
         args.seconds
     );
-    println!("| statement | keys/s (median) | range | × `= ANY($1)` |");
-    println!("|---|---:|---:|---:|");
-    for (i, (name, _, _)) in reads::STATEMENTS.iter().enumerate() {
-        let m = median(&rates[i]);
-        let (lo, hi) = benches::rounds::range_by(&rates[i], |x| *x);
-        println!("| {name} | {m:.0} | {lo:.0}-{hi:.0} | {:.2} |", m / base);
-    }
+    print_markdown(
+        &[
+            ("statement", Left),
+            ("keys/s (median)", Right),
+            ("range", Right),
+            ("× `= ANY($1)`", Right),
+        ],
+        reads::STATEMENTS
+            .iter()
+            .zip(&rates)
+            .map(|((name, _, _), rates)| {
+                let m = median(rates);
+                let (lo, hi) = benches::rounds::range_by(rates, |x| *x);
+                vec![
+                    (*name).to_owned(),
+                    format!("{m:.0}"),
+                    format!("{lo:.0}-{hi:.0}"),
+                    format!("{:.2}", m / base),
+                ]
+            }),
+    );
     Ok(())
 }
 

@@ -26,7 +26,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use benches::reads::{self, TableArgs};
-use benches::rounds::{median, range_by};
+use benches::rounds::{median, range_by, WarmRoundArgs};
+use benches::{print_markdown, Align};
 use clap::Parser;
 use embedded_pg::pgbouncer::{PgBouncer, PoolMode};
 use pgbatch::pg::{Pool, PoolOptions, Statements};
@@ -46,15 +47,8 @@ struct Args {
     /// Concurrent initiators, each doing one read at a time.
     #[arg(long, value_delimiter = ',', default_value = "16,300")]
     initiators: Vec<usize>,
-    /// Interleaved rounds.
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
-    /// Seconds measured per run.
-    #[arg(long, default_value_t = 3.0)]
-    seconds: f64,
-    /// Seconds of the same load before each run is measured.
-    #[arg(long, default_value_t = 1.0)]
-    warmup: f64,
+    #[command(flatten)]
+    runs: WarmRoundArgs,
     /// Connections of each pool, and PgBouncer's server connections.
     #[arg(long, default_value_t = 16)]
     pool_size: usize,
@@ -105,9 +99,9 @@ async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
     args.table.apply_smoke("pooler");
     if args.table.smoke {
-        args.rounds = 1;
-        args.seconds = 0.3;
-        args.warmup = 0.1;
+        args.runs.rounds = 1;
+        args.runs.seconds = 0.3;
+        args.runs.warmup = 0.1;
         args.initiators = vec![32];
     }
     args.table
@@ -139,12 +133,12 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     let timeout = server::settings::defaults::REQUEST_TIMEOUT;
     let rows = args.table.rows;
     let (run, warmup) = (
-        Duration::from_secs_f64(args.seconds),
-        Duration::from_secs_f64(args.warmup),
+        Duration::from_secs_f64(args.runs.seconds),
+        Duration::from_secs_f64(args.runs.warmup),
     );
     let mut samples: Vec<Vec<Vec<Sample>>> =
         vec![vec![Vec::new(); SETUPS.len()]; args.initiators.len()];
-    for round in 0..args.rounds {
+    for round in 0..args.runs.rounds {
         for (i, &n) in args.initiators.iter().enumerate() {
             for (s, setup) in SETUPS.iter().enumerate() {
                 eprintln!("round {}: {n} initiators, {}", round + 1, setup.name);
@@ -184,39 +178,60 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     }
     println!(
         "\nBatched reads, server defaults (automatic concurrency), pools of {}; PgBouncer 1.18 in transaction mode with {} server connections; {} interleaved rounds of {:.1} s after {:.1} s of warm-up; medians (range)\n",
-        args.pool_size, args.pool_size, args.rounds, args.seconds, args.warmup
+        args.pool_size, args.pool_size, args.runs.rounds, args.runs.seconds, args.runs.warmup
     );
-    println!(
-        "| initiators | setup | reads/s | × direct prepared | p50 ms | p99 ms | runs failed |"
-    );
-    println!("|---:|---|---:|---:|---:|---:|---:|");
+    let mut table: Vec<Vec<String>> = Vec::new();
     for (i, &n) in args.initiators.iter().enumerate() {
         let base = median(&samples[i][0].iter().map(|s| s.per_sec).collect::<Vec<_>>());
         for (s, setup) in SETUPS.iter().enumerate() {
             let runs = &samples[i][s];
             let ok: Vec<&Sample> = runs.iter().filter(|r| !r.failed).collect();
-            let failed = runs.len() - ok.len();
+            let failed = format!("{} of {}", runs.len() - ok.len(), runs.len());
             if ok.is_empty() {
-                println!(
-                    "| {n} | {} | - | - | - | - | {failed} of {} |",
-                    setup.name,
-                    runs.len()
-                );
+                let dash = || "-".to_owned();
+                table.push(vec![
+                    n.to_string(),
+                    setup.name.to_owned(),
+                    dash(),
+                    dash(),
+                    dash(),
+                    dash(),
+                    failed,
+                ]);
                 continue;
             }
             let rates: Vec<f64> = ok.iter().map(|r| r.per_sec).collect();
             let m = median(&rates);
             let (lo, hi) = range_by(&rates, |x| *x);
-            println!(
-                "| {n} | {} | {m:.0} ({lo:.0}-{hi:.0}) | {:.2} | {:.2} | {:.2} | {failed} of {} |",
-                setup.name,
-                m / base,
-                median(&ok.iter().map(|r| r.p50_ms).collect::<Vec<_>>()),
-                median(&ok.iter().map(|r| r.p99_ms).collect::<Vec<_>>()),
-                runs.len()
-            );
+            table.push(vec![
+                n.to_string(),
+                setup.name.to_owned(),
+                format!("{m:.0} ({lo:.0}-{hi:.0})"),
+                format!("{:.2}", m / base),
+                format!(
+                    "{:.2}",
+                    median(&ok.iter().map(|r| r.p50_ms).collect::<Vec<_>>())
+                ),
+                format!(
+                    "{:.2}",
+                    median(&ok.iter().map(|r| r.p99_ms).collect::<Vec<_>>())
+                ),
+                failed,
+            ]);
         }
     }
+    print_markdown(
+        &[
+            ("initiators", Align::Right),
+            ("setup", Align::Left),
+            ("reads/s", Align::Right),
+            ("× direct prepared", Align::Right),
+            ("p50 ms", Align::Right),
+            ("p99 ms", Align::Right),
+            ("runs failed", Align::Right),
+        ],
+        table,
+    );
     wrong_setting(&pooled, timeout, rows).await?;
     drop(bouncer);
     Ok(())
@@ -263,4 +278,16 @@ async fn wrong_setting(pooled: &Pool, timeout: Duration, rows: u64) -> anyhow::R
         println!("  {n} with: {message}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_flags_keep_their_defaults() {
+        let args = Args::try_parse_from(["pooler"]).expect("the defaults parse");
+        let runs = &args.runs;
+        assert_eq!((runs.rounds, runs.seconds, runs.warmup), (3, 3.0, 1.0));
+    }
 }

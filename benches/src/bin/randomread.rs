@@ -19,6 +19,8 @@ use std::process::Stdio;
 use anyhow::{bail, Context as _};
 use base64::Engine as _;
 use benches::reads::TableArgs;
+use benches::rounds::RoundArgs;
+use benches::{print_markdown, Align};
 use clap::Parser;
 use serde_json::Value;
 use server::db::Database;
@@ -48,12 +50,9 @@ struct Args {
     /// wrk's threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
-    /// Seconds per run.
-    #[arg(long, default_value_t = 10)]
-    seconds: u64,
-    /// Interleaved rounds.
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
+    /// `--seconds` (whole: wrk's resolution) and `--rounds`.
+    #[command(flatten)]
+    runs: RoundArgs<u64>,
     #[command(flatten)]
     log: benches::ServerLogArgs,
 }
@@ -68,8 +67,8 @@ async fn main() -> anyhow::Result<()> {
     args.table.apply_smoke("randomread");
     if args.table.smoke {
         args.objects = 3_000;
-        args.seconds = 1;
-        args.rounds = 1;
+        args.runs.seconds = 1;
+        args.runs.rounds = 1;
         args.connections = 16;
     }
     args.table
@@ -132,7 +131,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
         },
     ));
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); routes.len()];
-    for round in 0..args.rounds.max(1) {
+    for round in 0..args.runs.rounds.max(1) {
         for (i, (route, name, auth)) in routes.iter().enumerate() {
             eprintln!("round {}: {name}", round + 1);
             // Warms the connections, the buffers and the token cache.
@@ -155,7 +154,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
                     &url,
                     auth,
                     route,
-                    args.seconds,
+                    args.runs.seconds,
                     round,
                 )
                 .await?,
@@ -168,37 +167,55 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
 
     println!(
         "\n{} objects, {} connections (lakectl's --parallelism), {} interleaved rounds of {} s; medians (range)\n",
-        args.objects, args.connections, args.rounds, args.seconds
+        args.objects, args.connections, args.runs.rounds, args.runs.seconds
     );
-    println!("| route | requests/s | p50 ms | p99 ms | errors |");
-    println!("|---|---:|---:|---:|---:|");
-    let mut medians = Vec::new();
-    for ((_, name, _), mut r) in routes.iter().zip(runs) {
-        r.sort_by(|a, b| a.per_sec.total_cmp(&b.per_sec));
-        let (lo, hi) = (r[0].per_sec, r[r.len() - 1].per_sec);
-        let m = r.swap_remove(r.len() / 2);
-        println!(
-            "| {name} | {:.0} ({lo:.0}-{hi:.0}) | {:.2} | {:.2} | {} |",
-            m.per_sec, m.p50_ms, m.p99_ms, m.errors
-        );
-        medians.push((name, m));
-    }
+    // Each route's median round, and the range of its rounds' rates.
+    let medians: Vec<(&str, Run, (f64, f64))> = routes
+        .iter()
+        .zip(runs)
+        .map(|((_, name, _), mut r)| {
+            r.sort_by(|a, b| a.per_sec.total_cmp(&b.per_sec));
+            let range = (r[0].per_sec, r[r.len() - 1].per_sec);
+            (*name, r.swap_remove(r.len() / 2), range)
+        })
+        .collect();
+    print_markdown(
+        &[
+            ("route", Align::Left),
+            ("requests/s", Align::Right),
+            ("p50 ms", Align::Right),
+            ("p99 ms", Align::Right),
+            ("errors", Align::Right),
+        ],
+        medians.iter().map(|(name, m, (lo, hi))| {
+            vec![
+                (*name).to_owned(),
+                format!("{:.0} ({lo:.0}-{hi:.0})", m.per_sec),
+                format!("{:.2}", m.p50_ms),
+                format!("{:.2}", m.p99_ms),
+                m.errors.to_string(),
+            ]
+        }),
+    );
     println!(
         "\nlakectl's histogram of the median round (answers within each bound, cumulative):\n"
     );
-    print!("| ms |");
-    for (name, _) in &medians {
-        print!(" {name} |");
-    }
-    println!();
-    println!("|---:|{}", "---:|".repeat(medians.len()));
-    for (b, bound) in BUCKETS.iter().enumerate() {
-        print!("| {bound} |");
-        for (_, m) in &medians {
-            print!(" {} |", m.histogram.get(b).copied().unwrap_or(0));
-        }
-        println!();
-    }
+    let columns: Vec<(&str, Align)> = std::iter::once("ms")
+        .chain(medians.iter().map(|(name, _, _)| *name))
+        .map(|c| (c, Align::Right))
+        .collect();
+    print_markdown(
+        &columns,
+        BUCKETS.iter().enumerate().map(|(b, bound)| {
+            std::iter::once(bound.to_string())
+                .chain(
+                    medians
+                        .iter()
+                        .map(|(_, m, _)| m.histogram.get(b).copied().unwrap_or(0).to_string()),
+                )
+                .collect()
+        }),
+    );
     Ok(())
 }
 
@@ -265,4 +282,18 @@ async fn wrk(
         errors,
         histogram,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_flags_keep_their_defaults() {
+        let args = Args::try_parse_from(["randomread"]).expect("the defaults parse");
+        let (seconds, rounds): (u64, usize) = (args.runs.seconds, args.runs.rounds);
+        assert_eq!((seconds, rounds), (10, 3));
+        // wrk counts whole seconds.
+        assert!(Args::try_parse_from(["randomread", "--seconds", "1.5"]).is_err());
+    }
 }

@@ -31,7 +31,8 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use benches::{closed_loop, RunReport, ADMIN_TOKEN};
+use benches::rounds::RoundArgs;
+use benches::{closed_loop, print_markdown, Align, RunReport, ADMIN_TOKEN};
 use clap::Parser;
 use embedded_pg::Cluster;
 use server::db::seed::object_path;
@@ -42,7 +43,11 @@ use tower::ServiceExt as _;
 
 /// Measures reads across instances with a read replica.
 #[derive(Debug, Parser)]
-#[command(about)]
+#[command(
+    about,
+    mut_arg("seconds", |a| a.default_value("5")),
+    mut_arg("rounds", |a| a.help("Interleaved rounds; the median round is reported"))
+)]
 struct Args {
     /// Objects seeded in repository `demo`.
     #[arg(long, default_value_t = 200_000)]
@@ -50,12 +55,8 @@ struct Args {
     /// Concurrent callers, spread evenly over the instances.
     #[arg(long, default_value_t = 64)]
     callers: usize,
-    /// Seconds per run.
-    #[arg(long, default_value_t = 5.0)]
-    seconds: f64,
-    /// Interleaved rounds; the median round is reported.
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
+    #[command(flatten)]
+    runs: RoundArgs,
     /// Read connections per instance (and per instance to the replica).
     #[arg(long, default_value_t = 8)]
     pool_size: usize,
@@ -188,7 +189,7 @@ async fn run(
     let before: Vec<_> = states.iter().map(reads_of).collect();
     let report = closed_loop(
         args.callers,
-        Duration::from_secs_f64(args.seconds),
+        Duration::from_secs_f64(args.runs.seconds),
         args.objects,
         request,
     )
@@ -221,8 +222,8 @@ async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
     if args.smoke {
         args.objects = 2_000;
-        args.seconds = 0.5;
-        args.rounds = 1;
+        args.runs.seconds = 0.5;
+        args.runs.rounds = 1;
         args.callers = 16;
     }
     let d = deployment(args.objects).await?;
@@ -241,9 +242,9 @@ async fn main() -> anyhow::Result<()> {
         ("3 instances, primary only", 3, false),
     ];
     let mut rounds: Vec<Vec<Run>> = setups.iter().map(|_| Vec::new()).collect();
-    for round in 0..args.rounds.max(1) {
+    for round in 0..args.runs.rounds.max(1) {
         for (i, &(name, n, with_replica)) in setups.iter().enumerate() {
-            eprintln!("round {}/{}: {name}", round + 1, args.rounds.max(1));
+            eprintln!("round {}/{}: {name}", round + 1, args.runs.rounds.max(1));
             rounds[i].push(run(&d, &args, n, with_replica).await?);
         }
     }
@@ -268,23 +269,35 @@ async fn main() -> anyhow::Result<()> {
          batched read path; median of {} rounds of {:.1} s\n",
         args.objects,
         args.callers,
-        args.rounds.max(1),
-        args.seconds
+        args.runs.rounds.max(1),
+        args.runs.seconds
     );
-    println!("| setup | reads/s | vs baseline | p50 | p99 | vs baseline p99 | reads served by the replica |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
-    for ((name, _, _), run) in setups.iter().zip(&medians) {
-        let r = &run.report;
-        println!(
-            "| {name} | {:.0} | {:.2}x | {:.2} ms | {:.2} ms | {:.2}x | {:.0}% |",
-            r.per_sec(),
-            r.per_sec() / base.per_sec(),
-            r.quantile(0.5).as_secs_f64() * 1e3,
-            r.quantile(0.99).as_secs_f64() * 1e3,
-            r.quantile(0.99).as_secs_f64() / base.quantile(0.99).as_secs_f64(),
-            run.replica_share * 100.0
-        );
-    }
+    print_markdown(
+        &[
+            ("setup", Align::Left),
+            ("reads/s", Align::Right),
+            ("vs baseline", Align::Right),
+            ("p50", Align::Right),
+            ("p99", Align::Right),
+            ("vs baseline p99", Align::Right),
+            ("reads served by the replica", Align::Right),
+        ],
+        setups.iter().zip(&medians).map(|((name, _, _), run)| {
+            let r = &run.report;
+            vec![
+                (*name).to_owned(),
+                format!("{:.0}", r.per_sec()),
+                format!("{:.2}x", r.per_sec() / base.per_sec()),
+                format!("{:.2} ms", r.quantile(0.5).as_secs_f64() * 1e3),
+                format!("{:.2} ms", r.quantile(0.99).as_secs_f64() * 1e3),
+                format!(
+                    "{:.2}x",
+                    r.quantile(0.99).as_secs_f64() / base.quantile(0.99).as_secs_f64()
+                ),
+                format!("{:.0}%", run.replica_share * 100.0),
+            ]
+        }),
+    );
     d.replica.stop().await;
     d.primary.stop().await;
     Ok(())
@@ -324,4 +337,16 @@ async fn hold(d: &Deployment, args: &Args, n: usize) -> anyhow::Result<()> {
     d.replica.stop().await;
     d.primary.stop().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_flags_keep_their_defaults() {
+        let args = Args::try_parse_from(["replicas"]).expect("the defaults parse");
+        let (seconds, rounds): (f64, usize) = (args.runs.seconds, args.runs.rounds);
+        assert_eq!((seconds, rounds), (5.0, 3));
+    }
 }

@@ -42,8 +42,8 @@ async fn contend(
     contender: Contender,
 ) -> anyhow::Result<Sample> {
     let (n_initiators, rows) = (args.baseline_initiators, args.table.rows);
-    let run = Duration::from_secs_f64(args.seconds);
-    let warmup = Duration::from_secs_f64(args.warmup);
+    let run = Duration::from_secs_f64(args.runs.seconds);
+    let warmup = Duration::from_secs_f64(args.runs.warmup);
     eprintln!("baseline: {n_initiators} initiators, {}", contender.label());
     Ok(match contender {
         Contender::Defaults => {
@@ -132,7 +132,7 @@ pub(super) async fn baseline(args: &Args, db: &Database) -> anyhow::Result<()> {
     };
     println!(
         "\nMinimal eager batcher, {} rows, {} initiators, the database direct; each setting once, {:.1} s after {:.1} s of warm-up\n",
-        args.table.rows, args.baseline_initiators, args.seconds, args.warmup
+        args.table.rows, args.baseline_initiators, args.runs.seconds, args.runs.warmup
     );
     print_markdown(
         &[
@@ -160,8 +160,8 @@ pub(super) async fn baseline(args: &Args, db: &Database) -> anyhow::Result<()> {
 
     let contenders = [Contender::Defaults, Contender::Fixed(connections), best];
     let mut runs: [Vec<Sample>; 3] = Default::default();
-    for round in 0..args.rounds {
-        eprintln!("baseline round {} of {}", round + 1, args.rounds);
+    for round in 0..args.runs.rounds {
+        eprintln!("baseline round {} of {}", round + 1, args.runs.rounds);
         // Rotated each round, so none always runs first.
         let mut order = [0, 1, 2];
         order.rotate_left(round % 3);
@@ -171,7 +171,7 @@ pub(super) async fn baseline(args: &Args, db: &Database) -> anyhow::Result<()> {
     }
     println!(
         "\n{} rows, {} initiators, the database direct; pgbatch at the server's defaults on a pool of {} (and with a fixed limit of the minimal batcher's connections), the minimal batcher at its best setting above; {} interleaved rounds of {:.1} s after {:.1} s of warm-up; medians (range)\n",
-        args.table.rows, args.baseline_initiators, args.pool_size, args.rounds, args.seconds, args.warmup
+        args.table.rows, args.baseline_initiators, args.pool_size, args.runs.rounds, args.runs.seconds, args.runs.warmup
     );
     print_markdown(
         &[

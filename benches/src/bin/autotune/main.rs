@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use benches::delay_proxy::DelayProxy;
 use benches::reads::{self, TableArgs};
-use benches::rounds::{median, median_by, range_by, spread};
+use benches::rounds::{median, median_by, range_by, spread, WarmRoundArgs};
 use benches::{closed_loop_timeline, ms, print_markdown, Align, KeyStream, RunReport, Timeline};
 use clap::Parser;
 use pgbatch::pg::{BatchQuery as _, Pool, PoolOptions};
@@ -70,7 +70,11 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Measures the automatic concurrency limit against fixed ones.
 #[derive(Debug, Parser)]
-#[command(about)]
+#[command(
+    about,
+    mut_arg("rounds", |a| a.help("Interleaved rounds of the sweep, and of the baseline's comparison")),
+    mut_arg("seconds", |a| a.default_value("2"))
+)]
 struct Args {
     #[command(flatten)]
     table: TableArgs,
@@ -83,15 +87,8 @@ struct Args {
         default_value = "sweep,timeline"
     )]
     only: Vec<Part>,
-    /// Interleaved rounds of the sweep, and of the baseline's comparison.
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
-    /// Seconds measured per run.
-    #[arg(long, default_value_t = 2.0)]
-    seconds: f64,
-    /// Seconds of the same load before each run is measured.
-    #[arg(long, default_value_t = 1.0)]
-    warmup: f64,
+    #[command(flatten)]
+    runs: WarmRoundArgs,
     /// Initiators of the sweep.
     #[arg(long, value_delimiter = ',', default_value = "1,16,64,300,1000")]
     initiators: Vec<usize>,
@@ -191,9 +188,9 @@ async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
     args.table.apply_smoke("autotune");
     if args.table.smoke {
-        args.rounds = 1;
-        args.seconds = 0.3;
-        args.warmup = 0.1;
+        args.runs.rounds = 1;
+        args.runs.seconds = 0.3;
+        args.runs.warmup = 0.1;
         args.initiators = vec![1, 32];
         args.rtt_ms = vec![0.0, 1.0];
         args.fixed = vec![2, 4];
@@ -265,6 +262,13 @@ fn reads_label(v: &f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn round_flags_keep_their_defaults() {
+        let args = Args::try_parse_from(["autotune"]).expect("the defaults parse");
+        let runs = &args.runs;
+        assert_eq!((runs.rounds, runs.seconds, runs.warmup), (3, 2.0, 1.0));
+    }
 
     #[test]
     fn settings_keep_the_defaults_but_the_concurrency() {

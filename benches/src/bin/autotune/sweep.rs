@@ -6,8 +6,8 @@ use super::*;
 pub(super) async fn sweep(args: &Args, db: &Database) -> anyhow::Result<()> {
     let (upstream, direct_tcp) = reads::tcp_target(db).await?;
     let rows = args.table.rows;
-    let run = Duration::from_secs_f64(args.seconds);
-    let warmup = Duration::from_secs_f64(args.warmup);
+    let run = Duration::from_secs_f64(args.runs.seconds);
+    let warmup = Duration::from_secs_f64(args.runs.warmup);
     // One pool per round trip, kept across rounds (and its proxy alive).
     let mut targets = Vec::new();
     for &ms in &args.rtt_ms {
@@ -40,8 +40,8 @@ pub(super) async fn sweep(args: &Args, db: &Database) -> anyhow::Result<()> {
 
     let mut samples = Samples::new();
     let mut ceilings = Vec::new();
-    for round in 0..args.rounds {
-        eprintln!("round {} of {}: ceiling", round + 1, args.rounds);
+    for round in 0..args.runs.rounds {
+        eprintln!("round {} of {}: ceiling", round + 1, args.runs.rounds);
         ceilings.push(reads::ceiling(&db.config, 10, 10_000, rows, run).await?);
         for (t, (ms, pool, _)) in targets.iter().enumerate() {
             for &n in &args.initiators {
@@ -100,11 +100,10 @@ fn print_sweep(args: &Args, samples: &Samples, ceilings: &[f64]) {
     let rate = |s: &Sample| s.per_sec;
     println!(
         "\n{} rows, pool of {}, server defaults but the concurrency; {} interleaved rounds of {:.1} s after {:.1} s of warm-up; medians (range)\n",
-        args.table.rows, args.pool_size, args.rounds, args.seconds, args.warmup
+        args.table.rows, args.pool_size, args.runs.rounds, args.runs.seconds, args.runs.warmup
     );
-    println!("| added RTT | initiators | auto reads/s | auto p99 ms | auto limit (end) | best fixed | its reads/s | auto / best | within 5% |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     let mut verdicts = Vec::new();
+    let mut rows = Vec::new();
     for (t, &rtt) in args.rtt_ms.iter().enumerate() {
         for &n in &args.initiators {
             let Some(auto) = samples.get(&(t, n, Setting::Auto)) else {
@@ -129,17 +128,36 @@ fn print_sweep(args: &Args, samples: &Samples, ceilings: &[f64]) {
                 }
                 None => ("-".to_owned(), "-".to_owned(), f64::NAN),
             };
-            println!(
-                "| {rtt} ms | {n} | {a:.0} ({lo:.0}-{hi:.0}) | {:.2} | {} | {best_label} | {best_rate} | {ratio:.3} | {} |",
-                median_by(auto, |s| ms(s.p99)),
+            rows.push(vec![
+                format!("{rtt} ms"),
+                n.to_string(),
+                format!("{a:.0} ({lo:.0}-{hi:.0})"),
+                format!("{:.2}", median_by(auto, |s| ms(s.p99))),
                 limits.join(", "),
-                verdict(ratio >= 0.95)
-            );
+                best_label,
+                best_rate,
+                format!("{ratio:.3}"),
+                verdict(ratio >= 0.95).to_owned(),
+            ]);
             if ratio.is_finite() {
                 verdicts.push(ratio >= 0.95);
             }
         }
     }
+    print_markdown(
+        &[
+            ("added RTT", Align::Right),
+            ("initiators", Align::Right),
+            ("auto reads/s", Align::Right),
+            ("auto p99 ms", Align::Right),
+            ("auto limit (end)", Align::Right),
+            ("best fixed", Align::Right),
+            ("its reads/s", Align::Right),
+            ("auto / best", Align::Right),
+            ("within 5%", Align::Left),
+        ],
+        rows,
+    );
     println!(
         "\ntarget: auto within 5% of the best fixed concurrency at every point: {} ({} of {})",
         verdict(verdicts.iter().all(|&ok| ok)),

@@ -180,8 +180,7 @@ fn report_timeline(
         "\nTimeline: 300 initiators, server defaults, through the adjustable proxy; every {} ms\n",
         series.interval.as_millis()
     );
-    println!("| phase | from s | settled reads/s | settled p99 ms | limits (median, range) | back to 90% after |");
-    println!("|---|---:|---:|---:|---|---:|");
+    let mut rows = Vec::new();
     for (p, ph) in PHASES.iter().enumerate() {
         let from = p * per_phase;
         let to = ((p + 1) * per_phase).min(rates.len());
@@ -207,14 +206,26 @@ fn report_timeline(
         let back = (from..to.saturating_sub(4))
             .find(|&i| rates[i..i + 5].iter().sum::<f64>() / 5.0 >= 0.9 * settled)
             .map(|i| (i - from) as f64 * series.interval.as_secs_f64());
-        println!(
-            "| {} | {:.1} | {settled:.0} | {p99:.2} | {:.0} ({llo:.0}-{lhi:.0}) | {} |",
-            ph.name,
-            (from as f64) * series.interval.as_secs_f64(),
-            median(&lims),
+        rows.push(vec![
+            ph.name.to_owned(),
+            format!("{:.1}", (from as f64) * series.interval.as_secs_f64()),
+            format!("{settled:.0}"),
+            format!("{p99:.2}"),
+            format!("{:.0} ({llo:.0}-{lhi:.0})", median(&lims)),
             back.map_or("never".to_owned(), |s| format!("{s:.1} s")),
-        );
+        ]);
     }
+    print_markdown(
+        &[
+            ("phase", Align::Left),
+            ("from s", Align::Right),
+            ("settled reads/s", Align::Right),
+            ("settled p99 ms", Align::Right),
+            ("limits (median, range)", Align::Left),
+            ("back to 90% after", Align::Right),
+        ],
+        rows,
+    );
     plot_timeline(&args.timeline_svg, series, &rates, limits, per_phase)?;
     eprintln!("drew {}", args.timeline_svg.display());
     Ok(())
