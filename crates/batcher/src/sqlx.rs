@@ -87,6 +87,15 @@
 //! # Ok(()) }
 //! ```
 //!
+//! **Pool size.** sqlx's pool hands out its idle connections first in,
+//! first out, with no option for the other order, so a batcher's few loads
+//! in flight cycle through every connection of the pool, each a server
+//! process with cold caches. `pgbatch::pg`'s pools hand out the connection
+//! returned last, which on a CPU-bound server read 1.13x the throughput at
+//! the same limit (BENCHMARKS.md §2.1). With sqlx, keep `max_connections`
+//! close to what the batcher needs: a few above its limit on a nearby
+//! database, more only where the round trip is long.
+//!
 //! Only `batch_sql`, `bind_batch` and `map_row` are required: a batch of
 //! one runs the batch statement with a one-element array unless you give
 //! [`single_sql`](BatchQuery::single_sql) and
