@@ -46,28 +46,14 @@ async fn contend(
     let warmup = Duration::from_secs_f64(args.runs.warmup);
     eprintln!("baseline: {n_initiators} initiators, {}", contender.label());
     Ok(match contender {
-        Contender::Defaults => {
-            let r = reads::batched_run_warm(
-                pool,
-                settings(Setting::Auto),
-                n_initiators,
-                warmup,
-                run,
-                rows,
-            )
-            .await?;
-            Sample::of(&r.report, r.mean_batch, r.limit)
-        }
-        Contender::Fixed(n) => {
-            let r = reads::batched_run_warm(
-                pool,
-                settings(Setting::Fixed(n)),
-                n_initiators,
-                warmup,
-                run,
-                rows,
-            )
-            .await?;
+        Contender::Defaults | Contender::Fixed(_) => {
+            let setting = match contender {
+                Contender::Fixed(loads) => Setting::Fixed(loads),
+                _ => Setting::Auto,
+            };
+            let r =
+                reads::batched_run_warm(pool, settings(setting), n_initiators, warmup, run, rows)
+                    .await?;
             Sample::of(&r.report, r.mean_batch, r.limit)
         }
         Contender::Minimal {
