@@ -1,4 +1,5 @@
-//! What the metrics promise: the Grafana dashboard names only exported series.
+//! What the metrics promise: the Grafana dashboard names only exported series,
+//! and the automatic limit shows where it stands.
 //!
 //! One test binary per folder, each file a module: every binary is a link
 //! of the whole server on 2 cores, so fewer binaries build faster.
@@ -7,3 +8,4 @@
 mod support;
 
 mod grafana;
+mod limit;
