@@ -1,10 +1,12 @@
 //! The `timeline` part: the defaults while the round trip and a competing
-//! load change, every 100 ms; how long each change took to settle.
+//! load change, every 100 ms; how long each change took to settle, and
+//! what each phase settles at beside the best fixed limit under the same
+//! conditions.
 
 use super::*;
 
 /// What changes at the start of each phase of the timeline.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct Phase {
     name: &'static str,
     rtt: Duration,
@@ -84,12 +86,6 @@ pub(super) async fn timeline(args: &Args, db: &Database) -> anyhow::Result<()> {
         reads::via(&direct_tcp, proxy.addr()),
         &PoolOptions::with_max_size(args.pool_size),
     )?;
-    let lookup = Arc::new(Lookup::new(
-        "kv",
-        KvQuery,
-        pool,
-        &reads::read_settings(ReadPath::Batched, BatchSettings::default()),
-    )?);
     let phase = Duration::from_secs_f64(args.phase_seconds);
     let interval = Duration::from_millis(100);
     let total = phase * PHASES.len() as u32;
@@ -107,6 +103,15 @@ pub(super) async fn timeline(args: &Args, db: &Database) -> anyhow::Result<()> {
         Arc::clone(&on),
         Arc::clone(&stop),
     ));
+    let best = best_fixed(args, &pool, &proxy, &on).await?;
+    // Built after the reference runs, so its limit starts as the
+    // defaults' does: cold.
+    let lookup = Arc::new(Lookup::new(
+        "kv",
+        KvQuery,
+        pool,
+        &reads::read_settings(ReadPath::Batched, BatchSettings::default()),
+    )?);
     let limits: Arc<Vec<AtomicU64>> = Arc::new(
         (0..=(total.as_millis() / interval.as_millis()) as usize)
             .map(|_| AtomicU64::new(0))
@@ -160,14 +165,78 @@ pub(super) async fn timeline(args: &Args, db: &Database) -> anyhow::Result<()> {
     drop(proxy);
 
     let limits: Vec<u64> = limits.iter().map(|l| l.load(Relaxed)).collect();
-    report_timeline(args, &series, &limits, phase)?;
+    report_timeline(args, &series, &limits, &best, phase)?;
     Ok(())
+}
+
+/// The best fixed limit, and its reads/s, under each phase's conditions.
+#[derive(Debug, Clone, Copy)]
+struct BestFixed {
+    limit: usize,
+    per_sec: f64,
+}
+
+/// Runs every fixed limit of `--fixed` under the conditions of each
+/// distinct phase (its round trip, the competing load on or off), at the
+/// timeline's 300 initiators, each for `--seconds` after `--warmup`: the
+/// line the timeline's limit and throughput are drawn against. Measured
+/// before the timeline rather than beside it, so the figures of a phase
+/// are minutes apart from its reference: the table's ratio carries the
+/// machine's drift over that time.
+async fn best_fixed(
+    args: &Args,
+    pool: &Pool,
+    proxy: &DelayProxy,
+    competing: &AtomicBool,
+) -> anyhow::Result<Vec<BestFixed>> {
+    let run = Duration::from_secs_f64(args.runs.seconds);
+    let warmup = Duration::from_secs_f64(args.runs.warmup);
+    let mut best: Vec<Option<BestFixed>> = vec![None; PHASES.len()];
+    for (p, ph) in PHASES.iter().enumerate() {
+        // Phases with the same conditions share their reference.
+        let same = PHASES[..p]
+            .iter()
+            .position(|q| q.rtt == ph.rtt && q.competing == ph.competing);
+        if let Some(q) = same {
+            best[p] = best[q];
+            continue;
+        }
+        proxy.set_rtt(ph.rtt);
+        competing.store(ph.competing, Relaxed);
+        for &c in &args.fixed {
+            eprint!("timeline reference: {}, fixed {c}:", ph.name);
+            let r = reads::batched_run_warm(
+                pool,
+                settings(Setting::Fixed(c)),
+                300,
+                warmup,
+                run,
+                args.table.rows,
+            )
+            .await?;
+            let per_sec = r.report.per_sec();
+            eprintln!(
+                "  {per_sec:.0} reads/s, p99 {:.2} ms, {:.1} keys per load",
+                ms(r.report.quantile(0.99)),
+                r.mean_batch
+            );
+            if best[p].is_none_or(|b| per_sec > b.per_sec) {
+                best[p] = Some(BestFixed { limit: c, per_sec });
+            }
+        }
+    }
+    proxy.set_rtt(Duration::ZERO);
+    competing.store(false, Relaxed);
+    best.into_iter()
+        .map(|b| b.context("--fixed names at least one limit"))
+        .collect()
 }
 
 fn report_timeline(
     args: &Args,
     series: &Timeline,
     limits: &[u64],
+    best: &[BestFixed],
     phase: Duration,
 ) -> anyhow::Result<()> {
     let per_phase = (phase.as_nanos() / series.interval.as_nanos()) as usize;
@@ -212,6 +281,8 @@ fn report_timeline(
             format!("{settled:.0}"),
             format!("{p99:.2}"),
             format!("{:.0} ({llo:.0}-{lhi:.0})", median(&lims)),
+            format!("{} ({:.0})", best[p].limit, best[p].per_sec),
+            format!("{:.3}", settled / best[p].per_sec),
             back.map_or("never".to_owned(), |s| format!("{s:.1} s")),
         ]);
     }
@@ -222,11 +293,13 @@ fn report_timeline(
             ("settled reads/s", Align::Right),
             ("settled p99 ms", Align::Right),
             ("limits (median, range)", Align::Left),
+            ("best fixed (reads/s)", Align::Left),
+            ("settled / best fixed", Align::Right),
             ("back to 90% after", Align::Right),
         ],
         rows,
     );
-    plot_timeline(&args.timeline_svg, series, &rates, limits, per_phase)?;
+    plot_timeline(&args.timeline_svg, series, &rates, limits, best, per_phase)?;
     eprintln!("drew {}", args.timeline_svg.display());
     Ok(())
 }
@@ -236,6 +309,7 @@ fn plot_timeline(
     series: &Timeline,
     rates: &[f64],
     limits: &[u64],
+    best: &[BestFixed],
     per_phase: usize,
 ) -> anyhow::Result<()> {
     use plotters::prelude::*;
@@ -256,10 +330,22 @@ fn plot_timeline(
     let captions = [
         "reads/s (100 ms intervals)",
         "p99 latency, ms",
-        "concurrency limit chosen",
+        "concurrency limit chosen; dashed: the best fixed limit",
     ];
+    // The best fixed setting's reads/s and limit per phase, drawn dashed
+    // in the first and third panels (none for p99).
+    let reference = |k: usize, p: usize| match k {
+        0 => Some(best[p].per_sec),
+        2 => Some(best[p].limit as f64),
+        _ => None,
+    };
     for (k, (area, values)) in panels.iter().zip([rates, &p99[..], &lims[..]]).enumerate() {
-        let y_max = values.iter().copied().fold(1.0, f64::max) * 1.1;
+        let y_max = values
+            .iter()
+            .copied()
+            .chain((0..best.len()).filter_map(|p| reference(k, p)))
+            .fold(1.0, f64::max)
+            * 1.1;
         let mut chart = ChartBuilder::on(area)
             .caption(captions[k], ("sans-serif", 16))
             .margin(10)
@@ -293,6 +379,18 @@ fn plot_timeline(
                 [BLUE, RED, GREEN][k].stroke_width(2),
             ))
             .map_err(plot_err)?;
+        for p in 0..PHASES.len() {
+            let Some(y) = reference(k, p) else { continue };
+            let (from, to) = (secs(p * per_phase), secs((p + 1) * per_phase).min(end));
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(from, y), (to, y)],
+                    6,
+                    4,
+                    BLACK.stroke_width(2),
+                ))
+                .map_err(plot_err)?;
+        }
     }
     root.present().map_err(plot_err)?;
     Ok(())
