@@ -16,7 +16,10 @@
 //!   from 0 to 5 ms and back, then a competing bulk load starts and stops.
 //!   Prints and plots throughput, p99 and the chosen limit every 100 ms,
 //!   and how long throughput took after each change to reach 90% of what
-//!   the new phase settles at.
+//!   the new phase settles at. Before it, each fixed limit of `--fixed`
+//!   runs under each phase's conditions in `--rounds` interleaved rounds:
+//!   the best median is drawn dashed beside the phase, and the table gives
+//!   what the phase settled at over it.
 //! - `baseline` (only when named, and in `--smoke`): the strongest fair
 //!   baseline of issue 43, the eager batcher an engineer writes by hand
 //!   (`benches::minimal`: fixed connections, a batch cap). Each setting of

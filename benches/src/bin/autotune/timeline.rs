@@ -178,11 +178,13 @@ struct BestFixed {
 
 /// Runs every fixed limit of `--fixed` under the conditions of each
 /// distinct phase (its round trip, the competing load on or off), at the
-/// timeline's 300 initiators, each for `--seconds` after `--warmup`: the
-/// line the timeline's limit and throughput are drawn against. Measured
-/// before the timeline rather than beside it, so the figures of a phase
-/// are minutes apart from its reference: the table's ratio carries the
-/// machine's drift over that time.
+/// timeline's 300 initiators, each for `--seconds` after `--warmup`, in
+/// `--rounds` interleaved rounds: the best median is the line the
+/// timeline's limit and throughput are drawn against. Medians, because
+/// the best of single runs is biased up (with the competing load, one run
+/// per limit ranged 0.65-1.0 of the best between neighbouring limits).
+/// Measured before the timeline rather than beside it, so the table's
+/// ratio also carries the machine's drift over those minutes.
 async fn best_fixed(
     args: &Args,
     pool: &Pool,
@@ -191,45 +193,68 @@ async fn best_fixed(
 ) -> anyhow::Result<Vec<BestFixed>> {
     let run = Duration::from_secs_f64(args.runs.seconds);
     let warmup = Duration::from_secs_f64(args.runs.warmup);
-    let mut best: Vec<Option<BestFixed>> = vec![None; PHASES.len()];
-    for (p, ph) in PHASES.iter().enumerate() {
-        // Phases with the same conditions share their reference.
-        let same = PHASES[..p]
-            .iter()
-            .position(|q| q.rtt == ph.rtt && q.competing == ph.competing);
-        if let Some(q) = same {
-            best[p] = best[q];
-            continue;
-        }
-        proxy.set_rtt(ph.rtt);
-        competing.store(ph.competing, Relaxed);
-        for &c in &args.fixed {
-            eprint!("timeline reference: {}, fixed {c}:", ph.name);
-            let r = reads::batched_run_warm(
-                pool,
-                settings(Setting::Fixed(c)),
-                300,
-                warmup,
-                run,
-                args.table.rows,
-            )
-            .await?;
-            let per_sec = r.report.per_sec();
-            eprintln!(
-                "  {per_sec:.0} reads/s, p99 {:.2} ms, {:.1} keys per load",
-                ms(r.report.quantile(0.99)),
-                r.mean_batch
-            );
-            if best[p].is_none_or(|b| per_sec > b.per_sec) {
-                best[p] = Some(BestFixed { limit: c, per_sec });
+    // The distinct conditions, and which of them each phase has.
+    let mut conditions: Vec<Phase> = Vec::new();
+    let of_phase: Vec<usize> = PHASES
+        .iter()
+        .map(|ph| {
+            conditions
+                .iter()
+                .position(|q| q.rtt == ph.rtt && q.competing == ph.competing)
+                .unwrap_or_else(|| {
+                    conditions.push(*ph);
+                    conditions.len() - 1
+                })
+        })
+        .collect();
+    let mut per_sec: BTreeMap<(usize, usize), Vec<f64>> = BTreeMap::new();
+    for round in 0..args.runs.rounds {
+        for (k, cond) in conditions.iter().enumerate() {
+            proxy.set_rtt(cond.rtt);
+            competing.store(cond.competing, Relaxed);
+            let mut fixed = args.fixed.clone();
+            let turn = round % fixed.len().max(1);
+            fixed.rotate_left(turn);
+            for c in fixed {
+                eprint!(
+                    "timeline reference, round {}: {}, fixed {c}:",
+                    round + 1,
+                    cond.name
+                );
+                let r = reads::batched_run_warm(
+                    pool,
+                    settings(Setting::Fixed(c)),
+                    300,
+                    warmup,
+                    run,
+                    args.table.rows,
+                )
+                .await?;
+                eprintln!(
+                    "  {:.0} reads/s, p99 {:.2} ms, {:.1} keys per load",
+                    r.report.per_sec(),
+                    ms(r.report.quantile(0.99)),
+                    r.mean_batch
+                );
+                per_sec.entry((k, c)).or_default().push(r.report.per_sec());
             }
         }
     }
     proxy.set_rtt(Duration::ZERO);
     competing.store(false, Relaxed);
-    best.into_iter()
-        .map(|b| b.context("--fixed names at least one limit"))
-        .collect()
+    let best: Vec<BestFixed> = (0..conditions.len())
+        .map(|k| {
+            per_sec
+                .range((k, 0)..(k + 1, 0))
+                .map(|(&(_, limit), v)| BestFixed {
+                    limit,
+                    per_sec: median(v),
+                })
+                .max_by(|a, b| a.per_sec.total_cmp(&b.per_sec))
+                .context("--fixed names at least one limit")
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok(of_phase.into_iter().map(|k| best[k]).collect())
 }
 
 fn report_timeline(
