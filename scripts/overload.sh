@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 command -v wrk >/dev/null || ./scripts/ensure-bench-tools.sh
 if [[ -z "${SERVER_BIN:-}" ]]; then
     cargo build --release -p server
-    SERVER_BIN=target/release/server
+    SERVER_BIN=target/release/pgbatch-server
 fi
 DURATION=${DURATION:-10}
 PORT=${PORT:-18089}
