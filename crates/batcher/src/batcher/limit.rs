@@ -42,6 +42,9 @@
 //!   home by more than the noise home's own windows show (and at least
 //!   2%), or by 2% with loads no longer than home's (where the round trip
 //!   bounds them, a gentle slope gains less than the noise per step).
+//!   Where a probe's loads are full (they carry the batch cap: keys wait
+//!   beyond what the loads in flight take), more loads split no batch,
+//!   and a probe up wins by 2% too.
 //!   Either must pass in one window and then in the
 //!   mean of that window and one more, and is judged on those windows
 //!   alone, never on what that limit scored before: one window that passes
@@ -114,6 +117,10 @@ const KNEE_TOLERANCE: f64 = 0.02;
 /// loads wins within [`KNEE_TOLERANCE`] only if home's loads take longer
 /// than the least seen.
 const QUEUEING: f64 = 0.1;
+/// A window's loads are full when they carry at least this fraction of
+/// the batch cap on average: keys wait beyond what the loads take, so
+/// more loads split no batch (requests of a thousand keys each).
+const FULL: f64 = 0.97;
 /// Home's score moving by more than this fraction (and by three times its
 /// noise) in two windows running means the world changed.
 const SHIFT: f64 = 0.3;
@@ -167,6 +174,8 @@ struct Window {
     /// Response times of the served callers, added up.
     response: Duration,
     batches: u32,
+    /// The loads' distinct keys, added up.
+    keys: u64,
     /// The loads' times, added up.
     load: Duration,
     /// A due batch found every slot the limit allows taken.
@@ -180,6 +189,7 @@ impl Window {
             served: 0,
             response: Duration::ZERO,
             batches: 0,
+            keys: 0,
             load: Duration::ZERO,
             held_back: false,
         }
@@ -201,6 +211,8 @@ impl Window {
 pub(crate) struct AutoLimit {
     min: usize,
     max: usize,
+    /// Keys per load at most, if loads can be full (see [`FULL`]).
+    batch_cap: Option<usize>,
     /// The limit in force: home, or a neighbour under probe.
     limit: usize,
     home: usize,
@@ -232,9 +244,9 @@ pub(crate) struct AutoLimit {
     strayed: Option<f64>,
     /// A window was measured (and not scored: see `judge`).
     warm: bool,
-    /// The first window's score of a probe that passed, while a second
-    /// window confirms it.
-    confirming: Option<(f64, Option<Duration>)>,
+    /// The first window's score, mean load time and fullness of a probe
+    /// that passed, while a second window confirms it.
+    confirming: Option<(f64, Option<Duration>, bool)>,
     /// Smoothed mean load time of home's windows.
     home_load: Option<Duration>,
     /// Smoothed duration of a load, which sets the settling time.
@@ -259,6 +271,7 @@ impl AutoLimit {
         Self {
             min,
             max,
+            batch_cap: None,
             limit: start,
             home: start,
             probing: None,
@@ -285,6 +298,13 @@ impl AutoLimit {
         }
     }
 
+    /// Loads carry at most `cap` keys: one that carries about that many is
+    /// full (see [`FULL`]). Without it no load counts as full.
+    pub(crate) fn with_batch_cap(mut self, cap: usize) -> Self {
+        self.batch_cap = Some(cap.max(1));
+        self
+    }
+
     /// The limit in force.
     #[cfg(test)]
     pub(crate) fn limit(&self) -> usize {
@@ -303,12 +323,13 @@ impl AutoLimit {
         self.window.held_back = true;
     }
 
-    /// A load finished: it answered `served` callers, whose response times
-    /// add up to `response`, and it ran for `load`. Returns the new limit
-    /// when it changes.
+    /// A load of `keys` distinct keys finished: it answered `served`
+    /// callers, whose response times add up to `response`, and it ran for
+    /// `load`. Returns the new limit when it changes.
     pub(crate) fn completed(
         &mut self,
         served: usize,
+        keys: usize,
         response: Duration,
         load: Duration,
         now: Instant,
@@ -324,6 +345,7 @@ impl AutoLimit {
         w.served += served as u64;
         w.response += response;
         w.batches += 1;
+        w.keys += keys as u64;
         w.load += load;
         let elapsed = now - w.from;
         let done = (elapsed >= MIN_WINDOW && w.batches >= MIN_BATCHES) || elapsed >= MAX_WINDOW;
@@ -334,6 +356,14 @@ impl AutoLimit {
         let before = self.limit;
         self.judge(window, now);
         (self.limit != before).then_some(self.limit)
+    }
+
+    /// Whether `window`'s loads were full (see [`FULL`]).
+    fn is_full(&self, window: &Window) -> bool {
+        self.batch_cap.is_some_and(|cap| {
+            window.batches > 0
+                && window.keys as f64 >= FULL * (cap as f64) * f64::from(window.batches)
+        })
     }
 
     fn score(&self, limit: usize) -> Option<f64> {
@@ -389,6 +419,7 @@ impl AutoLimit {
             return;
         }
         let score = window.score();
+        let full = self.is_full(&window);
         tracing::trace!(
             limit = self.limit,
             home = self.home,
@@ -397,6 +428,7 @@ impl AutoLimit {
             noise = self.noise,
             served = window.served,
             batches = window.batches,
+            full,
             load_ms = self.recent_load.map_or(0.0, |d| d.as_secs_f64() * 1e3),
             "concurrency window"
         );
@@ -410,7 +442,7 @@ impl AutoLimit {
             }
         }
         let next = match self.probing.take() {
-            Some(dir) => match self.after_probe(dir, score, window_load) {
+            Some(dir) => match self.after_probe(dir, score, window_load, full) {
                 Some(next) => next,
                 None => {
                     // Measured again as it is.
@@ -475,8 +507,15 @@ impl AutoLimit {
         self.fine = [false, false];
     }
 
-    /// The next limit after a probe in `dir` from home.
-    fn after_probe(&mut self, dir: Direction, score: f64, load: Option<Duration>) -> Option<usize> {
+    /// The next limit after a probe in `dir` from home, whose window
+    /// scored `score` with loads of mean time `load`, `full` or not.
+    fn after_probe(
+        &mut self,
+        dir: Direction,
+        score: f64,
+        load: Option<Duration>,
+        full: bool,
+    ) -> Option<usize> {
         let probe = self.limit;
         let Some(home) = self.score(self.home) else {
             return Some(self.after_verdict(dir, probe, true));
@@ -485,18 +524,24 @@ impl AutoLimit {
         // Judged on this probe's own windows, never on what the limit
         // scored in an earlier probe: the world may have moved since, by
         // less than a changed world, and a stale score decides wrong.
-        let passes = |x: f64, load: Option<Duration>| match dir {
+        let passes = |x: f64, load: Option<Duration>, full: bool| match dir {
             // More loads must beat home by more than the noise, or by the
             // least margin without queueing: with loads that take no
             // longer than home's, as where the round trip, not the
             // database, bounds them (a gentle slope up, whose steps gain
-            // less than the noise).
+            // less than the noise). Or by the least margin with full
+            // loads: more loads split no batch there (keys wait beyond
+            // what the loads take), which is why more loads otherwise
+            // carry the burden of proof. Without this, on requests of a
+            // thousand keys each the noise of their bursts held the limit
+            // at 2 where 16 loads served 1.4x as much (BENCHMARKS §7).
             Direction::Up => {
                 x > home * (1.0 + MARGIN.max(self.noise.exp_m1()))
                     || (x > home * (1.0 + MARGIN)
-                        && load
-                            .zip(home_load)
-                            .is_some_and(|(l, h)| l <= h.mul_f64(1.0 + QUEUEING)))
+                        && (full
+                            || load
+                                .zip(home_load)
+                                .is_some_and(|(l, h)| l <= h.mul_f64(1.0 + QUEUEING))))
             }
             // Fewer loads need only come within the tolerance where
             // home's loads queue (take longer than the least seen): past
@@ -514,16 +559,17 @@ impl AutoLimit {
         // In two windows: one window that passes is as often luck, and a
         // limit moved by luck stays there until luck moves it back.
         let better = match self.confirming.take() {
-            None if passes(score, load) => {
-                self.confirming = Some((score, load));
+            None if passes(score, load, full) => {
+                self.confirming = Some((score, load, full));
                 self.probing = Some(dir);
                 return None;
             }
             None => false,
-            Some((first, first_load)) => {
+            Some((first, first_load, first_full)) => {
                 let mean = (first + score) / 2.0;
                 let mean_load = first_load.zip(load).map(|(a, b)| (a + b) / 2);
-                if passes(mean, mean_load) {
+                let both_full = first_full && full;
+                if passes(mean, mean_load, both_full) {
                     // Its score and load time, fresh, for the probes
                     // from it.
                     *self.slot(probe) = Some(mean);
@@ -641,7 +687,7 @@ mod tests {
             while limit.judged == judged {
                 now += dt;
                 limit.held_back();
-                limit.completed(served, r, load, now);
+                limit.completed(served, served, r, load, now);
             }
             seen.push(limit.limit());
         }
@@ -729,7 +775,7 @@ mod tests {
             t += Duration::from_millis(1);
             // Never held back.
             assert_eq!(
-                limit.completed(1, Duration::from_millis(1), Duration::from_millis(1), t),
+                limit.completed(1, 1, Duration::from_millis(1), Duration::from_millis(1), t),
                 None
             );
         }
@@ -768,6 +814,62 @@ mod tests {
     }
 
     /// The median of `xs`.
+    /// Drives `limit` through `windows` windows in which a window at limit
+    /// `c` scores `score(c)`, its loads take `load(c)` and carry `keys(c)`
+    /// keys each; home's windows stray 8% either way in turn, so the noise
+    /// a probe up must beat stays about that. Returns the limits in force.
+    fn run_noisy_home(
+        limit: &mut AutoLimit,
+        windows: usize,
+        score: impl Fn(usize) -> f64,
+        load: impl Fn(usize) -> Duration,
+        keys: impl Fn(usize) -> usize,
+    ) -> Vec<usize> {
+        let mut now = Instant::now();
+        let served = 64usize;
+        let mut seen = Vec::new();
+        for w in 0..windows {
+            let at = limit.limit();
+            let stray = match (limit.probing, w % 2) {
+                (Some(_), _) => 1.0,
+                (None, 0) => 1.08,
+                (None, _) => 0.92,
+            };
+            let r = Duration::from_secs_f64(served as f64 / (score(at) * stray));
+            let judged = limit.judged;
+            while limit.judged == judged {
+                now += load(at) / 8;
+                limit.held_back();
+                limit.completed(served, keys(at), r, load(at), now);
+            }
+            seen.push(limit.limit());
+        }
+        seen
+    }
+
+    #[test]
+    fn full_loads_climb_by_the_margin_where_the_noise_would_hold_them() {
+        // Each probe up (half as many loads again) gains about 6%: more
+        // than the margin, less than home's 8% noise. The loads take
+        // longer with more of them, as on a busy database.
+        let score = |c: usize| 100.0 * (c as f64).powf(0.15);
+        let load = |c: usize| Duration::from_micros(500) * u32::try_from(c).unwrap();
+        let run = |keys: usize| {
+            let mut limit = AutoLimit::new(1, 16, Instant::now()).with_batch_cap(64);
+            let seen = run_noisy_home(&mut limit, 400, score, load, |_| keys);
+            assert!(limit.noise > 0.05, "home's noise: {}", limit.noise);
+            median_of(&seen[200..])
+        };
+        // Full loads (a request of many keys, a backlog): more loads split
+        // no batch, so they need only beat home by the margin.
+        let full = run(64);
+        assert!(full >= 12, "full loads stayed at {full}");
+        // Loads that are not full: more loads would split batches, and
+        // must beat home by its noise.
+        let split = run(40);
+        assert!(split <= 6, "loads that were not full went to {split}");
+    }
+
     fn median_of(xs: &[usize]) -> usize {
         let mut xs = xs.to_vec();
         xs.sort_unstable();
@@ -778,7 +880,7 @@ mod tests {
     /// search between 1 and `max`.
     fn auto_in(world: &World, max: usize, warmup: Duration, length: Duration) -> sim::Measured {
         let mut sim = Sim::new(world, 11);
-        let mut auto = AutoLimit::new(1, max, sim.now());
+        let mut auto = AutoLimit::new(1, max, sim.now()).with_batch_cap(world.max_batch);
         sim.run(world, Limit::Auto(&mut auto), warmup);
         sim.run(world, Limit::Auto(&mut auto), length)
     }
@@ -835,7 +937,7 @@ mod tests {
         let (fast_best, slow_best) = (best(&fast_sweep), best(&slow_sweep));
         assert!(fast_knee > slow_knee, "{fast_knee} {slow_knee}");
         let mut sim = Sim::new(&fast, 5);
-        let mut auto = AutoLimit::new(1, 16, sim.now());
+        let mut auto = AutoLimit::new(1, 16, sim.now()).with_batch_cap(fast.max_batch);
         sim.run(&fast, Limit::Auto(&mut auto), Duration::from_secs(10));
         for (world, knee, best) in [(slow, slow_knee, slow_best), (fast, fast_knee, fast_best)] {
             sim.run(&world, Limit::Auto(&mut auto), Duration::from_secs(2));
@@ -856,7 +958,7 @@ mod tests {
         let world = World::cpu_bound();
         let knee = knee(&sweep(&world, 16, Duration::from_secs(2)), 0.03);
         let mut sim = Sim::new(&world, 3);
-        let mut auto = AutoLimit::new(1, 16, sim.now());
+        let mut auto = AutoLimit::new(1, 16, sim.now()).with_batch_cap(world.max_batch);
         let mut medians = Vec::new();
         let mut means = Vec::new();
         for _ in 0..6 {

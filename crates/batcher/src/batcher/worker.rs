@@ -222,10 +222,10 @@ where
 {
     fn new(worker: Worker<K, V>) -> Self {
         let c = &worker.shared.config;
-        let auto_limit = c
-            .concurrency
-            .is_auto()
-            .then(|| AutoLimit::new(policy::min_auto_limit(c), c.max_loads(), Instant::now()));
+        let auto_limit = c.concurrency.is_auto().then(|| {
+            AutoLimit::new(policy::min_auto_limit(c), c.max_loads(), Instant::now())
+                .with_batch_cap(c.max_batch_size)
+        });
         Self {
             auto_limit,
             inbox: VecDeque::with_capacity(c.max_batch_size),
@@ -569,7 +569,7 @@ where
                 served += 1;
                 response += now.saturating_duration_since(w.enqueued_at);
             }
-            if let Some(limit) = auto.completed(served, response, load_time, now) {
+            if let Some(limit) = auto.completed(served, keys, response, load_time, now) {
                 self.shared.set_limit(limit);
                 tracing::debug!(batcher = %self.shared.config.name, limit, "concurrency limit");
             }

@@ -223,7 +223,7 @@ impl Sim {
             served += batch.len() as u64;
             loads += 1;
             if let Limit::Auto(auto) = &mut limit {
-                auto.completed(batch.len(), response, at - sent, at);
+                auto.completed(batch.len(), batch.len(), response, at - sent, at);
             }
             self.client = self.client.max(at);
             for _ in 0..batch.len() {
@@ -314,7 +314,7 @@ fn explore() {
             .map(|x| format!("{:.2}", x / fixed.iter().copied().fold(0.0, f64::max)))
             .collect();
         let mut sim = Sim::new(&world, 11);
-        let mut auto = AutoLimit::new(1, 16, sim.now());
+        let mut auto = AutoLimit::new(1, 16, sim.now()).with_batch_cap(world.max_batch);
         sim.run(&world, Limit::Auto(&mut auto), Duration::from_secs(1));
         let m = sim.run(&world, Limit::Auto(&mut auto), Duration::from_secs(10));
         let mut hist = std::collections::BTreeMap::new();
