@@ -6,7 +6,7 @@
 use super::*;
 
 /// What changes at the start of each phase of the timeline.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 struct Phase {
     name: &'static str,
     rtt: Duration,

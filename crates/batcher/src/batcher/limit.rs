@@ -813,7 +813,6 @@ mod tests {
         assert_eq!(limit.neighbour(12, Direction::Up), Some(16));
     }
 
-    /// The median of `xs`.
     /// Drives `limit` through `windows` windows in which a window at limit
     /// `c` scores `score(c)`, its loads take `load(c)` and carry `keys(c)`
     /// keys each; home's windows stray 8% either way in turn, so the noise
@@ -870,6 +869,7 @@ mod tests {
         assert!(split <= 6, "loads that were not full went to {split}");
     }
 
+    /// The median of `xs`.
     fn median_of(xs: &[usize]) -> usize {
         let mut xs = xs.to_vec();
         xs.sort_unstable();

@@ -10,12 +10,10 @@ use axum::http::StatusCode;
 use server::db::seed::object_path;
 use server::settings::ReadPath;
 
-/// The value of the sample that starts with `prefix` (name and labels as
-/// exported), if the scrape has it.
-fn sample(text: &str, prefix: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(prefix)?.strip_prefix(' '))
-        .map(|v| v.trim().parse().expect("a number"))
+/// The value of the sample `name` (name and labels as exported), if the
+/// scrape has it.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    support::metric_text(text, name).map(|v| v.parse().expect("a number"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

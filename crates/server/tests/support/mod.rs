@@ -231,14 +231,20 @@ pub async fn metrics_text(router: &Router) -> String {
     String::from_utf8(bytes.to_vec()).unwrap()
 }
 
-/// The value of the sample `sample` (name and labels, as exported) in a
-/// scrape's text; panics, showing the scrape, when it is not there.
-pub fn metric_value(metrics: &str, sample: &str) -> u64 {
+/// The text of the sample `sample`'s value (name and labels, as
+/// exported) in a scrape's text, if it is there.
+pub fn metric_text<'a>(metrics: &'a str, sample: &str) -> Option<&'a str> {
     metrics
         .lines()
         .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
+        .map(str::trim)
+}
+
+/// The value of the sample `sample` (name and labels, as exported) in a
+/// scrape's text; panics, showing the scrape, when it is not there.
+pub fn metric_value(metrics: &str, sample: &str) -> u64 {
+    metric_text(metrics, sample)
         .unwrap_or_else(|| panic!("no {sample} in:\n{metrics}"))
-        .trim()
         .parse()
         .unwrap()
 }
