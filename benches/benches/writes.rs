@@ -21,7 +21,7 @@ use benches::closed_loop;
 use clap::Parser;
 use embedded_pg::{Cluster, ClusterOptions};
 use pgbatch::pg::copy::{self, RowSource, RowValues};
-use pgbatch::pg::{self, Params, PoolOptions, UpsertQuery, Writer};
+use pgbatch::pg::{self, Params, PgWriter, PoolOptions, UpsertQuery, Writer};
 use server::db::queries::objects::{ObjectRow, ObjectUpsert, OBJECT_COLUMNS, OBJECT_TABLE};
 use server::db::queries::repositories;
 use server::settings::{BatchSettings, WriteSettings};
@@ -184,7 +184,7 @@ async fn inserts(client: &mut tokio_postgres::Client, n: u64) -> f64 {
 
 enum Path {
     Naive(pg::Pool),
-    Writer(Writer<ObjectUpsert>),
+    Writer(Writer<ObjectRow>),
 }
 
 /// One closed-loop run of single-object upserts from an empty table, with
@@ -312,11 +312,11 @@ fn main() {
             } else {
                 args.write_concurrency.clone()
             };
-            let writers: Vec<(usize, Writer<ObjectUpsert>)> = concurrency
+            let writers: Vec<(usize, Writer<ObjectRow>)> = concurrency
                 .iter()
                 .map(|&c| {
                     let batch = BatchSettings { concurrency: pgbatch::Concurrency::Fixed(c), ..settings.batch };
-                    let writer = Writer::new(pool.clone(), ObjectUpsert, batch.builder("object_write", settings.timeout))
+                    let writer = Writer::new(PgWriter::new(pool.clone(), ObjectUpsert), batch.builder("object_write", settings.timeout))
                         .expect("writer");
                     (c, writer)
                 })

@@ -61,6 +61,9 @@ mod batcher;
 #[cfg(feature = "cache")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
 pub mod cache;
+#[cfg(any(feature = "postgres", feature = "sqlx"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlx"))))]
+pub mod db;
 mod error;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
@@ -68,8 +71,6 @@ pub mod metrics;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod pg;
-#[cfg(any(feature = "postgres", feature = "sqlx"))]
-mod sqlstate;
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx;

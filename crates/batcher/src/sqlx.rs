@@ -213,7 +213,7 @@ mod error;
 mod loader;
 mod writer;
 
-pub use crate::sqlstate::DbErrorKind;
+pub use crate::db::{DbErrorKind, StatementMode, WriteRequest, Written};
 pub use error::{classify, is_pool_timeout, is_retryable};
-pub use loader::{BatchQuery, PgQuery, SqlxLoader, StatementMode};
-pub use writer::{RowError, SqlxWriter, UpsertQuery, WriteRequest, WriteResult, Writer, Written};
+pub use loader::{BatchQuery, PgQuery, SqlxLoader};
+pub use writer::{RowError, SqlxWriter, UpsertQuery, WriteResult, Writer};

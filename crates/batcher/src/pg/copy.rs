@@ -19,19 +19,18 @@ use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Transaction};
 
-use super::error::{classify, DbErrorKind};
 use super::statements::Statements;
+use crate::db::{
+    self, copy_sql, merge_sql, temp_table_sql, NumberedRow, Progress, IMPORT_TABLE, ROW_NUMBER,
+};
 
 /// One row's values, in the order of the columns being loaded.
 pub type RowValues = Vec<Box<dyn ToSql + Sync + Send>>;
 
-/// Where rows come from.
-pub trait RowSource: Send {
-    /// Why a row could not be produced (for example a malformed input line).
-    type Error: std::error::Error + Send + Sync + 'static;
-
-    /// The next row, or `None` at the end.
-    fn next_row(&mut self) -> impl Future<Output = Result<Option<RowValues>, Self::Error>> + Send;
+impl NumberedRow for RowValues {
+    fn push_number(&mut self, number: u64) {
+        self.push(Box::new(number as i64));
+    }
 }
 
 /// The table rows are loaded into.
@@ -45,106 +44,27 @@ pub struct TableSpec<'a> {
     pub key: &'a [&'a str],
 }
 
-/// What [`import`] does with a row whose key already exists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConflictPolicy {
-    /// Keep the existing row.
-    Skip,
-    /// Replace the existing row.
-    Overwrite,
-    /// Abort the whole import ([`ImportError::Conflict`]).
-    Fail,
+pub use crate::db::{ConflictPolicy, ImportCounts};
+
+/// Where rows come from, one at a time.
+pub trait RowSource: Send {
+    /// Why a row could not be produced (for example a malformed input line).
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// The next row, or `None` at the end.
+    fn next_row(&mut self) -> impl Future<Output = Result<Option<RowValues>, Self::Error>> + Send;
 }
 
-/// What an import did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct ImportCounts {
-    /// Rows read from the source.
-    pub rows: u64,
-    /// Rows whose key was new.
-    pub inserted: u64,
-    /// Existing rows replaced (policy `Overwrite`).
-    pub updated: u64,
-    /// Rows not written because their key existed (policy `Skip`).
-    pub skipped: u64,
-    /// Rows replaced by a later row with the same key in the same import.
-    pub superseded: u64,
-}
-
-/// Why an import or copy failed. Nothing of it was committed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ImportError<E: std::error::Error + 'static> {
-    /// The source could not produce row `row` (numbered from 1).
-    #[error("input row {row} is invalid")]
-    Source {
-        /// The row's number, from 1.
-        row: u64,
-        /// What was wrong with it.
-        #[source]
-        error: E,
-    },
-    /// With [`ConflictPolicy::Fail`]: a row's key already exists.
-    #[error("a row's key already exists")]
-    Conflict(#[source] tokio_postgres::Error),
-    /// The database refused a row (a constraint or a bad value).
-    #[error("the database refused a row")]
-    Rejected(#[source] tokio_postgres::Error),
-    /// The database failed.
-    #[error("the database failed during the import")]
-    Db(#[source] tokio_postgres::Error),
-}
+/// Why an import or copy failed, with the source's error `E`. Nothing of
+/// it was committed.
+pub type ImportError<E> = db::ImportError<E, tokio_postgres::Error>;
 
 impl<E: std::error::Error + 'static> ImportError<E> {
-    fn from_db(e: tokio_postgres::Error) -> Self {
-        match classify(&e) {
-            DbErrorKind::UniqueViolation => ImportError::Conflict(e),
-            kind if kind.is_row_fault() => ImportError::Rejected(e),
-            _ => ImportError::Db(e),
-        }
-    }
-
-    /// The kind of the database error, as [`classify`] sorts it
-    /// ([`DbErrorKind::Other`] for a source error).
-    pub fn kind(&self) -> DbErrorKind {
-        match self {
-            ImportError::Conflict(e) | ImportError::Rejected(e) | ImportError::Db(e) => classify(e),
-            ImportError::Source { .. } => DbErrorKind::Other,
-        }
-    }
-
-    /// Whether importing again may succeed (see
-    /// [`DbErrorKind::is_retryable`]). The import runs in one transaction,
-    /// so a failed one left nothing behind.
-    pub fn is_retryable(&self) -> bool {
-        self.kind().is_retryable()
-    }
-
     /// The server's report for a database error: constraint, detail.
     pub fn as_db_error(&self) -> Option<&tokio_postgres::error::DbError> {
-        match self {
-            ImportError::Conflict(e) | ImportError::Rejected(e) | ImportError::Db(e) => {
-                e.as_db_error()
-            }
-            ImportError::Source { .. } => None,
-        }
+        self.driver_error()?.as_db_error()
     }
 }
-
-fn ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-fn list(names: impl IntoIterator<Item = impl AsRef<str>>) -> String {
-    names
-        .into_iter()
-        .map(|n| ident(n.as_ref()))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// How often `progress` is called, in rows.
-const PROGRESS_EVERY: u64 = 10_000;
 
 /// Streams `source` into `table` with binary COPY inside `tx`, calling
 /// `progress` with the running count every 10,000 rows. With `freeze`,
@@ -159,26 +79,41 @@ pub async fn copy_rows<S: RowSource>(
     tx: &Transaction<'_>,
     table: &str,
     columns: &[(&str, Type)],
+    source: S,
+    freeze: bool,
+    progress: impl FnMut(u64) + Send,
+) -> Result<u64, ImportError<S::Error>> {
+    copy(tx, table, columns, source, freeze, progress, false).await
+}
+
+/// [`copy_rows`], with each row's number appended if `numbered`.
+async fn copy<S: RowSource>(
+    tx: &Transaction<'_>,
+    table: &str,
+    columns: &[(&str, Type)],
     mut source: S,
     freeze: bool,
-    mut progress: impl FnMut(u64) + Send,
+    progress: impl FnMut(u64) + Send,
+    numbered: bool,
 ) -> Result<u64, ImportError<S::Error>> {
-    let sql = format!(
-        "COPY {} ({}) FROM STDIN (FORMAT binary{})",
-        ident(table),
-        list(columns.iter().map(|c| c.0)),
-        if freeze { ", FREEZE" } else { "" }
-    );
-    let sink = tx.copy_in(&sql).await.map_err(ImportError::from_db)?;
+    let names: Vec<&str> = columns.iter().map(|c| c.0).collect();
+    let sink = tx
+        .copy_in(&copy_sql(table, &names, "binary", freeze))
+        .await
+        .map_err(ImportError::from_db)?;
     let types: Vec<Type> = columns.iter().map(|c| c.1.clone()).collect();
     let mut writer = std::pin::pin!(BinaryCopyInWriter::new(sink, &types));
-    let mut n = 0u64;
+    let mut progress = Progress::new(progress, numbered);
     loop {
         let row = source
             .next_row()
             .await
-            .map_err(|error| ImportError::Source { row: n + 1, error })?;
-        let Some(values) = row else { break };
+            .map_err(|error| ImportError::Source {
+                row: progress.next_row(),
+                error,
+            })?;
+        let Some(mut values) = row else { break };
+        progress.number(&mut values);
         let refs: Vec<&(dyn ToSql + Sync)> = values
             .iter()
             .map(|v| v.as_ref() as &(dyn ToSql + Sync))
@@ -188,15 +123,11 @@ pub async fn copy_rows<S: RowSource>(
             .write(&refs)
             .await
             .map_err(ImportError::from_db)?;
-        n += 1;
-        if n % PROGRESS_EVERY == 0 {
-            progress(n);
-        }
+        progress.copied();
     }
     // Without finish() the COPY is aborted when the writer is dropped.
     writer.finish().await.map_err(ImportError::from_db)?;
-    progress(n);
-    Ok(n)
+    Ok(progress.finish())
 }
 
 /// Imports `source` into `spec.table` through a temporary table, applying
@@ -237,90 +168,23 @@ pub async fn import_with<S: RowSource>(
 ) -> Result<ImportCounts, ImportError<S::Error>> {
     let tx = client.transaction().await.map_err(ImportError::Db)?;
     statements.begin(&tx).await.map_err(ImportError::Db)?;
-    tx.batch_execute(&format!(
-        "CREATE TEMP TABLE import_rows (LIKE {} INCLUDING DEFAULTS, import_row bigint NOT NULL) \
-         ON COMMIT DROP",
-        ident(spec.table)
-    ))
-    .await
-    .map_err(ImportError::Db)?;
+    tx.batch_execute(&temp_table_sql(spec.table))
+        .await
+        .map_err(ImportError::Db)?;
 
     let mut columns: Vec<(&str, Type)> = spec.columns.to_vec();
-    columns.push(("import_row", Type::INT8));
-    let numbered = Numbered { source, next: 0 };
-    let rows = copy_rows(&tx, "import_rows", &columns, numbered, false, |_| {}).await?;
+    columns.push((ROW_NUMBER, Type::INT8));
+    let rows = copy(&tx, IMPORT_TABLE, &columns, source, false, |_| {}, true).await?;
 
-    let cols = list(spec.columns.iter().map(|c| c.0));
-    let key = list(spec.key.iter());
-    let on_conflict = match policy {
-        ConflictPolicy::Skip => format!("ON CONFLICT ({key}) DO NOTHING"),
-        ConflictPolicy::Overwrite => {
-            let set: Vec<String> = spec
-                .columns
-                .iter()
-                .filter(|c| !spec.key.contains(&c.0))
-                .map(|c| format!("{0} = EXCLUDED.{0}", ident(c.0)))
-                .collect();
-            // Every column in the key: nothing to overwrite, but the row
-            // still counts as updated, so set a key column to itself (an
-            // empty SET list is a syntax error).
-            let set = if set.is_empty() {
-                spec.key
-                    .iter()
-                    .take(1)
-                    .map(|k| format!("{0} = EXCLUDED.{0}", ident(k)))
-                    .collect()
-            } else {
-                set
-            };
-            format!("ON CONFLICT ({key}) DO UPDATE SET {}", set.join(", "))
-        }
-        ConflictPolicy::Fail => String::new(),
-    };
-    // Counted in SQL so that a million-row import returns one row.
-    let sql = format!(
-        "WITH latest AS ( \
-             SELECT DISTINCT ON ({key}) * FROM import_rows ORDER BY {key}, import_row DESC \
-         ), written AS ( \
-             INSERT INTO {table} ({cols}) SELECT {cols} FROM latest {on_conflict} \
-             RETURNING (xmax = 0) AS inserted \
-         ) \
-         SELECT (SELECT count(*) FROM latest), \
-                count(*) FILTER (WHERE inserted), count(*) FILTER (WHERE NOT inserted) \
-         FROM written",
-        table = ident(spec.table),
-    );
+    let names: Vec<&str> = spec.columns.iter().map(|c| c.0).collect();
+    let sql = merge_sql(spec.table, &names, spec.key, policy);
     let row = tx
         .query_one(&sql, &[])
         .await
         .map_err(ImportError::from_db)?;
-    let (distinct, inserted, updated): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
     tx.commit().await.map_err(ImportError::Db)?;
-    let (distinct, inserted, updated) = (distinct as u64, inserted as u64, updated as u64);
-    Ok(ImportCounts {
+    Ok(ImportCounts::from_totals(
         rows,
-        inserted,
-        updated,
-        skipped: distinct - inserted - updated,
-        superseded: rows - distinct,
-    })
-}
-
-/// Appends each row's number, so the last row of a key can win.
-struct Numbered<S> {
-    source: S,
-    next: i64,
-}
-
-impl<S: RowSource> RowSource for Numbered<S> {
-    type Error = S::Error;
-
-    async fn next_row(&mut self) -> Result<Option<RowValues>, S::Error> {
-        let Some(mut values) = self.source.next_row().await? else {
-            return Ok(None);
-        };
-        self.next += 1;
-        values.push(Box::new(self.next));
-        Ok(Some(values))
-    }
+        (row.get(0), row.get(1), row.get(2)),
+    ))
 }

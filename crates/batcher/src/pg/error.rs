@@ -4,7 +4,8 @@
 
 use tokio_postgres::error::DbError;
 
-pub use crate::sqlstate::DbErrorKind;
+use crate::db::Classify;
+pub use crate::db::DbErrorKind;
 
 impl DbErrorKind {
     /// The kind of the server's report `db`.
@@ -21,6 +22,12 @@ pub fn classify(e: &tokio_postgres::Error) -> DbErrorKind {
         Some(db) => DbErrorKind::of(db),
         None if is_connection_lost(e) => DbErrorKind::Unavailable,
         None => DbErrorKind::Other,
+    }
+}
+
+impl Classify for tokio_postgres::Error {
+    fn kind(&self) -> DbErrorKind {
+        classify(self)
     }
 }
 

@@ -12,6 +12,7 @@ use tokio_postgres::Row;
 
 use super::error::DbErrorKind;
 use super::statements::{Sql, Statements};
+use crate::db::{again_if_lost, Classify};
 use crate::Loader;
 
 /// Statement parameters that may borrow from the keys they were made from.
@@ -162,6 +163,16 @@ impl PgError {
     }
 }
 
+impl Classify for PgError {
+    fn kind(&self) -> DbErrorKind {
+        PgError::kind(self)
+    }
+
+    fn is_retryable(&self) -> bool {
+        PgError::is_retryable(self)
+    }
+}
+
 /// [`PgError::is_retryable`] for a pool's error: a wait timeout (the pool
 /// was saturated), a create or recycle timeout, or a connection refused in a
 /// retryable way.
@@ -287,13 +298,7 @@ impl<Q: BatchQuery> PgLoader<Q> {
     /// connections, so the new one goes to whichever node its connector
     /// finds).
     async fn run(&self, sql: &Sql, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, PgError> {
-        match self.run_once(sql, params).await {
-            Err(e) if e.kind() == DbErrorKind::Unavailable => {
-                tracing::debug!(error = %e, "database node lost; reading again on a new connection");
-                self.run_once(sql, params).await
-            }
-            done => done,
-        }
+        again_if_lost("reading", true, || self.run_once(sql, params)).await
     }
 
     async fn run_once(

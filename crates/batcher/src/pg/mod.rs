@@ -64,6 +64,7 @@ mod pool;
 mod statements;
 mod writer;
 
+pub use crate::db::{WriteRequest, Written};
 pub use connect::{
     parse_config, ConfigError, Connector, TargetSessionAttrs, UnknownTargetSessionAttrs,
     DEFAULT_HOST_TIMEOUT,
@@ -73,7 +74,7 @@ pub(crate) use loader::pool_error_is_retryable;
 pub use loader::{BatchQuery, Params, PgError, PgLoader};
 pub use pool::{pool, pool_with_connector, pool_with_tls, AsPgError, Lease, PoolOptions};
 pub use statements::{Sql, StatementMode, Statements};
-pub use writer::{PgWriter, RowError, UpsertQuery, WriteRequest, WriteResult, Writer, Written};
+pub use writer::{PgWriter, RowError, UpsertQuery, WriteResult, Writer};
 
 pub use deadpool_postgres::Pool;
 

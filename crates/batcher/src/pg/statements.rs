@@ -12,27 +12,7 @@ use tokio::sync::OnceCell;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
-/// How a [`PgLoader`](super::PgLoader), a [`Writer`](super::Writer) or an
-/// [`import`](super::copy::import_with) sends its statements.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum StatementMode {
-    /// Named statements, prepared once per connection and cached there
-    /// (deadpool's statement cache): the cheapest way to run the same
-    /// statement many times, on a direct connection or through a
-    /// session-mode pooler. The default.
-    #[default]
-    Prepared,
-    /// Unnamed statements sent with their parameter types, each in one
-    /// round trip (tokio-postgres's `query_typed`): nothing is left on the
-    /// server connection, so they work through a transaction-mode pooler
-    /// (PgBouncer before 1.21, Supavisor, Neon's pooled endpoint, RDS
-    /// Proxy), which hands each transaction a possibly different server
-    /// connection, where a named statement prepared on another one does not
-    /// exist. The parameter types are learned once per statement, by
-    /// preparing it inside a transaction that is then rolled back.
-    Unnamed,
-}
+pub use crate::db::StatementMode;
 
 /// The statement settings of a loader, a writer or an import.
 ///

@@ -4,18 +4,18 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::hash::Hash;
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
 use tokio_postgres::error::DbError;
 use tokio_postgres::Row;
 
-use super::error::{classify, DbErrorKind};
+use super::error::classify;
 use super::loader::{as_refs, Params, PgError};
 use super::statements::{Sql, Statements};
-use crate::{Batcher, BatcherBuilder, BuildError, Error, Loader};
+use crate::db::{self, again_if_lost, write_batch, Outcomes, Upsert, WriteRequest};
+use crate::Loader;
 
 /// How to upsert rows of one table: one statement for many rows, one for a
 /// single row (used to find which rows of a failed batch are at fault), and
@@ -70,65 +70,18 @@ pub trait UpsertQuery: Send + Sync + 'static {
     }
 }
 
-/// What an acknowledged write did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Written {
-    /// The key did not exist before.
-    Created,
-    /// The key existed and its row was replaced.
-    Updated,
-}
-
 /// Why one row was refused (the rest of its batch was committed).
-#[derive(Debug, thiserror::Error)]
-#[error("the database refused the row")]
-pub struct RowError(#[source] tokio_postgres::Error);
+pub type RowError = db::RowError<tokio_postgres::Error>;
 
 impl RowError {
     /// The server's report: constraint, SQLSTATE, detail.
     pub fn as_db_error(&self) -> Option<&DbError> {
-        self.0.as_db_error()
-    }
-
-    /// Why the row was refused (always a row fault: a duplicate key, a
-    /// missing referenced row, or another constraint or bad value).
-    pub fn kind(&self) -> DbErrorKind {
-        classify(&self.0)
-    }
-}
-
-/// One caller's write. Unique per call, so two writes of one key in a
-/// batch both reach the loader, which keeps the later one.
-#[derive(Clone)]
-pub struct WriteRequest<R> {
-    seq: u64,
-    row: R,
-}
-
-impl<R> PartialEq for WriteRequest<R> {
-    fn eq(&self, other: &Self) -> bool {
-        self.seq == other.seq
-    }
-}
-
-impl<R> Eq for WriteRequest<R> {}
-
-impl<R> Hash for WriteRequest<R> {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.seq.hash(state);
-    }
-}
-
-impl<R> fmt::Debug for WriteRequest<R> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WriteRequest")
-            .field("seq", &self.seq)
-            .finish_non_exhaustive()
+        self.driver_error().as_db_error()
     }
 }
 
 /// The per-caller answer of a batch: written, or this row refused.
-pub type WriteResult = Result<Written, Arc<RowError>>;
+pub type WriteResult = db::WriteResult<tokio_postgres::Error>;
 
 /// Runs an [`UpsertQuery`] for a batch of [`WriteRequest`]s; the loader
 /// behind a [`Writer`].
@@ -144,12 +97,6 @@ impl<Q> fmt::Debug for PgWriter<Q> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgWriter").finish_non_exhaustive()
     }
-}
-
-/// A refusal of the data, rather than of the connection or the server:
-/// integrity constraint violations (class 23) and data exceptions (22).
-fn is_row_fault(e: &tokio_postgres::Error) -> bool {
-    classify(e).is_row_fault()
 }
 
 impl<Q: UpsertQuery> PgWriter<Q> {
@@ -173,30 +120,10 @@ impl<Q: UpsertQuery> PgWriter<Q> {
         }
     }
 
-    /// Writes `rows` (distinct keys) in one transaction; on a row fault,
-    /// writes them one by one under savepoints so only the faulty rows fail.
-    ///
-    /// If the node turned out to be gone or no longer a primary and the
-    /// query [is idempotent](UpsertQuery::is_idempotent), the batch is
-    /// written once more on a new connection (it may have committed before
-    /// the connection was lost; a row it created reads as updated then).
-    async fn upsert(
-        &self,
-        rows: &[Q::Row],
-    ) -> Result<HashMap<Q::Key, Result<bool, Arc<RowError>>>, PgError> {
-        match self.upsert_once(rows).await {
-            Err(e) if e.kind() == DbErrorKind::Unavailable && self.query.is_idempotent() => {
-                tracing::debug!(error = %e, "database node lost; writing the batch again on a new connection");
-                self.upsert_once(rows).await
-            }
-            done => done,
-        }
-    }
-
     async fn upsert_once(
         &self,
         rows: &[Q::Row],
-    ) -> Result<HashMap<Q::Key, Result<bool, Arc<RowError>>>, PgError> {
+    ) -> Result<Outcomes<Q::Key, tokio_postgres::Error>, PgError> {
         let mut lease = super::Lease::get(&self.pool).await?;
         let written = self.upsert_on(&mut lease, rows).await;
         lease.settle(&written);
@@ -207,7 +134,7 @@ impl<Q: UpsertQuery> PgWriter<Q> {
         &self,
         client: &mut deadpool_postgres::ClientWrapper,
         rows: &[Q::Row],
-    ) -> Result<HashMap<Q::Key, Result<bool, Arc<RowError>>>, PgError> {
+    ) -> Result<Outcomes<Q::Key, tokio_postgres::Error>, PgError> {
         let tx = client.transaction().await?;
         self.statements.begin(&tx).await?;
         let params = self.query.batch_params(rows);
@@ -225,7 +152,7 @@ impl<Q: UpsertQuery> PgWriter<Q> {
                 tx.commit().await?;
                 Ok(out)
             }
-            Err(e) if is_row_fault(&e) => {
+            Err(e) if classify(&e).is_row_fault() => {
                 tx.rollback().await?;
                 self.upsert_one_by_one(client, rows).await
             }
@@ -237,7 +164,7 @@ impl<Q: UpsertQuery> PgWriter<Q> {
         &self,
         client: &mut deadpool_postgres::ClientWrapper,
         rows: &[Q::Row],
-    ) -> Result<HashMap<Q::Key, Result<bool, Arc<RowError>>>, PgError> {
+    ) -> Result<Outcomes<Q::Key, tokio_postgres::Error>, PgError> {
         let mut tx = client.transaction().await?;
         self.statements.begin(&tx).await?;
         let mut out = HashMap::with_capacity(rows.len());
@@ -255,9 +182,10 @@ impl<Q: UpsertQuery> PgWriter<Q> {
                     savepoint.commit().await?;
                     out.insert(key, Ok(inserted));
                 }
-                Err(e) if is_row_fault(&e) => {
+                Err(e) if classify(&e).is_row_fault() => {
                     savepoint.rollback().await?;
-                    out.insert(key, Err(Arc::new(RowError(e))));
+                    let kind = classify(&e);
+                    out.insert(key, Err(Arc::new(RowError::new(e, kind))));
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -267,147 +195,43 @@ impl<Q: UpsertQuery> PgWriter<Q> {
     }
 }
 
+/// Writes a batch (distinct keys, in key order) in one transaction; on a
+/// row fault, writes its rows one by one under savepoints so only the
+/// faulty rows fail. If the node turned out to be gone or no longer a
+/// primary and the query [is idempotent](UpsertQuery::is_idempotent), the
+/// batch is written once more on a new connection (it may have committed
+/// before the connection was lost; a row it created reads as updated
+/// then).
+impl<Q: UpsertQuery> Upsert for PgWriter<Q> {
+    type Key = Q::Key;
+    type Row = Q::Row;
+    type RowFault = tokio_postgres::Error;
+    type Error = PgError;
+
+    fn key(&self, row: &Q::Row) -> Q::Key {
+        self.query.key(row)
+    }
+
+    async fn upsert(&self, rows: &[Q::Row]) -> Result<Outcomes<Q::Key, Self::RowFault>, PgError> {
+        again_if_lost("writing the batch", self.query.is_idempotent(), || {
+            self.upsert_once(rows)
+        })
+        .await
+    }
+}
+
 impl<Q: UpsertQuery> Loader<WriteRequest<Q::Row>, WriteResult> for PgWriter<Q> {
     type Error = PgError;
 
     async fn load(
         &self,
-        mut requests: Vec<WriteRequest<Q::Row>>,
+        requests: Vec<WriteRequest<Q::Row>>,
     ) -> Result<HashMap<WriteRequest<Q::Row>, WriteResult>, PgError> {
-        // Arrival order; per key the last arrival's row is the one written.
-        requests.sort_unstable_by_key(|r| r.seq);
-        let mut latest: HashMap<Q::Key, usize> = HashMap::with_capacity(requests.len());
-        for (i, r) in requests.iter().enumerate() {
-            latest.insert(self.query.key(&r.row), i);
-        }
-        // Key order, so that concurrent batches take row locks in one
-        // order (see UpsertQuery::Key).
-        let mut winners: Vec<(Q::Key, usize)> = latest.into_iter().collect();
-        winners.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let rows: Vec<Q::Row> = winners
-            .iter()
-            .map(|&(_, i)| requests[i].row.clone())
-            .collect();
-
-        let results = self.upsert(&rows).await?;
-
-        // The first write of a key in the batch created it if the final
-        // row was inserted; every later write of that key updated it.
-        let mut seen: HashMap<Q::Key, ()> = HashMap::with_capacity(winners.len());
-        let mut out = HashMap::with_capacity(requests.len());
-        for r in requests {
-            let key = self.query.key(&r.row);
-            let first = seen.insert(key.clone(), ()).is_none();
-            let answer = match results.get(&key) {
-                Some(Ok(true)) if first => Ok(Written::Created),
-                Some(Ok(_)) => Ok(Written::Updated),
-                Some(Err(e)) => Err(Arc::clone(e)),
-                // Every row is either returned or refused; a statement that
-                // returns fewer rows breaks the UpsertQuery contract.
-                None => continue,
-            };
-            out.insert(r, answer);
-        }
-        Ok(out)
+        write_batch(self, requests).await
     }
 }
 
-/// Concurrent single-row upserts, coalesced into batches by a
-/// [`Batcher`]. Cheap to clone.
-pub struct Writer<Q: UpsertQuery> {
-    batcher: Batcher<WriteRequest<Q::Row>, WriteResult>,
-    seq: Arc<AtomicU64>,
-}
-
-impl<Q: UpsertQuery> Clone for Writer<Q> {
-    fn clone(&self) -> Self {
-        Self {
-            batcher: self.batcher.clone(),
-            seq: Arc::clone(&self.seq),
-        }
-    }
-}
-
-impl<Q: UpsertQuery> fmt::Debug for Writer<Q> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Writer")
-            .field("batcher", &self.batcher)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<Q: UpsertQuery> Writer<Q> {
-    /// A writer for `query` over `pool`, batching as `builder` says (its
-    /// flush policy, batch size, concurrency, queue and deadline apply).
-    ///
-    /// # Errors
-    ///
-    /// [`BuildError`] for invalid batcher settings or outside a runtime.
-    pub fn new(
-        pool: Pool,
-        query: Q,
-        builder: BatcherBuilder<WriteRequest<Q::Row>, WriteResult>,
-    ) -> Result<Self, BuildError> {
-        Ok(Self {
-            batcher: builder.build(PgWriter::new(pool, query))?,
-            seq: Arc::new(AtomicU64::new(0)),
-        })
-    }
-
-    /// As [`new`](Self::new), sending statements as `statements` say
-    /// (see [`StatementMode`](super::StatementMode)).
-    ///
-    /// # Errors
-    ///
-    /// [`BuildError`] for invalid batcher settings or outside a runtime.
-    pub fn with_statements(
-        pool: Pool,
-        query: Q,
-        statements: Statements,
-        builder: BatcherBuilder<WriteRequest<Q::Row>, WriteResult>,
-    ) -> Result<Self, BuildError> {
-        Ok(Self {
-            batcher: builder.build(PgWriter::with_statements(pool, query, statements))?,
-            seq: Arc::new(AtomicU64::new(0)),
-        })
-    }
-
-    /// A builder for [`new`](Self::new)'s batching settings.
-    pub fn builder() -> BatcherBuilder<WriteRequest<Q::Row>, WriteResult> {
-        Batcher::builder()
-    }
-
-    /// Writes `row`, returning once the batch holding it has committed.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Load`] with a [`RowError`] source when the database refused
-    /// this row (the rest of its batch was committed); any other [`Error`]
-    /// when the batch as a whole failed or was not run (then nothing of it
-    /// was committed), as for [`Batcher::load`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future does not cancel the write once it is queued: it
-    /// may still be committed.
-    pub async fn write(&self, row: Q::Row) -> Result<Written, Error> {
-        let seq = self.seq.fetch_add(1, Relaxed);
-        match self.batcher.load(WriteRequest { seq, row }).await? {
-            Some(Ok(written)) => Ok(written),
-            Some(Err(refused)) => Err(Error::Load(refused)),
-            None => Err(Error::LoaderPanicked(
-                "upsert statement returned no row for a written key".into(),
-            )),
-        }
-    }
-
-    /// The batcher's statistics.
-    pub fn stats(&self) -> crate::StatsSnapshot {
-        self.batcher.stats()
-    }
-
-    /// Stops the writer after committing and acknowledging what it holds.
-    pub async fn shutdown(&self) {
-        self.batcher.shutdown().await;
-    }
-}
+/// Concurrent single-row upserts of rows `R` on a tokio-postgres pool,
+/// coalesced into batches by a [`Batcher`](crate::Batcher): see
+/// [`db::Writer`](crate::pg::Writer). Cheap to clone.
+pub type Writer<R> = db::Writer<R, tokio_postgres::Error>;

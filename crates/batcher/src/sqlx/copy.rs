@@ -65,20 +65,18 @@ use std::future::Future;
 use ::sqlx::postgres::{PgConnection, Postgres};
 use ::sqlx::Connection as _;
 
-use super::error::classify;
-use crate::sqlstate::DbErrorKind;
+use crate::db::{
+    self, copy_sql, merge_sql, temp_table_sql, NumberedRow, Progress, IMPORT_TABLE, ROW_NUMBER,
+};
 
 /// One row's values, in the order of the columns being loaded: each in
 /// Postgres's text form for its column's type, `None` for `NULL`.
 pub type RowValues = Vec<Option<String>>;
 
-/// Where rows come from.
-pub trait RowSource: Send {
-    /// Why a row could not be produced (for example a malformed input line).
-    type Error: std::error::Error + Send + Sync + 'static;
-
-    /// The next row, or `None` at the end.
-    fn next_row(&mut self) -> impl Future<Output = Result<Option<RowValues>, Self::Error>> + Send;
+impl NumberedRow for RowValues {
+    fn push_number(&mut self, number: u64) {
+        self.push(Some(number.to_string()));
+    }
 }
 
 /// The table rows are loaded into.
@@ -93,104 +91,28 @@ pub struct TableSpec<'a> {
     pub key: &'a [&'a str],
 }
 
-/// What [`import`] does with a row whose key already exists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConflictPolicy {
-    /// Keep the existing row.
-    Skip,
-    /// Replace the existing row.
-    Overwrite,
-    /// Abort the whole import ([`ImportError::Conflict`]).
-    Fail,
+pub use crate::db::{ConflictPolicy, ImportCounts};
+
+/// Where rows come from, one at a time.
+pub trait RowSource: Send {
+    /// Why a row could not be produced (for example a malformed input line).
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// The next row, or `None` at the end.
+    fn next_row(&mut self) -> impl Future<Output = Result<Option<RowValues>, Self::Error>> + Send;
 }
 
-/// What an import did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct ImportCounts {
-    /// Rows read from the source.
-    pub rows: u64,
-    /// Rows whose key was new.
-    pub inserted: u64,
-    /// Existing rows replaced (policy `Overwrite`).
-    pub updated: u64,
-    /// Rows not written because their key existed (policy `Skip`).
-    pub skipped: u64,
-    /// Rows replaced by a later row with the same key in the same import.
-    pub superseded: u64,
-}
-
-/// Why an import or copy failed. Nothing of an import was committed; a
-/// [`copy_rows`] inside a transaction of yours leaves that transaction
-/// failed, to be rolled back.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ImportError<E: std::error::Error + 'static> {
-    /// The source could not produce row `row` (numbered from 1).
-    #[error("input row {row} is invalid")]
-    Source {
-        /// The row's number, from 1.
-        row: u64,
-        /// What was wrong with it.
-        #[source]
-        error: E,
-    },
-    /// With [`ConflictPolicy::Fail`]: a row's key already exists.
-    #[error("a row's key already exists")]
-    Conflict(#[source] ::sqlx::Error),
-    /// The database refused a row: a constraint, a value its column's type
-    /// cannot read, or a row with too many or too few values.
-    #[error("the database refused a row")]
-    Rejected(#[source] ::sqlx::Error),
-    /// The database failed.
-    #[error("the database failed during the import")]
-    Db(#[source] ::sqlx::Error),
-}
+/// Why an import or copy failed, with the source's error `E`. Nothing of
+/// an import was committed; a [`copy_rows`] inside a transaction of yours
+/// leaves that transaction failed, to be rolled back.
+pub type ImportError<E> = db::ImportError<E, ::sqlx::Error>;
 
 impl<E: std::error::Error + 'static> ImportError<E> {
-    fn from_db(e: ::sqlx::Error) -> Self {
-        match classify(&e) {
-            DbErrorKind::UniqueViolation => ImportError::Conflict(e),
-            kind if kind.is_row_fault() => ImportError::Rejected(e),
-            _ => ImportError::Db(e),
-        }
-    }
-
-    /// The kind of the database error, as [`classify`]
-    /// sorts it ([`DbErrorKind::Other`] for a source error).
-    pub fn kind(&self) -> DbErrorKind {
-        self.as_sqlx_error().map_or(DbErrorKind::Other, classify)
-    }
-
-    /// Whether importing again may succeed (see
-    /// [`is_retryable`](super::is_retryable)). The import runs in one
-    /// transaction, so a failed one left nothing behind.
-    pub fn is_retryable(&self) -> bool {
-        self.as_sqlx_error().is_some_and(super::is_retryable)
-    }
-
     /// The database error, if the database failed.
     pub fn as_sqlx_error(&self) -> Option<&::sqlx::Error> {
-        match self {
-            ImportError::Conflict(e) | ImportError::Rejected(e) | ImportError::Db(e) => Some(e),
-            ImportError::Source { .. } => None,
-        }
+        self.driver_error()
     }
 }
-
-fn ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-fn list(names: &[&str]) -> String {
-    names
-        .iter()
-        .map(|&n| ident(n))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// How often `progress` is called, in rows.
-const PROGRESS_EVERY: u64 = 10_000;
 
 /// How much CSV is gathered before it is sent: each `send` is a write and
 /// a flush of its own.
@@ -243,21 +165,29 @@ pub async fn copy_rows<S: RowSource>(
     conn: &mut PgConnection,
     table: &str,
     columns: &[&str],
+    source: S,
+    freeze: bool,
+    progress: impl FnMut(u64) + Send,
+) -> Result<u64, ImportError<S::Error>> {
+    copy(conn, table, columns, source, freeze, progress, false).await
+}
+
+/// [`copy_rows`], with each row's number appended if `numbered`.
+async fn copy<S: RowSource>(
+    conn: &mut PgConnection,
+    table: &str,
+    columns: &[&str],
     mut source: S,
     freeze: bool,
-    mut progress: impl FnMut(u64) + Send,
+    progress: impl FnMut(u64) + Send,
+    numbered: bool,
 ) -> Result<u64, ImportError<S::Error>> {
-    let sql = format!(
-        "COPY {} ({}) FROM STDIN (FORMAT csv{})",
-        ident(table),
-        list(columns),
-        if freeze { ", FREEZE" } else { "" }
-    );
+    let sql = copy_sql(table, columns, "csv", freeze);
     let mut copy = conn.copy_in_raw(&sql).await.map_err(ImportError::from_db)?;
     let mut buf = Vec::with_capacity(CHUNK + 4096);
-    let mut n = 0u64;
+    let mut progress = Progress::new(progress, numbered);
     loop {
-        let values = match source.next_row().await {
+        let mut values = match source.next_row().await {
             Ok(Some(values)) => values,
             Ok(None) => break,
             Err(error) => {
@@ -265,19 +195,20 @@ pub async fn copy_rows<S: RowSource>(
                 // queues its abort, for whoever uses the connection next.
                 // The source's error is the one to report.
                 let _ = copy.abort("the import's source failed").await;
-                return Err(ImportError::Source { row: n + 1, error });
+                return Err(ImportError::Source {
+                    row: progress.next_row(),
+                    error,
+                });
             }
         };
+        progress.number(&mut values);
         write_csv_row(&mut buf, &values);
-        n += 1;
+        progress.copied();
         if buf.len() >= CHUNK {
             copy.send(buf.as_slice())
                 .await
                 .map_err(ImportError::from_db)?;
             buf.clear();
-        }
-        if n % PROGRESS_EVERY == 0 {
-            progress(n);
         }
     }
     if !buf.is_empty() {
@@ -287,8 +218,7 @@ pub async fn copy_rows<S: RowSource>(
     }
     // Without finish() the COPY is aborted when `copy` is dropped.
     copy.finish().await.map_err(ImportError::from_db)?;
-    progress(n);
-    Ok(n)
+    Ok(progress.finish())
 }
 
 /// Imports `source` into `spec.table` through a temporary table, applying
@@ -312,97 +242,25 @@ pub async fn import<S: RowSource>(
     let mut tx = conn.begin().await.map_err(ImportError::Db)?;
     // Plain statements with no parameters: sent unprepared (sqlx's
     // `raw_sql`), so nothing is left on the connection.
-    let create = format!(
-        "CREATE TEMP TABLE import_rows (LIKE {} INCLUDING DEFAULTS, import_row bigint NOT NULL) \
-         ON COMMIT DROP",
-        ident(spec.table)
-    );
-    ::sqlx::raw_sql(&create)
+    ::sqlx::raw_sql(&temp_table_sql(spec.table))
         .execute(&mut *tx)
         .await
         .map_err(ImportError::Db)?;
 
     let mut columns: Vec<&str> = spec.columns.to_vec();
-    columns.push("import_row");
-    let numbered = Numbered { source, next: 0 };
-    let rows = copy_rows(&mut tx, "import_rows", &columns, numbered, false, |_| {}).await?;
+    columns.push(ROW_NUMBER);
+    let rows = copy(&mut tx, IMPORT_TABLE, &columns, source, false, |_| {}, true).await?;
 
-    let cols = list(spec.columns);
-    let key = list(spec.key);
-    let on_conflict = match policy {
-        ConflictPolicy::Skip => format!("ON CONFLICT ({key}) DO NOTHING"),
-        ConflictPolicy::Overwrite => {
-            let set: Vec<String> = spec
-                .columns
-                .iter()
-                .copied()
-                .filter(|c| !spec.key.contains(c))
-                .map(|c| format!("{0} = EXCLUDED.{0}", ident(c)))
-                .collect();
-            // Every column in the key: nothing to overwrite, but the row
-            // still counts as updated, so set a key column to itself (an
-            // empty SET list is a syntax error).
-            let set = if set.is_empty() {
-                spec.key
-                    .iter()
-                    .take(1)
-                    .map(|k| format!("{0} = EXCLUDED.{0}", ident(k)))
-                    .collect()
-            } else {
-                set
-            };
-            format!("ON CONFLICT ({key}) DO UPDATE SET {}", set.join(", "))
-        }
-        ConflictPolicy::Fail => String::new(),
-    };
-    // Counted in SQL so that a million-row import returns one row.
-    let sql = format!(
-        "WITH latest AS ( \
-             SELECT DISTINCT ON ({key}) * FROM import_rows ORDER BY {key}, import_row DESC \
-         ), written AS ( \
-             INSERT INTO {table} ({cols}) SELECT {cols} FROM latest {on_conflict} \
-             RETURNING (xmax = 0) AS inserted \
-         ) \
-         SELECT (SELECT count(*) FROM latest), \
-                count(*) FILTER (WHERE inserted), count(*) FILTER (WHERE NOT inserted) \
-         FROM written",
-        table = ident(spec.table),
-    );
+    let sql = merge_sql(spec.table, spec.columns, spec.key, policy);
     // Unnamed (`persistent(false)`): a statement built for this import
     // would only fill the connection's statement cache.
-    let (distinct, inserted, updated) = ::sqlx::query_as::<Postgres, (i64, i64, i64)>(&sql)
+    let totals = ::sqlx::query_as::<Postgres, (i64, i64, i64)>(&sql)
         .persistent(false)
         .fetch_one(&mut *tx)
         .await
         .map_err(ImportError::from_db)?;
     tx.commit().await.map_err(ImportError::Db)?;
-    let (distinct, inserted, updated) = (distinct as u64, inserted as u64, updated as u64);
-    Ok(ImportCounts {
-        rows,
-        inserted,
-        updated,
-        skipped: distinct - inserted - updated,
-        superseded: rows - distinct,
-    })
-}
-
-/// Appends each row's number, so the last row of a key can win.
-struct Numbered<S> {
-    source: S,
-    next: i64,
-}
-
-impl<S: RowSource> RowSource for Numbered<S> {
-    type Error = S::Error;
-
-    async fn next_row(&mut self) -> Result<Option<RowValues>, S::Error> {
-        let Some(mut values) = self.source.next_row().await? else {
-            return Ok(None);
-        };
-        self.next += 1;
-        values.push(Some(self.next.to_string()));
-        Ok(Some(values))
-    }
+    Ok(ImportCounts::from_totals(rows, totals))
 }
 
 #[cfg(test)]
@@ -425,11 +283,5 @@ mod tests {
         );
         assert_eq!(csv(&[None]), "\n");
         assert_eq!(csv(&[Some("ünï")]), "\"ünï\"\n");
-    }
-
-    #[test]
-    fn names_are_quoted_identifiers() {
-        assert_eq!(ident("we\"ird"), "\"we\"\"ird\"");
-        assert_eq!(list(&["a", "B"]), "\"a\", \"B\"");
     }
 }

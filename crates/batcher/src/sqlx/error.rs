@@ -1,6 +1,6 @@
 //! sqlx's errors sorted into the [`DbErrorKind`]s the whole crate uses.
 
-use crate::sqlstate::DbErrorKind;
+use crate::db::{Classify, DbErrorKind};
 
 /// The kind of `e`, as a caller can act on it.
 ///
@@ -54,6 +54,16 @@ pub fn is_pool_timeout(e: &::sqlx::Error) -> bool {
 /// add to the load that made the pool time out.
 pub fn is_retryable(e: &::sqlx::Error) -> bool {
     is_pool_timeout(e) || classify(e).is_retryable()
+}
+
+impl Classify for ::sqlx::Error {
+    fn kind(&self) -> DbErrorKind {
+        classify(self)
+    }
+
+    fn is_retryable(&self) -> bool {
+        is_retryable(self)
+    }
 }
 
 #[cfg(test)]

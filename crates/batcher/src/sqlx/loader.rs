@@ -9,8 +9,7 @@ use ::sqlx::postgres::{PgArguments, PgPool, PgRow, Postgres};
 use ::sqlx::query::Query;
 use ::sqlx::{Executor, FromRow};
 
-use super::error::classify;
-use crate::sqlstate::DbErrorKind;
+use crate::db::{again_if_lost, StatementMode};
 use crate::Loader;
 
 /// A Postgres query whose parameters are bound one by one with
@@ -99,40 +98,6 @@ pub trait BatchQuery: Send + Sync + 'static {
         let _ = value;
         false
     }
-}
-
-/// How a [`SqlxLoader`] and a [`SqlxWriter`](super::SqlxWriter) send
-/// their statements.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum StatementMode {
-    /// Prepared once per connection and cached there (sqlx's default,
-    /// `persistent(true)`): the cheapest way to run the same statement many
-    /// times, on a direct connection, through a session-mode pooler, or
-    /// through PgBouncer 1.21 and later with `max_prepared_statements` set.
-    /// The default.
-    #[default]
-    Prepared,
-    /// Unnamed (`persistent(false)`), each in a transaction of its own:
-    /// nothing is left on the server connection, and the statement's parse
-    /// and execution reach the same server connection, so it works through
-    /// a transaction-mode pooler that does not track prepared statements.
-    /// sqlx parses and executes in two round trips, and a pooler may send
-    /// them to different server connections unless a transaction holds
-    /// one; with `BEGIN` and `COMMIT` a read batch takes four round
-    /// trips. The writer's batches are transactions already, so it adds
-    /// none.
-    ///
-    /// A statement binding a type sqlx does not know by its OID (an enum,
-    /// a composite, a domain, `citext`, `hstore`) still makes sqlx look
-    /// the type up once per connection with a prepared statement of its
-    /// own, which a transaction-mode pooler can break: cast such
-    /// parameters to built-in types (`$1::text[]`) behind a pooler.
-    ///
-    /// No statement timeout is set: bound a load with the batcher's
-    /// [`load_timeout`](crate::BatcherBuilder::load_timeout), or set
-    /// `statement_timeout` in the pool's `after_connect`.
-    Unnamed,
 }
 
 /// Runs a [`BatchQuery`] on a sqlx `PgPool`; a [`Loader`] for a
@@ -243,13 +208,7 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
     /// more: a read is safe to repeat, and the pool does not hand out the
     /// lost connection again (it tests a connection coming back).
     async fn fetch(&self, keys: &[Q::Key]) -> Result<Vec<PgRow>, ::sqlx::Error> {
-        match self.fetch_once(keys).await {
-            Err(e) if classify(&e) == DbErrorKind::Unavailable => {
-                tracing::debug!(error = %e, "database connection lost; reading again on another");
-                self.fetch_once(keys).await
-            }
-            done => done,
-        }
+        again_if_lost("reading", true, || self.fetch_once(keys)).await
     }
 
     async fn fetch_once(&self, keys: &[Q::Key]) -> Result<Vec<PgRow>, ::sqlx::Error> {

@@ -5,17 +5,16 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::hash::Hash;
 use std::sync::Arc;
 
 use ::sqlx::postgres::{PgConnection, PgDatabaseError, PgPool, PgRow, Postgres};
 use ::sqlx::{Connection, Executor};
 
 use super::error::classify;
-use super::loader::{PgQuery, StatementMode};
-use crate::sqlstate::DbErrorKind;
-use crate::{Batcher, BatcherBuilder, BuildError, Error, Loader};
+use super::loader::PgQuery;
+use crate::db::{self, again_if_lost, write_batch, Outcomes, StatementMode, Upsert, WriteRequest};
+use crate::Loader;
 
 /// How to upsert rows of one table with sqlx: one statement for many rows,
 /// how a batch's rows are bound to it, optionally one statement for a
@@ -26,7 +25,7 @@ use crate::{Batcher, BatcherBuilder, BuildError, Error, Loader};
 /// was inserted rather than updated; `(xmax = 0)` is the usual way to tell.
 ///
 /// ```no_run
-/// use pgbatch::sqlx::{PgQuery, UpsertQuery, Writer, Written};
+/// use pgbatch::sqlx::{PgQuery, SqlxWriter, UpsertQuery, Writer, Written};
 /// use sqlx::postgres::PgRow;
 /// use sqlx::Row;
 ///
@@ -64,7 +63,7 @@ use crate::{Batcher, BatcherBuilder, BuildError, Error, Loader};
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let pool = sqlx::PgPool::connect(&std::env::var("DATABASE_URL")?).await?;
-/// let writer = Writer::new(pool, Counters, Writer::<Counters>::builder())?;
+/// let writer = Writer::new(SqlxWriter::new(pool, Counters), Writer::builder())?;
 ///
 /// // Concurrent writes share one statement and one transaction.
 /// let (home, about) = tokio::join!(
@@ -137,76 +136,26 @@ pub trait UpsertQuery: Send + Sync + 'static {
     }
 }
 
-/// What an acknowledged write did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Written {
-    /// The key did not exist before.
-    Created,
-    /// The key existed and its row was replaced.
-    Updated,
-}
-
 /// Why one row was refused (the rest of its batch was committed).
-#[derive(Debug, thiserror::Error)]
-#[error("the database refused the row")]
-pub struct RowError(#[source] ::sqlx::Error);
+pub type RowError = db::RowError<::sqlx::Error>;
 
 impl RowError {
     /// The server's report: SQLSTATE (`code()`), constraint, table,
     /// detail.
     pub fn as_db_error(&self) -> Option<&PgDatabaseError> {
-        self.0
+        self.driver_error()
             .as_database_error()?
             .try_downcast_ref::<PgDatabaseError>()
     }
 
     /// sqlx's error, as the statement for the row returned it.
     pub fn as_sqlx_error(&self) -> &::sqlx::Error {
-        &self.0
-    }
-
-    /// Why the row was refused (always a row fault: a duplicate key, a
-    /// missing referenced row, or another constraint or bad value).
-    pub fn kind(&self) -> DbErrorKind {
-        classify(&self.0)
-    }
-}
-
-/// One caller's write. Unique per call, so two writes of one key in a
-/// batch both reach the loader, which keeps the later one.
-#[derive(Clone)]
-pub struct WriteRequest<R> {
-    seq: u64,
-    row: R,
-}
-
-impl<R> PartialEq for WriteRequest<R> {
-    fn eq(&self, other: &Self) -> bool {
-        self.seq == other.seq
-    }
-}
-
-impl<R> Eq for WriteRequest<R> {}
-
-impl<R> Hash for WriteRequest<R> {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.seq.hash(state);
-    }
-}
-
-impl<R> fmt::Debug for WriteRequest<R> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WriteRequest")
-            .field("seq", &self.seq)
-            .finish_non_exhaustive()
+        self.driver_error()
     }
 }
 
 /// The per-caller answer of a batch: written, or this row refused.
-pub type WriteResult = Result<Written, Arc<RowError>>;
-
-/// Per key of a batch: inserted (rather than updated), or refused.
-type Outcomes<K> = HashMap<K, Result<bool, Arc<RowError>>>;
+pub type WriteResult = db::WriteResult<::sqlx::Error>;
 
 /// Runs an [`UpsertQuery`] for a batch of [`WriteRequest`]s on a sqlx
 /// `PgPool`; the loader behind a [`Writer`].
@@ -244,12 +193,6 @@ impl<Q> fmt::Debug for SqlxWriter<Q> {
     }
 }
 
-/// A refusal of the data, rather than of the connection or the server:
-/// integrity constraint violations (class 23) and data exceptions (22).
-fn is_row_fault(e: &::sqlx::Error) -> bool {
-    classify(e).is_row_fault()
-}
-
 impl<Q: UpsertQuery> SqlxWriter<Q> {
     /// A writer loader running `query` on connections from `pool`, as
     /// statements prepared and cached per connection.
@@ -269,29 +212,14 @@ impl<Q: UpsertQuery> SqlxWriter<Q> {
         self.mode
     }
 
-    /// Writes `rows` (distinct keys) in one transaction; on a row fault,
-    /// writes them one by one under savepoints so only the faulty rows fail.
-    ///
-    /// If the connection turned out to be lost and the query
-    /// [is idempotent](UpsertQuery::is_idempotent), the batch is written
-    /// once more on another of the pool's connections (it may have
-    /// committed before the connection was lost; a row it created reads as
-    /// updated then).
-    async fn upsert(&self, rows: &[Q::Row]) -> Result<Outcomes<Q::Key>, ::sqlx::Error> {
-        match self.upsert_once(rows).await {
-            Err(e) if classify(&e) == DbErrorKind::Unavailable && self.query.is_idempotent() => {
-                tracing::debug!(error = %e, "database connection lost; writing the batch again on another");
-                self.upsert_once(rows).await
-            }
-            done => done,
-        }
-    }
-
     /// One attempt on one connection. The connection goes back to the pool
     /// when this returns; the pool tests it there (sqlx pings a returned
     /// connection, which also sends a rollback left queued) and closes it
     /// if it is broken, so a second attempt gets another.
-    async fn upsert_once(&self, rows: &[Q::Row]) -> Result<Outcomes<Q::Key>, ::sqlx::Error> {
+    async fn upsert_once(
+        &self,
+        rows: &[Q::Row],
+    ) -> Result<Outcomes<Q::Key, ::sqlx::Error>, ::sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
         self.upsert_on(&mut conn, rows).await
     }
@@ -300,7 +228,7 @@ impl<Q: UpsertQuery> SqlxWriter<Q> {
         &self,
         conn: &mut PgConnection,
         rows: &[Q::Row],
-    ) -> Result<Outcomes<Q::Key>, ::sqlx::Error> {
+    ) -> Result<Outcomes<Q::Key, ::sqlx::Error>, ::sqlx::Error> {
         // A failure drops `tx`, which rolls it back.
         let mut tx = Connection::begin(&mut *conn).await?;
         let q = &self.query;
@@ -319,7 +247,7 @@ impl<Q: UpsertQuery> SqlxWriter<Q> {
                 tx.commit().await?;
                 Ok(out)
             }
-            Err(e) if is_row_fault(&e) => {
+            Err(e) if classify(&e).is_row_fault() => {
                 tx.rollback().await?;
                 self.upsert_one_by_one(conn, rows).await
             }
@@ -331,7 +259,7 @@ impl<Q: UpsertQuery> SqlxWriter<Q> {
         &self,
         conn: &mut PgConnection,
         rows: &[Q::Row],
-    ) -> Result<Outcomes<Q::Key>, ::sqlx::Error> {
+    ) -> Result<Outcomes<Q::Key, ::sqlx::Error>, ::sqlx::Error> {
         let q = &self.query;
         let mut tx = Connection::begin(&mut *conn).await?;
         let mut out = HashMap::with_capacity(rows.len());
@@ -349,9 +277,10 @@ impl<Q: UpsertQuery> SqlxWriter<Q> {
                     savepoint.commit().await?;
                     out.insert(key, Ok(inserted));
                 }
-                Err(e) if is_row_fault(&e) => {
+                Err(e) if classify(&e).is_row_fault() => {
                     savepoint.rollback().await?;
-                    out.insert(key, Err(Arc::new(RowError(e))));
+                    let kind = classify(&e);
+                    out.insert(key, Err(Arc::new(RowError::new(e, kind))));
                 }
                 Err(e) => return Err(e),
             }
@@ -366,156 +295,47 @@ impl<Q: UpsertQuery> SqlxWriter<Q> {
     }
 }
 
+/// Writes a batch (distinct keys, in key order) in one transaction; on a
+/// row fault, writes its rows one by one under savepoints so only the
+/// faulty rows fail. If the connection turned out to be lost and the
+/// query [is idempotent](UpsertQuery::is_idempotent), the batch is written
+/// once more on another of the pool's connections (it may have committed
+/// before the connection was lost; a row it created reads as updated
+/// then).
+impl<Q: UpsertQuery> Upsert for SqlxWriter<Q> {
+    type Key = Q::Key;
+    type Row = Q::Row;
+    type RowFault = ::sqlx::Error;
+    type Error = ::sqlx::Error;
+
+    fn key(&self, row: &Q::Row) -> Q::Key {
+        self.query.key(row)
+    }
+
+    async fn upsert(
+        &self,
+        rows: &[Q::Row],
+    ) -> Result<Outcomes<Q::Key, ::sqlx::Error>, ::sqlx::Error> {
+        again_if_lost("writing the batch", self.query.is_idempotent(), || {
+            self.upsert_once(rows)
+        })
+        .await
+    }
+}
+
 impl<Q: UpsertQuery> Loader<WriteRequest<Q::Row>, WriteResult> for SqlxWriter<Q> {
     type Error = ::sqlx::Error;
 
     async fn load(
         &self,
-        mut requests: Vec<WriteRequest<Q::Row>>,
+        requests: Vec<WriteRequest<Q::Row>>,
     ) -> Result<HashMap<WriteRequest<Q::Row>, WriteResult>, ::sqlx::Error> {
-        // Arrival order; per key the last arrival's row is the one written.
-        requests.sort_unstable_by_key(|r| r.seq);
-        let mut latest: HashMap<Q::Key, usize> = HashMap::with_capacity(requests.len());
-        for (i, r) in requests.iter().enumerate() {
-            latest.insert(self.query.key(&r.row), i);
-        }
-        // Key order, so that concurrent batches take row locks in one
-        // order (see UpsertQuery::Key).
-        let mut winners: Vec<(Q::Key, usize)> = latest.into_iter().collect();
-        winners.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let rows: Vec<Q::Row> = winners
-            .iter()
-            .map(|&(_, i)| requests[i].row.clone())
-            .collect();
-
-        let results = self.upsert(&rows).await?;
-
-        // The first write of a key in the batch created it if the final
-        // row was inserted; every later write of that key updated it.
-        let mut seen: HashMap<Q::Key, ()> = HashMap::with_capacity(winners.len());
-        let mut out = HashMap::with_capacity(requests.len());
-        for r in requests {
-            let key = self.query.key(&r.row);
-            let first = seen.insert(key.clone(), ()).is_none();
-            let answer = match results.get(&key) {
-                Some(Ok(true)) if first => Ok(Written::Created),
-                Some(Ok(_)) => Ok(Written::Updated),
-                Some(Err(e)) => Err(Arc::clone(e)),
-                // Every row is either returned or refused; a statement that
-                // returns fewer rows breaks the UpsertQuery contract.
-                None => continue,
-            };
-            out.insert(r, answer);
-        }
-        Ok(out)
+        write_batch(self, requests).await
     }
 }
 
-/// Concurrent single-row upserts on a sqlx `PgPool`, coalesced into
-/// batches by a [`Batcher`]. Cheap to clone.
-///
-/// Each caller of [`write`](Self::write) is answered once the batch holding
-/// its row has committed; a row the database refuses (a constraint, a
-/// value its column cannot hold) fails only its own caller, and the rest
-/// of its batch is committed. Within a batch, the last write of a key is
-/// the one written.
-pub struct Writer<Q: UpsertQuery> {
-    batcher: Batcher<WriteRequest<Q::Row>, WriteResult>,
-    seq: Arc<AtomicU64>,
-}
-
-impl<Q: UpsertQuery> Clone for Writer<Q> {
-    fn clone(&self) -> Self {
-        Self {
-            batcher: self.batcher.clone(),
-            seq: Arc::clone(&self.seq),
-        }
-    }
-}
-
-impl<Q: UpsertQuery> fmt::Debug for Writer<Q> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Writer")
-            .field("batcher", &self.batcher)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<Q: UpsertQuery> Writer<Q> {
-    /// A writer for `query` over `pool`, batching as `builder` says (its
-    /// flush policy, batch size, concurrency, queue and deadline apply),
-    /// with statements prepared and cached per connection.
-    ///
-    /// # Errors
-    ///
-    /// [`BuildError`] for invalid batcher settings or outside a runtime.
-    pub fn new(
-        pool: PgPool,
-        query: Q,
-        builder: BatcherBuilder<WriteRequest<Q::Row>, WriteResult>,
-    ) -> Result<Self, BuildError> {
-        Self::with_statement_mode(pool, query, StatementMode::default(), builder)
-    }
-
-    /// As [`new`](Self::new), sending statements as `mode` says
-    /// ([`StatementMode::Unnamed`] through a transaction-mode pooler).
-    ///
-    /// # Errors
-    ///
-    /// [`BuildError`] for invalid batcher settings or outside a runtime.
-    pub fn with_statement_mode(
-        pool: PgPool,
-        query: Q,
-        mode: StatementMode,
-        builder: BatcherBuilder<WriteRequest<Q::Row>, WriteResult>,
-    ) -> Result<Self, BuildError> {
-        Ok(Self {
-            batcher: builder.build(SqlxWriter::with_statement_mode(pool, query, mode))?,
-            seq: Arc::new(AtomicU64::new(0)),
-        })
-    }
-
-    /// A builder for [`new`](Self::new)'s batching settings.
-    pub fn builder() -> BatcherBuilder<WriteRequest<Q::Row>, WriteResult> {
-        Batcher::builder()
-    }
-
-    /// Writes `row`, returning once the batch holding it has committed.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Load`] with a [`RowError`] source when the database refused
-    /// this row (the rest of its batch was committed); any other [`Error`]
-    /// when the batch as a whole failed or was not run, as for
-    /// [`Batcher::load`]: then nothing of it was committed, unless the
-    /// connection was lost while its `COMMIT` was on the way (a lost
-    /// connection, [`DbErrorKind::Unavailable`](super::DbErrorKind::Unavailable),
-    /// leaves that unknown: write again only an idempotent row). A failed batch's error is
-    /// sqlx's own: [`Error::load_error`]`::<sqlx::Error>()` gets it back,
-    /// and [`classify`](super::classify) sorts it.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future does not cancel the write once it is queued: it
-    /// may still be committed.
-    pub async fn write(&self, row: Q::Row) -> Result<Written, Error> {
-        let seq = self.seq.fetch_add(1, Relaxed);
-        match self.batcher.load(WriteRequest { seq, row }).await? {
-            Some(Ok(written)) => Ok(written),
-            Some(Err(refused)) => Err(Error::Load(refused)),
-            None => Err(Error::LoaderPanicked(
-                "upsert statement returned no row for a written key".into(),
-            )),
-        }
-    }
-
-    /// The batcher's statistics.
-    pub fn stats(&self) -> crate::StatsSnapshot {
-        self.batcher.stats()
-    }
-
-    /// Stops the writer after committing and acknowledging what it holds.
-    pub async fn shutdown(&self) {
-        self.batcher.shutdown().await;
-    }
-}
+/// Concurrent single-row upserts of rows `R` on a sqlx `PgPool`,
+/// coalesced into batches by a [`Batcher`](crate::Batcher): see
+/// [`pg::Writer`](crate::pg::Writer) for the contract, which is the
+/// same. Cheap to clone.
+pub type Writer<R> = db::Writer<R, ::sqlx::Error>;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use embedded_pg::pgbouncer::{PgBouncer, PoolMode};
 use pgbatch::pg::copy::{self, ConflictPolicy, RowSource, RowValues, TableSpec};
 use pgbatch::pg::{
-    self, BatchQuery, DbErrorKind, Params, PgError, PgLoader, PoolOptions, StatementMode,
+    self, BatchQuery, DbErrorKind, Params, PgError, PgLoader, PgWriter, PoolOptions, StatementMode,
     Statements, UpsertQuery, Writer,
 };
 use pgbatch::{Batcher, Error, Loader};
@@ -166,9 +166,11 @@ async fn prepared_statements_through_a_transaction_pooler_fail_and_say_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_writer_and_the_import_work_through_a_transaction_pooler() {
     let (cluster, _bouncer, pool) = pooled().await;
-    let writer =
-        Writer::with_statements(pool.clone(), Upsert, unnamed(), Writer::<Upsert>::builder())
-            .unwrap();
+    let writer = Writer::new(
+        PgWriter::with_statements(pool.clone(), Upsert, unnamed()),
+        Writer::builder(),
+    )
+    .unwrap();
     let writer = Arc::new(writer);
     let mut tasks = Vec::new();
     for i in 0..200 {

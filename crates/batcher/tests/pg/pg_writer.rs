@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use embedded_pg::{Cluster, ClusterOptions};
 use pgbatch::pg::copy::{self, ConflictPolicy, ImportError, RowSource, RowValues, TableSpec};
-use pgbatch::pg::{self, DbErrorKind, Params, PoolOptions, RowError, UpsertQuery, Writer, Written};
+use pgbatch::pg::{
+    self, DbErrorKind, Params, PgWriter, PoolOptions, RowError, UpsertQuery, Writer, Written,
+};
 use pgbatch::{Error, FlushPolicy};
 use tokio_postgres::types::Type;
 use tokio_postgres::{NoTls, Row};
@@ -71,7 +73,7 @@ fn kv(k: &str, v: i64) -> (String, i64) {
 async fn concurrent_writes_share_batches_and_are_visible_once_acknowledged() {
     let db = embedded_pg::testing::database().await.unwrap();
     let pool = items_pool(db.config).await;
-    let writer = Writer::new(pool.clone(), Items, Writer::<Items>::builder()).unwrap();
+    let writer = Writer::new(PgWriter::new(pool.clone(), Items), Writer::builder()).unwrap();
 
     let tasks: Vec<_> = (0..300)
         .map(|i| {
@@ -93,14 +95,14 @@ async fn concurrent_writes_share_batches_and_are_visible_once_acknowledged() {
 }
 
 /// A writer that flushes exactly when three writes have arrived.
-async fn batches_of_three() -> (pg::Pool, Writer<Items>) {
+async fn batches_of_three() -> (pg::Pool, Writer<(String, i64)>) {
     let db = embedded_pg::testing::database().await.unwrap();
     let pool = items_pool(db.config).await;
-    let builder = Writer::<Items>::builder()
+    let builder = Writer::builder()
         .policy(FlushPolicy::FixedDelay)
         .max_batch_size(3)
         .max_delay(Duration::from_secs(60));
-    let writer = Writer::new(pool.clone(), Items, builder).unwrap();
+    let writer = Writer::new(PgWriter::new(pool.clone(), Items), builder).unwrap();
     (pool, writer)
 }
 
@@ -144,12 +146,12 @@ async fn two_batches_with_the_same_keys_in_opposite_orders_do_not_deadlock() {
         )
         .await
         .unwrap();
-    let builder = Writer::<Items>::builder()
+    let builder = Writer::builder()
         .policy(FlushPolicy::FixedDelay)
         .max_batch_size(2)
         .max_concurrent_batches(2)
         .max_delay(Duration::from_secs(60));
-    let writer = Writer::new(pool.clone(), Items, builder).unwrap();
+    let writer = Writer::new(PgWriter::new(pool.clone(), Items), builder).unwrap();
 
     // join! polls in argument order: batch one is (x, y), batch two (y, x).
     let (x1, y1, y2, x2) = tokio::join!(
@@ -201,7 +203,7 @@ async fn a_database_failure_fails_the_batch_and_commits_nothing() {
     let db = embedded_pg::testing::database().await.unwrap();
     // No items table: the statement fails, but not because of a row.
     let pool = pg::pool(db.config, &PoolOptions::with_max_size(2)).unwrap();
-    let writer = Writer::new(pool, Items, Writer::<Items>::builder()).unwrap();
+    let writer = Writer::new(PgWriter::new(pool, Items), Writer::builder()).unwrap();
     let err = writer.write(kv("a", 1)).await.unwrap_err();
     assert!(matches!(err, Error::Load(_)), "{err:?}");
     assert!(err.load_error::<RowError>().is_none());
@@ -217,7 +219,7 @@ async fn acknowledged_writes_survive_a_postgres_crash() {
     let options = || ClusterOptions::new(dir.path().join("pg")).port(5498);
     let cluster = Cluster::start(options()).await.unwrap();
     let pool = items_pool(cluster.config("postgres")).await;
-    let writer = Writer::new(pool.clone(), Items, Writer::<Items>::builder()).unwrap();
+    let writer = Writer::new(PgWriter::new(pool.clone(), Items), Writer::builder()).unwrap();
 
     let tasks: Vec<_> = (0..200)
         .map(|i| {

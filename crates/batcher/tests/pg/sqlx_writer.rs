@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use embedded_pg::pgbouncer::{PgBouncer, PoolMode};
 use pgbatch::sqlx::{
-    classify, DbErrorKind, PgQuery, RowError, StatementMode, UpsertQuery, WriteRequest,
+    classify, DbErrorKind, PgQuery, RowError, SqlxWriter, StatementMode, UpsertQuery, WriteRequest,
     WriteResult, Writer, Written,
 };
 use pgbatch::{BatcherBuilder, Error, FlushPolicy};
@@ -135,7 +135,7 @@ fn kv(k: &str, v: i64) -> (String, i64) {
 
 /// Batching settings that flush exactly when three writes have arrived.
 fn batches_of_three<Q: UpsertQuery>() -> BatcherBuilder<WriteRequest<Q::Row>, WriteResult> {
-    Writer::<Q>::builder()
+    Writer::builder()
         .policy(FlushPolicy::FixedDelay)
         .max_batch_size(3)
         .max_delay(Duration::from_secs(60))
@@ -144,9 +144,13 @@ fn batches_of_three<Q: UpsertQuery>() -> BatcherBuilder<WriteRequest<Q::Row>, Wr
 /// A writer of `items` that flushes exactly when three writes have arrived,
 /// over a pool of one connection: every batch, and every check of the
 /// table, runs on the connection the previous batch left.
-async fn items_in_threes() -> (PgPool, Writer<Items>) {
+async fn items_in_threes() -> (PgPool, Writer<(String, i64)>) {
     let pool = items_pool(1).await;
-    let writer = Writer::new(pool.clone(), ITEMS, batches_of_three::<Items>()).unwrap();
+    let writer = Writer::new(
+        SqlxWriter::new(pool.clone(), ITEMS),
+        batches_of_three::<Items>(),
+    )
+    .unwrap();
     (pool, writer)
 }
 
@@ -169,7 +173,7 @@ fn refusal(result: Result<Written, Error>) -> (Error, DbErrorKind, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_writes_share_batches_and_are_visible_once_acknowledged() {
     let pool = items_pool(4).await;
-    let writer = Writer::new(pool.clone(), ITEMS, Writer::<Items>::builder()).unwrap();
+    let writer = Writer::new(SqlxWriter::new(pool.clone(), ITEMS), Writer::builder()).unwrap();
 
     let tasks: Vec<_> = (0..300)
         .map(|i| {
@@ -273,12 +277,12 @@ async fn two_batches_with_the_same_keys_in_opposite_orders_do_not_deadlock() {
     .execute(&pool)
     .await
     .unwrap();
-    let builder = Writer::<Items>::builder()
+    let builder = Writer::builder()
         .policy(FlushPolicy::FixedDelay)
         .max_batch_size(2)
         .max_concurrent_batches(2)
         .max_delay(Duration::from_secs(60));
-    let writer = Writer::new(pool.clone(), ITEMS, builder).unwrap();
+    let writer = Writer::new(SqlxWriter::new(pool.clone(), ITEMS), builder).unwrap();
 
     // join! polls in argument order: batch one is (x, y), batch two (y, x).
     let (x1, y1, y2, x2) = tokio::join!(
@@ -392,7 +396,11 @@ async fn a_row_with_a_missing_reference_fails_only_its_caller() {
     .execute(&pool)
     .await
     .unwrap();
-    let writer = Writer::new(pool.clone(), Ledger, batches_of_three::<Ledger>()).unwrap();
+    let writer = Writer::new(
+        SqlxWriter::new(pool.clone(), Ledger),
+        batches_of_three::<Ledger>(),
+    )
+    .unwrap();
 
     let (a, ghost, b) = tokio::join!(
         writer.write(kv("a", 1)),
@@ -462,7 +470,7 @@ async fn a_database_failure_fails_the_whole_batch_and_commits_nothing() {
         .connect_with(database().await)
         .await
         .unwrap();
-    let writer = Writer::new(pool, ITEMS, Writer::<Items>::builder()).unwrap();
+    let writer = Writer::new(SqlxWriter::new(pool, ITEMS), Writer::builder()).unwrap();
     let err = writer.write(kv("a", 1)).await.unwrap_err();
     assert!(matches!(err, Error::Load(_)), "{err:?}");
     assert!(err.load_error::<RowError>().is_none());
@@ -489,10 +497,8 @@ async fn unnamed_statements_write_and_leave_nothing_prepared() {
     let pool = items_pool(1).await;
     assert_eq!(prepared_statements(&pool).await, 0);
 
-    let unnamed = Writer::with_statement_mode(
-        pool.clone(),
-        ITEMS,
-        StatementMode::Unnamed,
+    let unnamed = Writer::new(
+        SqlxWriter::with_statement_mode(pool.clone(), ITEMS, StatementMode::Unnamed),
         batches_of_three::<Items>(),
     )
     .unwrap();
@@ -520,7 +526,11 @@ async fn unnamed_statements_write_and_leave_nothing_prepared() {
 
     // The same writes, prepared, leave both statements: the check sees
     // them.
-    let prepared = Writer::new(pool.clone(), ITEMS, batches_of_three::<Items>()).unwrap();
+    let prepared = Writer::new(
+        SqlxWriter::new(pool.clone(), ITEMS),
+        batches_of_three::<Items>(),
+    )
+    .unwrap();
     let (x, bad, y) = tokio::join!(
         prepared.write(kv("x", 7)),
         prepared.write(kv("bad", -1)),
@@ -613,10 +623,10 @@ async fn write_concurrently(
     pool: PgPool,
     mode: StatementMode,
 ) -> (Vec<(u32, Result<Written, Error>)>, u64) {
-    let builder = Writer::<Kv>::builder()
+    let builder = Writer::builder()
         .max_batch_size(10)
         .max_concurrent_batches(8);
-    let writer = Writer::with_statement_mode(pool, Kv, mode, builder).unwrap();
+    let writer = Writer::new(SqlxWriter::with_statement_mode(pool, Kv, mode), builder).unwrap();
     let mut tasks = Vec::new();
     for c in 0..40 {
         let w = writer.clone();
@@ -745,7 +755,7 @@ async fn a_lost_connection_is_written_again_only_for_an_idempotent_query() {
 
     // Not idempotent (the default): the batch fails, and nothing of it is
     // written.
-    let writer = Writer::new(pool.clone(), ITEMS, Writer::<Items>::builder()).unwrap();
+    let writer = Writer::new(SqlxWriter::new(pool.clone(), ITEMS), Writer::builder()).unwrap();
     assert_eq!(writer.write(kv("warm", 1)).await.unwrap(), Written::Created);
     terminate(&options, backend_pid(&pool).await).await;
     let err = writer.write(kv("a", 1)).await.unwrap_err();
@@ -759,9 +769,8 @@ async fn a_lost_connection_is_written_again_only_for_an_idempotent_query() {
 
     // Idempotent: written again on another connection, and acknowledged.
     let idempotent = Writer::new(
-        pool.clone(),
-        Items { idempotent: true },
-        Writer::<Items>::builder(),
+        SqlxWriter::new(pool.clone(), Items { idempotent: true }),
+        Writer::builder(),
     )
     .unwrap();
     let pid = backend_pid(&pool).await;

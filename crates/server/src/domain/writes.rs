@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use pgbatch::pg::copy::{self, ConflictPolicy, ImportCounts};
-use pgbatch::pg::{DbErrorKind, PgError, Pool, RowError, Statements, Writer, Written};
+use pgbatch::pg::{DbErrorKind, PgError, PgWriter, Pool, RowError, Statements, Writer, Written};
 use pgbatch::{loader_fn, Batcher, BuildError};
 use tokio_postgres::types::PgLsn;
 
@@ -67,7 +67,7 @@ macro_rules! on_write_connection {
 /// Writes objects and repositories. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Writes {
-    writer: Writer<ObjectUpsert>,
+    writer: Writer<ObjectRow>,
     pool: Pool,
     /// Imports' own connections: an upload holds one for as long as the
     /// client takes to send its body, so they never come from `pool`.
@@ -126,7 +126,10 @@ impl Writes {
             }))?;
         Ok(Self {
             positions,
-            writer: Writer::with_statements(pool.clone(), ObjectUpsert, statements, builder)?,
+            writer: Writer::new(
+                PgWriter::with_statements(pool.clone(), ObjectUpsert, statements),
+                builder,
+            )?,
             pool,
             import_pool,
             import_statements: pooler.statements(import.timeout),

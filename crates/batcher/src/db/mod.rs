@@ -1,0 +1,35 @@
+//! What the two Postgres drivers share (features `postgres` and `sqlx`):
+//! the SQLSTATE classification, how statements are sent, the writer's
+//! batches and the import's counts and errors. Each driver
+//! ([`pg`](crate::pg) over tokio-postgres, [`sqlx`](crate::sqlx)) keeps
+//! only what talks to its own client and re-exports these under its own
+//! path, with the driver's error filled in (`pg::RowError` is
+//! [`RowError`]`<tokio_postgres::Error>`, `pg::Writer<R>` is
+//! [`Writer`]`<R, tokio_postgres::Error>`), so a user of either finds
+//! them by the same names.
+//!
+//! Inside the crate, a module uses only those listed below it:
+//!
+//! ```text
+//! write      WriteRequest, Written, RowError, Writer; a batch's plan and answers
+//! import     ConflictPolicy, ImportCounts, ImportError; the SQL around COPY
+//! statement  StatementMode
+//! classify   Classify (a driver error's kind), again_if_lost
+//! sqlstate   DbErrorKind: one table of SQLSTATEs to kinds
+//! ```
+
+mod classify;
+mod import;
+mod sqlstate;
+mod statement;
+mod write;
+
+pub(crate) use classify::{again_if_lost, Classify};
+pub(crate) use import::{
+    copy_sql, merge_sql, temp_table_sql, NumberedRow, Progress, IMPORT_TABLE, ROW_NUMBER,
+};
+pub use import::{ConflictPolicy, ImportCounts, ImportError};
+pub use sqlstate::DbErrorKind;
+pub use statement::StatementMode;
+pub(crate) use write::{write_batch, Outcomes, Upsert};
+pub use write::{RowError, WriteRequest, WriteResult, Writer, Written};
