@@ -7,14 +7,13 @@
 //! `--millis N` sets each run's length, `--capacity N` the cache's entries,
 //! default 100,000).
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
 use benches::{closed_loop, RunReport};
 use clap::Parser;
 use pgbatch::cache::{Admission, Cache};
-use pgbatch::{Batcher, Loader};
+use pgbatch::{Batcher, Loaded, Loader};
 
 /// Uniform keys over this many: the loadgen's table size.
 const KEYS: u64 = 10_000_000;
@@ -27,8 +26,8 @@ struct Computed;
 impl Loader<u64, u64> for Computed {
     type Error = Infallible;
 
-    async fn load(&self, keys: Vec<u64>) -> Result<HashMap<u64, u64>, Infallible> {
-        let mut rows = HashMap::with_capacity(keys.len());
+    async fn load(&self, keys: Vec<u64>) -> Result<Loaded<u64, u64>, Infallible> {
+        let mut rows = Loaded::with_capacity(keys.len());
         rows.extend(keys.into_iter().map(|k| (k, k * 2)));
         Ok(rows)
     }

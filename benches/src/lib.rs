@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use pgbatch::Loader;
+use pgbatch::{Loaded, Loader};
 
 pub mod cpu;
 pub mod delay_proxy;
@@ -127,9 +127,9 @@ impl MemLoader {
 impl Loader<u64, u64> for MemLoader {
     type Error = Infallible;
 
-    async fn load(&self, keys: Vec<u64>) -> Result<HashMap<u64, u64>, Infallible> {
+    async fn load(&self, keys: Vec<u64>) -> Result<Loaded<u64, u64>, Infallible> {
         // Sized up front, as a real loader would for its rows.
-        let mut rows = HashMap::with_capacity(keys.len());
+        let mut rows = Loaded::with_capacity(keys.len());
         rows.extend(keys.into_iter().filter_map(|k| self.get(k).map(|v| (k, v))));
         Ok(rows)
     }

@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use benches::cpu::{CpuSnapshot, CpuUse};
 use pgbatch::pg::{self, PgError, PgLoader, PoolOptions};
-use pgbatch::{Batcher, Concurrency, Loader as _};
+use pgbatch::{Batcher, Concurrency};
 use server::db::queries::kv::KvQuery;
 use server::db::Database;
 
@@ -82,7 +82,10 @@ impl DataLoaderLoader<String> for SameLoader {
     async fn load(&self, keys: &[String]) -> Result<HashMap<String, String>, Arc<PgError>> {
         self.loads.fetch_add(1, Relaxed);
         self.keys.fetch_add(keys.len() as u64, Relaxed);
-        self.loader.load(keys.to_vec()).await.map_err(Arc::new)
+        pgbatch::Loader::load(&self.loader, keys.to_vec())
+            .await
+            .map(pgbatch::Loaded::into_values)
+            .map_err(Arc::new)
     }
 }
 

@@ -14,13 +14,20 @@ pub type SharedError = Arc<dyn std::error::Error + Send + Sync + 'static>;
 /// A key that the loader simply did not return is *not* an error: it is
 /// reported as `Ok(None)`. Every variant here is cheap to clone, because a
 /// single batch failure is delivered to every caller that was in that batch.
+///
+/// Its `Display` says why, cause included, once: `batch load failed:
+/// database query failed: db error: ERROR: column "x" does not exist`. So
+/// print it with `{}`; the loader's own error is
+/// [`load_error`](Self::load_error)'s to give back, not `source()`'s,
+/// which would have a reporter that walks the chain print the cause twice.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The loader returned an error for the batch this key was in. Every
-    /// waiter of that batch receives a clone of the same error.
-    #[error("batch load failed")]
-    Load(#[source] SharedError),
+    /// The loader returned an error for the batch this key was in (every
+    /// waiter of that batch receives a clone of the same error), or failed
+    /// this key alone.
+    #[error("batch load failed: {}", Chain(&**.0))]
+    Load(SharedError),
 
     /// The loader panicked while loading the batch this key was in. The
     /// worker caught the panic and keeps serving other batches.
@@ -207,20 +214,25 @@ pub enum BuildError {
     NoRuntime,
 }
 
-/// Displays an error with its whole source chain, `outer: inner: root`, as
-/// logs need it: a loader's top error ("database query failed") rarely
-/// says what failed.
+/// Displays an error with its source chain, `outer: inner: root`, each
+/// message once: a driver's error often prints its cause itself
+/// (tokio-postgres's "db error: ERROR: ..." and then the same report as
+/// its source), and such a cause is not printed again.
 pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for Chain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
+        let mut text = self.0.to_string();
         let mut source = self.0.source();
         while let Some(e) = source {
-            write!(f, ": {e}")?;
+            let more = e.to_string();
+            if !more.is_empty() && !text.contains(&more) {
+                text.push_str(": ");
+                text.push_str(&more);
+            }
             source = e.source();
         }
-        Ok(())
+        f.write_str(&text)
     }
 }
 
@@ -243,13 +255,26 @@ mod tests {
     #[error("database query failed")]
     struct Outer(#[source] std::io::Error);
 
+    /// Prints its cause itself, and has it as its source too, as
+    /// tokio-postgres's errors do.
+    #[derive(Debug, thiserror::Error)]
+    #[error("db error: {0}")]
+    struct SaysItsCause(#[source] std::io::Error);
+
     #[test]
-    fn a_logged_load_error_names_its_whole_chain() {
+    fn a_load_error_names_its_cause_once() {
         let e = Error::load(Outer(std::io::Error::other("connection reset by peer")));
         assert_eq!(
-            Chain(&e).to_string(),
+            e.to_string(),
             "batch load failed: database query failed: connection reset by peer"
         );
+        assert!(std::error::Error::source(&e).is_none(), "not twice");
+        let e = Error::load(SaysItsCause(std::io::Error::other("ERROR: no such column")));
+        assert_eq!(
+            e.to_string(),
+            "batch load failed: db error: ERROR: no such column"
+        );
+        assert!(e.load_error::<SaysItsCause>().is_some());
     }
 
     #[test]

@@ -35,7 +35,8 @@
 //!
 //! See [`Batcher`] for the guarantees (per-key results, shared batch
 //! errors, deadlines, cancellation, backpressure, shutdown) and
-//! [`BatcherBuilder`] for the settings.
+//! [`BatcherBuilder`] for the settings. A multi-tenant service shares one
+//! batcher across tenants or database roles with scopes: see [`scopes`].
 //!
 //! # Features
 //!
@@ -51,9 +52,10 @@
 //! lookup may succeed if asked again.
 //!
 //! The crate's `examples/` show each: an in-memory batcher, a `PgLoader`
-//! on a pool, the cache in front of a batcher, an axum handler holding
-//! a batcher in its state, and async-graphql resolvers loading through a
-//! cache and a batcher.
+//! and a `SqlxLoader` on a pool, the cache in front of a batcher, an axum
+//! handler holding a batcher in its state, tenants under row-level
+//! security sharing one scoped batcher, and async-graphql resolvers
+//! loading as the request's tenant through a cache and a batcher.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -74,11 +76,13 @@ pub mod pg;
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx;
+#[doc = include_str!("../docs/scopes.md")]
+pub mod scopes {}
 pub mod stats;
 
 pub use crate::batcher::{
-    defaults, loader_fn, Batcher, BatcherBuilder, Concurrency, FlushPolicy, Loader, LoaderFn,
-    Overflow, Pair, Worker,
+    defaults, loader_fn, scoped_loader_fn, Batcher, BatcherBuilder, Concurrency, FlushPolicy,
+    Loaded, Loader, LoaderFn, Overflow, Pair, ScopedLoader, ScopedLoaderFn, Worker,
 };
 pub use crate::error::{BuildError, Error, SharedError};
 pub use crate::stats::StatsSnapshot;

@@ -31,6 +31,7 @@
 //! | `pgbatch_batcher_load_duration_recent_seconds` | gauge | the automatic limit's last window mean load time |
 //! | `pgbatch_batcher_pending_keys` | gauge | keys gathered for the next load |
 //! | `pgbatch_batcher_queued_requests` | gauge | requests not yet taken by the worker |
+//! | `pgbatch_batcher_scopes` | gauge | scopes with keys waiting or loads running |
 //! | `pgbatch_batcher_shed_total` | counter | requests refused because the queue was full |
 //! | `pgbatch_batcher_timeouts_total` | counter | requests whose deadline passed |
 //! | `pgbatch_batcher_abandoned_total` | counter | requests whose caller left before their load |
@@ -41,7 +42,7 @@
 //! | `pgbatch_batcher_failed_loads_total` | counter | loads that returned an error |
 //! | `pgbatch_batcher_panicked_loads_total` | counter | loads whose loader panicked |
 //! | `pgbatch_batcher_timed_out_loads_total` | counter | loads abandoned at `load_timeout` |
-//! | `pgbatch_batcher_failed_keys_total` | counter | distinct keys of failed, panicked and timed-out loads |
+//! | `pgbatch_batcher_failed_keys_total` | counter | distinct keys of failed, panicked and timed-out loads, and keys that failed alone |
 //! | `pgbatch_cache_hits_total` | counter | lookups answered from the cache |
 //! | `pgbatch_cache_misses_total` | counter | lookups that started a load |
 //! | `pgbatch_cache_coalesced_total` | counter | lookups that joined another's load |
@@ -73,6 +74,7 @@ pub(crate) struct Gauges {
     pub(crate) load_recent: Gauge,
     pub(crate) pending: Gauge,
     pub(crate) queued: Gauge,
+    pub(crate) scopes: Gauge,
 }
 
 /// Registers a batcher's figures under `batcher="name"`.
@@ -124,6 +126,7 @@ pub(crate) fn export_batcher(stats: &Stats, name: &str) {
         load_recent: gauge!("pgbatch_batcher_load_duration_recent_seconds", &label),
         pending: gauge!("pgbatch_batcher_pending_keys", &label),
         queued: gauge!("pgbatch_batcher_queued_requests", &label),
+        scopes: gauge!("pgbatch_batcher_scopes", &label),
     });
 }
 
@@ -233,6 +236,11 @@ fn describe_batcher() {
         "pgbatch_batcher_queued_requests",
         Unit::Count,
         "Requests not yet taken by the worker."
+    );
+    describe_gauge!(
+        "pgbatch_batcher_scopes",
+        Unit::Count,
+        "Scopes with keys waiting or loads running."
     );
 }
 

@@ -188,6 +188,7 @@ pub(crate) struct Stats {
     pub(crate) timed_out_batches: Count,
     pub(crate) pending_keys: AtomicU64,
     pub(crate) in_flight_batches: AtomicU64,
+    pub(crate) scopes: AtomicU64,
     /// The automatic limit's least and latest window mean load times, in
     /// nanoseconds (0: none yet, or a fixed limit).
     pub(crate) load_time_least: AtomicU64,
@@ -218,6 +219,7 @@ impl Stats {
             timed_out_batches: Count::new(),
             pending_keys: AtomicU64::new(0),
             in_flight_batches: AtomicU64::new(0),
+            scopes: AtomicU64::new(0),
             load_time_least: AtomicU64::new(0),
             load_time_recent: AtomicU64::new(0),
             batch_size: Histogram::new(&SIZE_BOUNDS),
@@ -266,6 +268,7 @@ impl Stats {
             queued: queued as u64,
             pending_keys: self.pending_keys.load(Relaxed),
             in_flight_batches: self.in_flight_batches.load(Relaxed),
+            scopes: self.scopes.load(Relaxed),
             load_time_least: nanos(self.load_time_least.load(Relaxed)),
             load_time_recent: nanos(self.load_time_recent.load(Relaxed)),
             batch_size: self.batch_size.snapshot(),
@@ -278,8 +281,8 @@ impl Stats {
 /// A point-in-time copy of a batcher's counters, from
 /// [`Batcher::stats`](crate::Batcher::stats).
 ///
-/// Counters only grow; `queued`, `pending_keys`, `in_flight_batches` and
-/// `concurrency_limit` are gauges. Failed, panicked and timed-out batches are counted separately;
+/// Counters only grow; `queued`, `pending_keys`, `in_flight_batches`,
+/// `scopes` and `concurrency_limit` are gauges. Failed, panicked and timed-out batches are counted separately;
 /// `failed_keys` counts the distinct keys of all three kinds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -306,7 +309,8 @@ pub struct StatsSnapshot {
     pub not_found: u64,
     /// Batches whose load returned an error.
     pub failed_batches: u64,
-    /// Distinct keys in failed, panicked or timed-out batches.
+    /// Distinct keys in failed, panicked or timed-out batches, and keys a
+    /// load failed on their own (see [`Loaded::fail`](crate::Loaded::fail)).
     pub failed_keys: u64,
     /// Batches whose loader panicked.
     pub panicked_batches: u64,
@@ -318,6 +322,9 @@ pub struct StatsSnapshot {
     pub pending_keys: u64,
     /// Loads running now.
     pub in_flight_batches: u64,
+    /// Scopes with keys waiting or loads running now (1 for an unscoped
+    /// batcher while it is busy, 0 when idle).
+    pub scopes: u64,
     /// How many loads may run at once now: the fixed
     /// [`Concurrency`](crate::Concurrency), or where the automatic one
     /// stands.

@@ -34,6 +34,13 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Recorder {
         self.0.lock().unwrap().push(f.0);
     }
 
+    fn on_record(&self, span: &Id, values: &tracing::span::Record<'_>, ctx: Context<'_, S>) {
+        let name = ctx.span(span).map(|s| s.name()).unwrap_or("?");
+        let mut f = Fields(format!("record {name}"));
+        values.record(&mut f);
+        self.0.lock().unwrap().push(f.0);
+    }
+
     fn on_follows_from(&self, span: &Id, follows: &Id, ctx: Context<'_, S>) {
         let name = |id| ctx.span(id).map(|s| s.name()).unwrap_or("?");
         let line = format!("link {} -> {}", name(span), name(follows));
@@ -84,4 +91,114 @@ async fn batches_are_spans_linked_to_callers_and_failures_are_events() {
         has("event ERROR message=batch loader panicked panic=loader panicked on purpose"),
         "{lines:#?}"
     );
+}
+
+/// A scope holding a secret, which only its label may show.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Tenant {
+    name: &'static str,
+    secret: &'static str,
+}
+
+/// Names each scope by its tenant's name.
+struct Labelled;
+
+impl pgbatch::ScopedLoader<Tenant, u64, String> for Labelled {
+    type Error = std::convert::Infallible;
+
+    async fn load(
+        &self,
+        tenant: &Tenant,
+        keys: Vec<u64>,
+    ) -> Result<pgbatch::Loaded<u64, String>, Self::Error> {
+        Ok(keys
+            .into_iter()
+            .map(|k| (k, format!("{} {k}", tenant.name)))
+            .collect())
+    }
+
+    fn label<'s>(&self, tenant: &'s Tenant) -> Option<std::borrow::Cow<'s, str>> {
+        Some(tenant.name.into())
+    }
+}
+
+#[tokio::test]
+async fn a_scope_appears_in_spans_by_its_label_alone() {
+    let recorder = Recorder::default();
+    let subscriber = tracing_subscriber::registry().with(recorder.clone());
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let b: Batcher<u64, String, Tenant> = Batcher::builder()
+        .name("notes")
+        .policy(FlushPolicy::FixedDelay)
+        .max_batch_size(2)
+        .build_scoped(Labelled)
+        .unwrap();
+    let tenant = Tenant {
+        name: "tenant-7",
+        secret: "s3cr3t-claims",
+    };
+    let got = b.load_many_as(&tenant, [1, 2]).await;
+    assert!(got.iter().all(Result::is_ok));
+
+    let lines = recorder.0.lock().unwrap().clone();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("record batch scope=\"tenant-7\"")),
+        "{lines:#?}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains(tenant.secret)),
+        "{lines:#?}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_batch_spans_links_to_its_callers_reach_opentelemetry() {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("pgbatch-test"));
+    let subscriber = tracing_subscriber::registry().with(layer);
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let b: Batcher<u64, String> = Batcher::builder()
+        .policy(FlushPolicy::FixedDelay)
+        .max_batch_size(3)
+        .build(TestLoader::new())
+        .unwrap();
+    let requests = (0..3u64).map(|k| {
+        b.load(k)
+            .instrument(tracing::info_span!("request", key = k))
+    });
+    let answers = futures_util::future::join_all(requests).await;
+    assert!(answers.iter().all(Result::is_ok));
+    b.shutdown().await;
+    provider.force_flush().unwrap();
+
+    let spans = exporter.get_finished_spans().unwrap();
+    let batches: Vec<_> = spans.iter().filter(|s| s.name == "batch").collect();
+    assert_eq!(batches.len(), 1, "one load for the three requests");
+    let callers: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == "request")
+        .map(|s| s.span_context.clone())
+        .collect();
+    assert_eq!(callers.len(), 3);
+    let links: Vec<_> = batches[0]
+        .links
+        .iter()
+        .map(|l| l.span_context.clone())
+        .collect();
+    for caller in &callers {
+        assert!(
+            links.contains(caller),
+            "the batch span links to each caller's span: {links:?} {callers:?}"
+        );
+    }
 }

@@ -10,12 +10,13 @@ use tokio::sync::Semaphore;
 
 use super::config::{Concurrency, Config, FlushPolicy, Overflow};
 use super::handle::Batcher;
-use super::loader::Loader;
+use super::loader::{Loader, ScopedLoader};
+use super::run;
 use super::worker::Worker;
 use crate::BuildError;
 
 /// A batcher handle and its not yet running worker.
-pub type Pair<K, V> = (Batcher<K, V>, Worker<K, V>);
+pub type Pair<K, V, S = ()> = (Batcher<K, V, S>, Worker<K, V, S>);
 
 /// Builds a [`Batcher`]; get one from [`Batcher::builder`].
 ///
@@ -248,7 +249,7 @@ where
         L: Loader<K, V>,
     {
         self.validate()?;
-        Ok(super::handle::pair(self.config, loader))
+        Ok(super::handle::pair(self.config, run::load_fn(loader)))
     }
 
     /// Validates the settings, spawns the worker on the current Tokio
@@ -264,6 +265,67 @@ where
     {
         let rt = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
         let (batcher, worker) = self.build_pair(loader)?;
+        rt.spawn(worker.run());
+        Ok(batcher)
+    }
+
+    /// As [`build_pair`](Self::build_pair), for a scoped batcher (see
+    /// [`build_scoped`](Self::build_scoped)).
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError`] names the first invalid setting.
+    pub fn build_scoped_pair<S, L>(self, loader: L) -> Result<Pair<K, V, S>, BuildError>
+    where
+        S: Clone + Eq + Hash + Send + Sync + 'static,
+        L: ScopedLoader<S, K, V>,
+    {
+        self.validate()?;
+        Ok(super::handle::pair(
+            self.config,
+            run::scoped_load_fn(loader),
+        ))
+    }
+
+    /// Validates the settings, spawns the worker on the current Tokio
+    /// runtime and returns a scoped handle: each caller loads as a scope
+    /// `S` ([`Batcher::load_as`]), and each load serves one scope, through
+    /// `loader`. The settings hold for the batcher as a whole: the
+    /// concurrency limit is shared by every scope's loads (scopes with
+    /// waiting keys take turns), as are the queue and the deadline.
+    ///
+    /// ```
+    /// use std::collections::HashMap;
+    /// use std::convert::Infallible;
+    /// use pgbatch::{scoped_loader_fn, Batcher};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let notes: Batcher<u64, String, u32> = Batcher::builder()
+    ///     .build_scoped(scoped_loader_fn(|tenant: u32, ids: Vec<u64>| async move {
+    ///         // One query per tenant's batch, run as that tenant.
+    ///         Ok::<_, Infallible>(
+    ///             ids.into_iter()
+    ///                 .map(|id| (id, format!("note {id} of tenant {tenant}")))
+    ///                 .collect::<HashMap<_, _>>(),
+    ///         )
+    ///     }))?;
+    /// let (a, b) = tokio::join!(notes.load_as(&1, 7), notes.load_as(&2, 7));
+    /// assert_eq!(a?.as_deref(), Some("note 7 of tenant 1"));
+    /// assert_eq!(b?.as_deref(), Some("note 7 of tenant 2"));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build).
+    pub fn build_scoped<S, L>(self, loader: L) -> Result<Batcher<K, V, S>, BuildError>
+    where
+        S: Clone + Eq + Hash + Send + Sync + 'static,
+        L: ScopedLoader<S, K, V>,
+    {
+        let rt = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
+        let (batcher, worker) = self.build_scoped_pair(loader)?;
         rt.spawn(worker.run());
         Ok(batcher)
     }

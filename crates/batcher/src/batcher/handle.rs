@@ -12,14 +12,14 @@ use tracing::Instrument as _;
 
 use super::builder::BatcherBuilder;
 use super::config::{Config, Overflow};
-#[cfg(feature = "cache")]
-use super::fill::FillFn;
-use super::fill::{FillSlot, Stamp};
 use super::loader::Loader;
 use super::message::{Message, Reply, Rx};
+#[cfg(feature = "cache")]
+use super::observer::ObserverFn;
+use super::observer::{ObserverSlot, Stamp};
 use super::policy;
 use super::queue::{self, PushError, Sender};
-use super::run::{self, load_fn, LoadFn};
+use super::run::{self, Answered, LoadFn};
 use super::shared::{LoadSlot, Shared};
 use super::worker::Worker;
 use crate::stats::{Stats, StatsSnapshot};
@@ -63,25 +63,38 @@ use crate::Error;
 /// The worker stops when [`shutdown`](Self::shutdown) is called or the last
 /// handle is dropped; requests already queued are still loaded and
 /// answered, and later ones fail with [`Error::Closed`].
-pub struct Batcher<K, V> {
+///
+/// # Scopes
+///
+/// A batcher built with
+/// [`build_scoped`](BatcherBuilder::build_scoped) over a
+/// [`ScopedLoader`](crate::ScopedLoader) is a `Batcher<K, V, S>`: each
+/// caller says who it loads as, a scope `S` (a tenant, a database role and
+/// its settings), with [`load_as`](Self::load_as). Keys of different
+/// scopes never share a load, and a load's answers reach only its scope's
+/// callers; scopes with waiting keys take turns at the loads in flight, so
+/// a busy one cannot starve the others. Unscoped, `S` is `()` and
+/// [`load`](Self::load) needs none.
+pub struct Batcher<K, V, S = ()> {
     // One `Arc` for everything, so a clone (one per task, often one per
     // request) is one atomic increment instead of one per field. Padded so
     // that increment, from every core, does not evict the fields each
     // request reads: they sit on a cache line of their own.
-    inner: Arc<CachePadded<Inner<K, V>>>,
+    inner: Arc<CachePadded<Inner<K, V, S>>>,
 }
 
-struct Inner<K, V> {
-    tx: Sender<Message<K, V>>,
+struct Inner<K, V, S> {
+    tx: Sender<Message<S, K, V>>,
     shared: Arc<Shared>,
     /// For direct loads (see [`BatcherBuilder::direct_when_idle`]).
-    load: LoadFn<K, V>,
-    /// The cache built over this batcher, if any (see [`super::fill`]).
+    load: LoadFn<S, K, V>,
+    /// Whoever watches the loads (a cache built over this batcher), if any
+    /// (see [`super::observer`]).
     #[cfg_attr(not(feature = "cache"), allow(dead_code))]
-    fill: FillSlot<K, V>,
+    observer: ObserverSlot<S, K, V>,
 }
 
-impl<K, V> Clone for Batcher<K, V> {
+impl<K, V, S> Clone for Batcher<K, V, S> {
     fn clone(&self) -> Self {
         Self {
             inner: Arc::clone(&self.inner),
@@ -89,7 +102,7 @@ impl<K, V> Clone for Batcher<K, V> {
     }
 }
 
-impl<K, V> fmt::Debug for Batcher<K, V> {
+impl<K, V, S> fmt::Debug for Batcher<K, V, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Batcher")
             .field("name", &self.inner.shared.config.name)
@@ -98,29 +111,31 @@ impl<K, V> fmt::Debug for Batcher<K, V> {
     }
 }
 
-pub(crate) fn pair<K, V, L>(config: Config, loader: L) -> (Batcher<K, V>, Worker<K, V>)
+pub(crate) fn pair<K, V, S>(
+    config: Config,
+    load: LoadFn<S, K, V>,
+) -> (Batcher<K, V, S>, Worker<K, V, S>)
 where
     K: Clone + Eq + Hash + Send + 'static,
     V: Clone + Send + 'static,
-    L: Loader<K, V>,
+    S: Clone + Eq + Hash + Send + Sync + 'static,
 {
     let (tx, rx) = queue::queue(config.channel_capacity, config.overflow == Overflow::Wait);
     let shared = Arc::new(Shared::new(config));
     #[cfg(feature = "metrics")]
     crate::metrics::export_batcher(&shared.stats, &shared.config.name);
-    let load = load_fn(loader);
-    let fill = FillSlot::default();
+    let observer = ObserverSlot::default();
     let worker = Worker::new(
         rx,
         Arc::clone(&load),
         Arc::clone(&shared),
-        Arc::clone(&fill),
+        Arc::clone(&observer),
     );
     let inner = Arc::new(CachePadded::new(Inner {
         tx,
         shared,
         load,
-        fill,
+        observer,
     }));
     (Batcher { inner }, worker)
 }
@@ -146,7 +161,7 @@ where
     /// A batcher with the default settings and its worker, not spawned:
     /// the batcher answers nothing until [`Worker::run`] is polled.
     pub fn pair<L: Loader<K, V>>(loader: L) -> (Self, Worker<K, V>) {
-        pair(Config::default(), loader)
+        pair(Config::default(), run::load_fn(loader))
     }
 
     /// Starts configuring a batcher.
@@ -166,7 +181,7 @@ where
     ///   passes first;
     /// - [`Error::Load`], [`Error::LoaderPanicked`] or [`Error::LoadTimeout`]
     ///   when this key's batch failed (every caller in it gets the same
-    ///   error);
+    ///   error), or [`Error::Load`] when the loader failed this key alone;
     /// - [`Error::Closed`] after shutdown.
     ///
     /// # Cancel safety
@@ -176,32 +191,7 @@ where
     /// later, the load goes on for the other callers of the batch, which are
     /// not affected.
     pub async fn load(&self, key: K) -> Result<Option<V>, Error> {
-        let now = Instant::now();
-        let deadline = self.inner.shared.config.deadline(now);
-        if let Some(slot) = self.direct_slot() {
-            return self.load_direct(key, now, deadline, slot).await;
-        }
-        let rx = self.enqueue(key, now, deadline, None).await?;
-        self.wait(rx, deadline).await
-    }
-
-    /// A cache miss's [`load`](Self::load): `stamp` is the cache's epoch
-    /// for `key` when it missed (see [`super::fill`]). Always through the
-    /// worker, which alone knows which loads are running, so concurrent
-    /// misses of a key share one load.
-    #[cfg(feature = "cache")]
-    pub(crate) async fn load_stamped(&self, key: K, stamp: Stamp) -> Result<Option<V>, Error> {
-        let now = Instant::now();
-        let deadline = self.inner.shared.config.deadline(now);
-        let rx = self.enqueue(key, now, deadline, Some(stamp)).await?;
-        self.wait(rx, deadline).await
-    }
-
-    /// Makes `fill` the receiver of every load's stamped keys; `false` if
-    /// another cache already is.
-    #[cfg(feature = "cache")]
-    pub(crate) fn install_fill(&self, fill: FillFn<K, V>) -> bool {
-        self.inner.fill.set(fill).is_ok()
+        self.load_as(&(), key).await
     }
 
     /// Looks up several keys, returning one result per key in the order
@@ -219,30 +209,110 @@ where
     where
         I: IntoIterator<Item = K>,
     {
-        self.load_all(keys.into_iter().map(|key| (key, None))).await
+        self.load_many_as(&(), keys).await
+    }
+}
+
+impl<K, V, S> Batcher<K, V, S>
+where
+    K: Clone + Eq + Hash + Send + 'static,
+    V: Clone + Send + 'static,
+    S: Clone + Eq + Hash + Send + Sync + 'static,
+{
+    /// Looks up one key as `scope`: as [`load`](Batcher::load), in a load
+    /// of that scope alone. Its answer never comes from a load of another
+    /// scope.
+    ///
+    /// # Errors
+    ///
+    /// As [`load`](Batcher::load); a load that failed for `scope` (a role
+    /// the database refuses, say) fails that scope's callers alone.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`load`](Batcher::load): dropping the future never cancels a
+    /// load other callers wait for.
+    pub async fn load_as(&self, scope: &S, key: K) -> Result<Option<V>, Error> {
+        let now = Instant::now();
+        let deadline = self.inner.shared.config.deadline(now);
+        if let Some(slot) = self.direct_slot() {
+            return self
+                .load_direct(scope.clone(), key, now, deadline, slot)
+                .await;
+        }
+        let rx = self
+            .enqueue(scope.clone(), key, now, deadline, None)
+            .await?;
+        self.wait(rx, deadline).await
     }
 
-    /// A cache's misses' [`load_many`](Self::load_many), each with its
-    /// stamp (see [`load_stamped`](Self::load_stamped)).
+    /// Looks up several keys as `scope`: as
+    /// [`load_many`](Batcher::load_many), in loads of that scope alone.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`load`](Batcher::load).
+    pub async fn load_many_as<I>(&self, scope: &S, keys: I) -> Vec<Result<Option<V>, Error>>
+    where
+        I: IntoIterator<Item = K>,
+    {
+        self.load_all(scope, keys.into_iter().map(|key| (key, None)))
+            .await
+    }
+
+    /// An observer's [`load_as`](Self::load_as) (a cache miss): `stamp` is
+    /// the observer's for `key` when the caller asked (see
+    /// [`super::observer`]). Always through the worker, which alone knows
+    /// which loads are running, so concurrent requests of a key share one
+    /// load.
+    #[cfg(feature = "cache")]
+    pub(crate) async fn load_stamped(
+        &self,
+        scope: &S,
+        key: K,
+        stamp: Stamp,
+    ) -> Result<Option<V>, Error> {
+        let now = Instant::now();
+        let deadline = self.inner.shared.config.deadline(now);
+        let rx = self
+            .enqueue(scope.clone(), key, now, deadline, Some(stamp))
+            .await?;
+        self.wait(rx, deadline).await
+    }
+
+    /// Makes `observer` the one told of every load's stamped keys; `false`
+    /// if another already is.
+    #[cfg(feature = "cache")]
+    pub(crate) fn observe(&self, observer: ObserverFn<S, K, V>) -> bool {
+        self.inner.observer.set(observer).is_ok()
+    }
+
+    /// An observer's [`load_many_as`](Self::load_many_as), each key with
+    /// its stamp (see [`load_stamped`](Self::load_stamped)).
     #[cfg(feature = "cache")]
     pub(crate) async fn load_many_stamped(
         &self,
+        scope: &S,
         keys: Vec<(K, Stamp)>,
     ) -> Vec<Result<Option<V>, Error>> {
-        self.load_all(keys.into_iter().map(|(key, stamp)| (key, Some(stamp))))
-            .await
+        self.load_all(
+            scope,
+            keys.into_iter().map(|(key, stamp)| (key, Some(stamp))),
+        )
+        .await
     }
 
     /// Queues every key before awaiting any answer, so they share batches.
     async fn load_all(
         &self,
+        scope: &S,
         keys: impl Iterator<Item = (K, Option<Stamp>)>,
     ) -> Vec<Result<Option<V>, Error>> {
         let now = Instant::now();
         let deadline = self.inner.shared.config.deadline(now);
         let mut queued = Vec::with_capacity(keys.size_hint().0);
         for (key, stamp) in keys {
-            queued.push(self.enqueue(key, now, deadline, stamp).await);
+            queued.push(self.enqueue(scope.clone(), key, now, deadline, stamp).await);
         }
         let mut out = Vec::with_capacity(queued.len());
         for rx in queued {
@@ -305,6 +375,7 @@ where
     /// errors and statistics as through the worker, without the hand-offs.
     async fn load_direct(
         &self,
+        scope: S,
         key: K,
         now: Instant,
         deadline: Option<Instant>,
@@ -315,9 +386,11 @@ where
         Stats::incr(&stats.batches, 1);
         stats.batch_size.record(1);
         Stats::record_duration(&stats.queue_wait, now.elapsed());
-        let span = run::batch_span(&self.inner.shared.config.name, 1, true);
+        let span = run::batch_span(&self.inner.shared.config.name, 1, true, || {
+            self.inner.load.label(&scope).map(Into::into)
+        });
         let load = run::contain(
-            self.inner.load.start(vec![key.clone()]),
+            self.inner.load.start(scope, vec![key.clone()]),
             self.inner.shared.config.load_timeout,
         )
         .instrument(span.clone());
@@ -328,9 +401,14 @@ where
         };
         Stats::record_duration(&stats.load_duration, started.elapsed());
         let _enter = span.enter();
-        let value = outcome.settle(stats, 1)?.remove(&key);
-        run::record_found(stats, usize::from(self.inner.load.found(value.as_ref())), 1);
-        Ok(value)
+        let answer = outcome.settle(stats, 1)?.take(&key);
+        let mut answered = Answered::default();
+        let found = answer
+            .as_ref()
+            .is_ok_and(|v| self.inner.load.found(v.as_ref()));
+        answered.count(&answer, found);
+        answered.record(stats);
+        answer.map_err(Error::Load)
     }
 
     fn timed_out(&self) -> Error {
@@ -340,6 +418,7 @@ where
 
     async fn enqueue(
         &self,
+        scope: S,
         key: K,
         now: Instant,
         deadline: Option<Instant>,
@@ -347,6 +426,7 @@ where
     ) -> Result<Rx<V>, Error> {
         let (tx, rx) = oneshot::channel();
         let msg = Message {
+            scope,
             key,
             tx,
             enqueued_at: now,

@@ -1,9 +1,12 @@
-//! The user-supplied side of a batcher: what turns a batch of keys into values.
+//! The user-supplied side of a batcher: what turns a batch of keys into
+//! values, for everyone ([`Loader`]) or as one scope ([`ScopedLoader`]).
 
-use std::collections::HashMap;
+use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
+
+use super::loaded::Loaded;
 
 /// Loads many keys at once, for example with one
 /// `SELECT ... WHERE key = ANY($1)`.
@@ -15,21 +18,23 @@ use std::hash::Hash;
 /// [`concurrency`](crate::BatcherBuilder::concurrency) allows. Each call runs in its own Tokio task, so it does
 /// not depend on any one caller staying alive.
 ///
-/// Return the values that were found. A key missing from the map is reported
-/// to its callers as "not found" (`Ok(None)`). Returning an error fails every
-/// caller of the batch with [`Error::Load`](crate::Error::Load); a panic
-/// fails them with [`Error::LoaderPanicked`](crate::Error::LoaderPanicked).
-/// Either way the batcher keeps serving. If a single key can fail on its own,
-/// make `V` a `Result`.
+/// Return the values that were found, as a [`Loaded`] (collect the pairs,
+/// or convert a `HashMap` with `.into()`). A key missing from it is
+/// reported to its callers as "not found" (`Ok(None)`); a key
+/// [failed](Loaded::fail) alone gets its own error while the other keys
+/// get their values. Returning an error fails every caller of the batch
+/// with [`Error::Load`](crate::Error::Load); a panic fails them with
+/// [`Error::LoaderPanicked`](crate::Error::LoaderPanicked). Either way the
+/// batcher keeps serving.
 ///
-/// For a closure, use [`loader_fn`].
+/// For a closure, use [`loader_fn`]. For loads that must run as the
+/// caller (a tenant, a database role), see [`ScopedLoader`].
 pub trait Loader<K, V>: Send + Sync + 'static {
     /// The error a failed batch reports.
     type Error: std::error::Error + Send + Sync + 'static;
 
     /// Loads `keys`, returning the values found.
-    fn load(&self, keys: Vec<K>)
-        -> impl Future<Output = Result<HashMap<K, V>, Self::Error>> + Send;
+    fn load(&self, keys: Vec<K>) -> impl Future<Output = Result<Loaded<K, V>, Self::Error>> + Send;
 
     /// Whether `value` stands for a missing row, for loaders that answer
     /// "not found" with a value (a `LEFT JOIN`'s empty side, say) instead
@@ -39,6 +44,44 @@ pub trait Loader<K, V>: Send + Sync + 'static {
     fn is_absent(&self, value: &V) -> bool {
         let _ = value;
         false
+    }
+}
+
+/// Loads many keys at once as one scope `S`: who the load runs as (a
+/// tenant, a database role and its settings). A batcher built with
+/// [`build_scoped`](crate::BatcherBuilder::build_scoped) never puts keys
+/// of two scopes into one call: each call serves exactly one scope, and
+/// its answers reach only that scope's callers.
+///
+/// Otherwise as [`Loader`]: distinct keys, at most
+/// [`max_batch_size`](crate::BatcherBuilder::max_batch_size) of them, each
+/// call in a task of its own. `pgbatch::pg::PgLoader` and
+/// `pgbatch::sqlx::SqlxLoader` are scoped loaders over their `Scope` (a
+/// role and transaction-local settings); for a closure, use
+/// [`scoped_loader_fn`].
+pub trait ScopedLoader<S, K, V>: Send + Sync + 'static {
+    /// The error a failed batch reports.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Loads `keys` as `scope`, returning the values found.
+    fn load(
+        &self,
+        scope: &S,
+        keys: Vec<K>,
+    ) -> impl Future<Output = Result<Loaded<K, V>, Self::Error>> + Send;
+
+    /// As [`Loader::is_absent`].
+    fn is_absent(&self, value: &V) -> bool {
+        let _ = value;
+        false
+    }
+
+    /// How `scope` is named in spans and logs: a label you chose, never
+    /// what the scope carries (its settings may be secrets, such as a
+    /// user's claims). By default none: the scope does not appear.
+    fn label<'s>(&self, scope: &'s S) -> Option<Cow<'s, str>> {
+        let _ = scope;
+        None
     }
 }
 
@@ -54,7 +97,8 @@ impl<F> fmt::Debug for LoaderFn<F> {
     }
 }
 
-/// Makes a [`Loader`] from an async closure taking the batch's keys.
+/// Makes a [`Loader`] from an async closure taking the batch's keys and
+/// returning what it found: a `HashMap`, or a [`Loaded`].
 ///
 /// ```
 /// use std::collections::HashMap;
@@ -65,25 +109,88 @@ impl<F> fmt::Debug for LoaderFn<F> {
 /// });
 /// # let _ = loader;
 /// ```
-pub fn loader_fn<K, V, E, F, Fut>(f: F) -> LoaderFn<F>
+pub fn loader_fn<K, V, M, E, F, Fut>(f: F) -> LoaderFn<F>
 where
     F: Fn(Vec<K>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<HashMap<K, V>, E>> + Send + 'static,
+    Fut: Future<Output = Result<M, E>> + Send + 'static,
+    M: Into<Loaded<K, V>>,
     E: std::error::Error + Send + Sync + 'static,
 {
     LoaderFn { f }
 }
 
-impl<K, V, E, F, Fut> Loader<K, V> for LoaderFn<F>
+impl<K, V, M, E, F, Fut> Loader<K, V> for LoaderFn<F>
 where
     K: Eq + Hash,
     F: Fn(Vec<K>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<HashMap<K, V>, E>> + Send + 'static,
+    Fut: Future<Output = Result<M, E>> + Send + 'static,
+    M: Into<Loaded<K, V>>,
     E: std::error::Error + Send + Sync + 'static,
 {
     type Error = E;
 
-    fn load(&self, keys: Vec<K>) -> impl Future<Output = Result<HashMap<K, V>, E>> + Send {
-        (self.f)(keys)
+    fn load(&self, keys: Vec<K>) -> impl Future<Output = Result<Loaded<K, V>, E>> + Send {
+        let load = (self.f)(keys);
+        async move { load.await.map(Into::into) }
+    }
+}
+
+/// A [`ScopedLoader`] made from a closure; see [`scoped_loader_fn`].
+#[derive(Clone)]
+pub struct ScopedLoaderFn<F> {
+    f: F,
+}
+
+impl<F> fmt::Debug for ScopedLoaderFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScopedLoaderFn").finish_non_exhaustive()
+    }
+}
+
+/// Makes a [`ScopedLoader`] from an async closure taking the scope (a
+/// clone of it, so the future owns it) and the batch's keys.
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::convert::Infallible;
+///
+/// // Each tenant sees its own rows: the tenant is the scope.
+/// let loader = pgbatch::scoped_loader_fn(|tenant: u32, keys: Vec<u64>| async move {
+///     Ok::<_, Infallible>(
+///         keys.into_iter()
+///             .map(|k| (k, format!("tenant {tenant}'s row {k}")))
+///             .collect::<HashMap<_, _>>(),
+///     )
+/// });
+/// # let _ = loader;
+/// ```
+pub fn scoped_loader_fn<S, K, V, M, E, F, Fut>(f: F) -> ScopedLoaderFn<F>
+where
+    F: Fn(S, Vec<K>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<M, E>> + Send + 'static,
+    M: Into<Loaded<K, V>>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    ScopedLoaderFn { f }
+}
+
+impl<S, K, V, M, E, F, Fut> ScopedLoader<S, K, V> for ScopedLoaderFn<F>
+where
+    S: Clone,
+    K: Eq + Hash,
+    F: Fn(S, Vec<K>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<M, E>> + Send + 'static,
+    M: Into<Loaded<K, V>>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    type Error = E;
+
+    fn load(
+        &self,
+        scope: &S,
+        keys: Vec<K>,
+    ) -> impl Future<Output = Result<Loaded<K, V>, E>> + Send {
+        let load = (self.f)(scope.clone(), keys);
+        async move { load.await.map(Into::into) }
     }
 }

@@ -3,7 +3,7 @@
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::fill::Stamp;
+use super::observer::Stamp;
 use crate::Error;
 
 /// What one caller eventually receives: the value, "not found", or why not.
@@ -13,9 +13,10 @@ pub(crate) type Tx<V> = oneshot::Sender<Reply<V>>;
 /// The caller's half of its reply channel.
 pub(crate) type Rx<V> = oneshot::Receiver<Reply<V>>;
 
-/// One caller's request for one key.
+/// One caller's request for one key, as one scope (`()` unscoped).
 #[derive(Debug)]
-pub(crate) struct Message<K, V> {
+pub(crate) struct Message<S, K, V> {
+    pub(crate) scope: S,
     pub(crate) key: K,
     pub(crate) tx: Tx<V>,
     /// When the caller enqueued it, for the queue-wait histogram.
@@ -23,7 +24,8 @@ pub(crate) struct Message<K, V> {
     /// The caller's span, linked from the batch span so a trace shows which
     /// requests a batch served.
     pub(crate) span: tracing::Span,
-    /// Set by a cache miss (see [`super::fill`]); `None` for a plain load.
+    /// Set by an observer's request (a cache miss, see [`super::observer`]);
+    /// `None` for a plain load.
     pub(crate) stamp: Option<Stamp>,
 }
 

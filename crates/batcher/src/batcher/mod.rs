@@ -40,19 +40,23 @@
 //! limit     the automatic concurrency limit: the search, as arithmetic
 //! shared    state of the handles and the worker; the LoadSlot guard
 //! queue     the bounded queue from the handles to the worker
+//! lanes     each scope's pending and running keys, and whose turn it is
 //! message   what travels from a handle to the worker
-//! fill      what a load hands the cache built over the batcher
+//! observer  what a load tells whoever watches it (a cache built over it)
 //! config    the validated settings and their defaults
-//! loader    the Loader trait and loader_fn
+//! loader    the Loader and ScopedLoader traits, loader_fn, scoped_loader_fn
+//! loaded    Loaded: what a load returns, per key
 //! ```
 
 mod builder;
 mod config;
-mod fill;
 mod handle;
+mod lanes;
 mod limit;
+mod loaded;
 mod loader;
 mod message;
+mod observer;
 mod policy;
 mod queue;
 mod run;
@@ -61,8 +65,9 @@ mod worker;
 
 pub use builder::{BatcherBuilder, Pair};
 pub use config::{defaults, Concurrency, FlushPolicy, Overflow};
-#[cfg(feature = "cache")]
-pub(crate) use fill::{Fill, FillFn, Filled, Stamp};
 pub use handle::Batcher;
-pub use loader::{loader_fn, Loader, LoaderFn};
+pub use loaded::Loaded;
+pub use loader::{loader_fn, scoped_loader_fn, Loader, LoaderFn, ScopedLoader, ScopedLoaderFn};
+#[cfg(feature = "cache")]
+pub(crate) use observer::{BoxFuture, Ended, Observer, ObserverFn, Stamp};
 pub use worker::Worker;

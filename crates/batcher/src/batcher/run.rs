@@ -4,7 +4,7 @@
 //! load of one key) both go through here, so a load ends the same way
 //! whichever ran it.
 
-use std::collections::HashMap;
+use std::borrow::Cow;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -13,40 +13,49 @@ use std::time::Duration;
 
 use futures_util::FutureExt as _;
 
-use super::fill::{Filled, Stamp};
-use super::loader::Loader;
+use super::loaded::Loaded;
+use super::loader::{Loader, ScopedLoader};
+use super::observer::{Ended, Stamp};
 use crate::error::SharedError;
 use crate::stats::Stats;
 use crate::Error;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// A load started by a [`LoadFn`], not yet polled.
-pub(crate) type Load<K, V> = BoxFuture<Result<HashMap<K, V>, SharedError>>;
+pub(crate) type Load<K, V> = BoxFuture<Result<Loaded<K, V>, SharedError>>;
 
-/// A [`Loader`] with its error type erased, so `Worker` and `Batcher` need
-/// no loader type parameter.
-pub(crate) trait ErasedLoader<K, V>: Send + Sync {
-    /// Starts a load of `keys`. The loader is called inside the returned
-    /// future, so even a panic in its synchronous part happens where the
-    /// future is polled, inside [`run`]'s panic capture, not in the worker.
-    fn start(&self, keys: Vec<K>) -> Load<K, V>;
+/// A loader with its error type erased, and with a scope `S` (`()` for a
+/// plain [`Loader`]), so `Worker` and `Batcher` need no loader type
+/// parameter.
+pub(crate) trait ErasedLoader<S, K, V>: Send + Sync {
+    /// Starts a load of `keys` as `scope`. The loader is called inside the
+    /// returned future, so even a panic in its synchronous part happens
+    /// where the future is polled, inside [`run`]'s panic capture, not in
+    /// the worker.
+    fn start(&self, scope: S, keys: Vec<K>) -> Load<K, V>;
     /// Whether a key's answer counts as found in the statistics.
     fn found(&self, value: Option<&V>) -> bool;
+    /// How `scope` is named in spans and logs, if at all.
+    fn label<'s>(&self, scope: &'s S) -> Option<Cow<'s, str>>;
 }
 
 /// The shared, erased loader.
-pub(crate) type LoadFn<K, V> = Arc<dyn ErasedLoader<K, V>>;
+pub(crate) type LoadFn<S, K, V> = Arc<dyn ErasedLoader<S, K, V>>;
 
-impl<K, V, L> ErasedLoader<K, V> for Arc<L>
+/// A plain [`Loader`], as the loader of the one scope `()`.
+struct Unscoped<L>(L);
+
+impl<K, V, L> ErasedLoader<(), K, V> for Arc<Unscoped<L>>
 where
     K: Send + 'static,
     V: Send + 'static,
     L: Loader<K, V>,
 {
-    fn start(&self, keys: Vec<K>) -> Load<K, V> {
+    fn start(&self, (): (), keys: Vec<K>) -> Load<K, V> {
         let loader = Arc::clone(self);
         Box::pin(async move {
             loader
+                .0
                 .load(keys)
                 .await
                 .map_err(|e| Arc::new(e) as SharedError)
@@ -54,23 +63,68 @@ where
     }
 
     fn found(&self, value: Option<&V>) -> bool {
-        value.is_some_and(|v| !self.is_absent(v))
+        value.is_some_and(|v| !self.0.is_absent(v))
+    }
+
+    fn label<'s>(&self, (): &'s ()) -> Option<Cow<'s, str>> {
+        None
+    }
+}
+
+/// A [`ScopedLoader`], as it is.
+struct Scoped<L>(L);
+
+impl<S, K, V, L> ErasedLoader<S, K, V> for Arc<Scoped<L>>
+where
+    S: Send + Sync + 'static,
+    K: Send + 'static,
+    V: Send + 'static,
+    L: ScopedLoader<S, K, V>,
+{
+    fn start(&self, scope: S, keys: Vec<K>) -> Load<K, V> {
+        let loader = Arc::clone(self);
+        Box::pin(async move {
+            loader
+                .0
+                .load(&scope, keys)
+                .await
+                .map_err(|e| Arc::new(e) as SharedError)
+        })
+    }
+
+    fn found(&self, value: Option<&V>) -> bool {
+        value.is_some_and(|v| !self.0.is_absent(v))
+    }
+
+    fn label<'s>(&self, scope: &'s S) -> Option<Cow<'s, str>> {
+        self.0.label(scope)
     }
 }
 
 /// Erases `loader`'s type.
-pub(crate) fn load_fn<K, V, L>(loader: L) -> LoadFn<K, V>
+pub(crate) fn load_fn<K, V, L>(loader: L) -> LoadFn<(), K, V>
 where
     K: Send + 'static,
     V: Send + 'static,
     L: Loader<K, V>,
 {
-    Arc::new(Arc::new(loader))
+    Arc::new(Arc::new(Unscoped(loader)))
+}
+
+/// Erases a scoped `loader`'s type.
+pub(crate) fn scoped_load_fn<S, K, V, L>(loader: L) -> LoadFn<S, K, V>
+where
+    S: Send + Sync + 'static,
+    K: Send + 'static,
+    V: Send + 'static,
+    L: ScopedLoader<S, K, V>,
+{
+    Arc::new(Arc::new(Scoped(loader)))
 }
 
 /// How a load ended.
 pub(crate) enum Outcome<K, V> {
-    Loaded(HashMap<K, V>),
+    Loaded(Loaded<K, V>),
     Failed(SharedError),
     TimedOut(Duration),
     Panicked(Arc<str>),
@@ -98,20 +152,19 @@ pub(crate) async fn contain<K, V>(
 }
 
 impl<K, V> Outcome<K, V> {
-    /// What a cache built over the batcher is offered of this load: the
-    /// values of the `stamped` keys (its misses), or that they failed.
-    pub(crate) fn filled(&self, stamped: Vec<(K, Stamp)>) -> Filled<'_, K, V> {
+    /// How this load ended, for the observer of its `stamped` keys.
+    pub(crate) fn ended(&self, stamped: Vec<(K, Stamp)>) -> Ended<'_, K, V> {
         match self {
-            Outcome::Loaded(values) => Filled::Loaded { stamped, values },
-            _ => Filled::Failed(stamped.len()),
+            Outcome::Loaded(loaded) => Ended::Loaded { stamped, loaded },
+            _ => Ended::Failed(stamped.len()),
         }
     }
 
-    /// The values of a successful load, or the error every waiter of a
+    /// The answers of a successful load, or the error every waiter of a
     /// failed one receives. A failure is counted and logged here, once per
     /// batch of `keys` distinct keys; a success is counted by the caller,
     /// which knows how many keys were found ([`record_found`]).
-    pub(crate) fn settle(self, stats: &Stats, keys: usize) -> Result<HashMap<K, V>, Error> {
+    pub(crate) fn settle(self, stats: &Stats, keys: usize) -> Result<Loaded<K, V>, Error> {
         let failure = match self {
             Outcome::Loaded(values) => return Ok(values),
             Outcome::Failed(e) => {
@@ -141,17 +194,66 @@ impl<K, V> Outcome<K, V> {
     }
 }
 
-/// Counts a successful load of `keys` distinct keys, `found` of which the
-/// loader returned (and did not mark absent).
-pub(crate) fn record_found(stats: &Stats, found: usize, keys: usize) {
-    Stats::incr(&stats.found, found as u64);
-    Stats::incr(&stats.not_found, (keys - found) as u64);
-    tracing::trace!(found, not_found = keys - found, "batch loaded");
+/// What a successful load answered its keys, key by key, for the
+/// statistics: found (and not marked absent), not found, or failed alone.
+#[derive(Debug, Default)]
+pub(crate) struct Answered {
+    pub(crate) found: usize,
+    pub(crate) not_found: usize,
+    pub(crate) failed: usize,
 }
 
-/// The span every load runs in, whoever runs it.
-pub(crate) fn batch_span(name: &str, size: usize, direct: bool) -> tracing::Span {
-    tracing::debug_span!("batch", batcher = %name, size, direct)
+impl Answered {
+    /// Counts one key's answer.
+    pub(crate) fn count<V>(&mut self, answer: &Result<Option<V>, SharedError>, found: bool) {
+        match answer {
+            Ok(_) if found => self.found += 1,
+            Ok(_) => self.not_found += 1,
+            Err(_) => self.failed += 1,
+        }
+    }
+
+    /// Records the counts of a successful load; keys that failed alone are
+    /// logged once per load.
+    pub(crate) fn record(self, stats: &Stats) {
+        Stats::incr(&stats.found, self.found as u64);
+        Stats::incr(&stats.not_found, self.not_found as u64);
+        Stats::incr(&stats.failed_keys, self.failed as u64);
+        if self.failed > 0 {
+            tracing::warn!(
+                failed = self.failed,
+                "batch loaded; some keys failed on their own"
+            );
+        }
+        tracing::trace!(
+            found = self.found,
+            not_found = self.not_found,
+            "batch loaded"
+        );
+    }
+}
+
+/// The span every load runs in, whoever runs it: the scope appears only
+/// by its `label`.
+pub(crate) fn batch_span(
+    name: &str,
+    size: usize,
+    direct: bool,
+    label: impl FnOnce() -> Option<String>,
+) -> tracing::Span {
+    let span = tracing::debug_span!(
+        "batch",
+        batcher = %name,
+        size,
+        direct,
+        scope = tracing::field::Empty
+    );
+    if !span.is_disabled() {
+        if let Some(label) = label() {
+            span.record("scope", label.as_str());
+        }
+    }
+    span
 }
 
 #[cfg(test)]
@@ -165,13 +267,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_panic_becomes_an_outcome_with_its_message() {
-        let load: LoadFn<u32, u32> = load_fn(loader_fn(|_keys: Vec<u32>| async move {
+        let load: LoadFn<(), u32, u32> = load_fn(loader_fn(|_keys: Vec<u32>| async move {
             if true {
                 panic!("boom {}", 7);
             }
-            Ok::<HashMap<u32, u32>, std::io::Error>(HashMap::new())
+            Ok::<Loaded<u32, u32>, std::io::Error>(Loaded::new())
         }));
-        let outcome = contain(load.start(vec![1, 2]), None).await;
+        let outcome = contain(load.start((), vec![1, 2]), None).await;
         let s = stats();
         let err = outcome.settle(&s, 2).unwrap_err();
         assert!(
@@ -184,13 +286,13 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_slow_load_times_out() {
-        let load: LoadFn<u32, u32> = load_fn(loader_fn(|_keys: Vec<u32>| async move {
+        let load: LoadFn<(), u32, u32> = load_fn(loader_fn(|_keys: Vec<u32>| async move {
             tokio::time::sleep(Duration::from_secs(60)).await;
-            Ok::<HashMap<u32, u32>, std::io::Error>(HashMap::new())
+            Ok::<Loaded<u32, u32>, std::io::Error>(Loaded::new())
         }));
         let t = Duration::from_millis(10);
         let s = stats();
-        let err = contain(load.start(vec![1]), Some(t))
+        let err = contain(load.start((), vec![1]), Some(t))
             .await
             .settle(&s, 1)
             .unwrap_err();
@@ -200,19 +302,22 @@ mod tests {
 
     #[tokio::test]
     async fn errors_and_values_settle_apart() {
-        let load: LoadFn<u32, u32> = load_fn(loader_fn(|keys: Vec<u32>| async move {
+        let load: LoadFn<(), u32, u32> = load_fn(loader_fn(|keys: Vec<u32>| async move {
             if keys.contains(&0) {
                 return Err(std::io::Error::other("no zero"));
             }
-            Ok(keys.into_iter().map(|k| (k, k * 2)).collect())
+            Ok(keys
+                .into_iter()
+                .map(|k| (k, k * 2))
+                .collect::<Loaded<_, _>>())
         }));
         let s = stats();
-        let values = contain(load.start(vec![1, 2]), None)
+        let values = contain(load.start((), vec![1, 2]), None)
             .await
             .settle(&s, 2)
             .unwrap();
         assert_eq!(values.get(&2), Some(&4));
-        let err = contain(load.start(vec![0]), None)
+        let err = contain(load.start((), vec![0]), None)
             .await
             .settle(&s, 1)
             .unwrap_err();

@@ -3,7 +3,8 @@
 //! All batching state is owned by this one task, so none of it needs a lock.
 //! Loads run in their own tasks (a [`JoinSet`]): a caller that goes away, or a
 //! loader that panics, cannot take a batch's other waiters down with it, and
-//! the worker keeps receiving while loads run.
+//! the worker keeps receiving while loads run. Keys wait in one lane per
+//! scope (see [`super::lanes`]): a load serves one scope.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
@@ -23,12 +24,13 @@ use tokio_util::sync::DropGuard;
 use tracing::Instrument;
 
 use super::config::Config;
-use super::fill::{FillSlot, Stamp};
+use super::lanes::Lanes;
 use super::limit::AutoLimit;
-use super::message::{Message, Reply, Waiter, Waiters};
+use super::message::{Message, Waiter, Waiters};
+use super::observer::{ObserverSlot, Stamp};
 use super::policy::{self, Pending};
 use super::queue::Receiver;
-use super::run::{self, LoadFn, Outcome};
+use super::run::{self, Answered, LoadFn, Outcome};
 use super::shared::{LoadSlot, Shared};
 use crate::stats::Stats;
 use crate::Error;
@@ -44,15 +46,15 @@ use crate::Error;
 /// Dropping a `Worker` without running it (or aborting its task) answers
 /// every waiting caller with [`Error::Closed`]: no caller ever hangs.
 #[must_use = "the batcher answers nothing until the worker runs"]
-pub struct Worker<K, V> {
-    rx: Receiver<Message<K, V>>,
-    load: LoadFn<K, V>,
+pub struct Worker<K, V, S = ()> {
+    rx: Receiver<Message<S, K, V>>,
+    load: LoadFn<S, K, V>,
     shared: Arc<Shared>,
-    fill: FillSlot<K, V>,
+    observer: ObserverSlot<S, K, V>,
     done: DropGuard,
 }
 
-impl<K, V> fmt::Debug for Worker<K, V> {
+impl<K, V, S> fmt::Debug for Worker<K, V, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Worker")
             .field("name", &self.shared.config.name)
@@ -60,23 +62,24 @@ impl<K, V> fmt::Debug for Worker<K, V> {
     }
 }
 
-impl<K, V> Worker<K, V>
+impl<K, V, S> Worker<K, V, S>
 where
     K: Clone + Eq + Hash + Send + 'static,
     V: Clone + Send + 'static,
+    S: Clone + Eq + Hash + Send + Sync + 'static,
 {
     pub(crate) fn new(
-        rx: Receiver<Message<K, V>>,
-        load: LoadFn<K, V>,
+        rx: Receiver<Message<S, K, V>>,
+        load: LoadFn<S, K, V>,
         shared: Arc<Shared>,
-        fill: FillSlot<K, V>,
+        observer: ObserverSlot<S, K, V>,
     ) -> Self {
         let done = shared.done.clone().drop_guard();
         Self {
             rx,
             load,
             shared,
-            fill,
+            observer,
             done,
         }
     }
@@ -97,8 +100,8 @@ where
                     Event::Completed(done)
                 }
                 () = &mut shutdown, if !state.draining => Event::Shutdown,
-                () = &mut state.timer, if state.timer_armed => Event::Deadline,
-                () = &mut state.expiry_timer, if state.expiry_armed.is_some() => Event::Expiry,
+                () = state.flush_timer.fired(), if state.flush_timer.is_armed() => Event::FlushTimer,
+                () = state.expiry_timer.fired(), if state.expiry_timer.is_armed() => Event::Expiry,
                 // One call takes a whole burst, in one swap of buffers.
                 n = state.rx.take(&mut state.inbox, limit), if can_recv => Event::Received(n),
                 // Unreachable while the invariants hold (a full batch is
@@ -114,10 +117,7 @@ where
                     // can still be received and will be answered.
                     state.rx.close();
                 }
-                Event::Deadline => {
-                    state.timer_armed = false;
-                    state.deadline_passed = true;
-                }
+                Event::FlushTimer => state.flush_timer.disarm(),
                 Event::Expiry => state.expire(),
                 Event::Received(n) if n > 0 => state.accept_inbox(),
                 Event::Received(_) => {
@@ -126,9 +126,9 @@ where
                 }
             }
             state.flush_if_due();
-            state.arm_expiry();
+            state.arm_timers();
             state.publish_gauges();
-            if state.rx_done && state.pending.is_empty() && state.in_flight.is_empty() {
+            if state.rx_done && state.lanes.pending_keys() == 0 && state.in_flight.is_empty() {
                 break;
             }
         }
@@ -139,73 +139,94 @@ where
 enum Event<K, V> {
     Completed(Result<(task::Id, Outcome<K, V>), JoinError>),
     Shutdown,
-    Deadline,
+    FlushTimer,
     Expiry,
     /// How many messages `take` put in the inbox; none means the queue is
     /// closed, or every handle gone, and empty.
     Received(usize),
 }
 
+/// A timer the worker polls only while it is armed, so an idle worker
+/// never wakes up.
+struct Alarm {
+    sleep: Pin<Box<Sleep>>,
+    at: Option<Instant>,
+}
+
+impl Alarm {
+    fn new() -> Self {
+        Self {
+            sleep: Box::pin(tokio::time::sleep_until(Instant::now())),
+            at: None,
+        }
+    }
+
+    fn is_armed(&self) -> bool {
+        self.at.is_some()
+    }
+
+    fn fired(&mut self) -> &mut Pin<Box<Sleep>> {
+        &mut self.sleep
+    }
+
+    /// Sets the alarm for `at`, or disarms it. Resetting a timer costs
+    /// about what a request does, so an unchanged one is left alone.
+    fn set(&mut self, at: Option<Instant>) {
+        if at == self.at {
+            return;
+        }
+        if let Some(at) = at {
+            self.sleep.as_mut().reset(at);
+        }
+        self.at = at;
+    }
+
+    fn disarm(&mut self) {
+        self.at = None;
+    }
+}
+
 /// A batch whose load is running.
 struct Running<K, V> {
+    /// The lane of the batch's scope.
+    lane: usize,
     waiters: HashMap<K, Waiters<V>>,
     /// No waiter's deadline is earlier (see [`State::pending_expiry`]).
     expiry: Option<Instant>,
     started: Instant,
     span: tracing::Span,
-    /// Whether the load fills a cache (it has cache misses).
-    fills: bool,
     /// Freed as the load completes, before its waiters are answered (see
     /// [`State::complete`]).
     slot: LoadSlot,
 }
 
-struct State<K, V> {
-    rx: Receiver<Message<K, V>>,
-    load: LoadFn<K, V>,
+struct State<S, K, V> {
+    rx: Receiver<Message<S, K, V>>,
+    load: LoadFn<S, K, V>,
     shared: Arc<Shared>,
+    /// Whoever watches the loads (a cache built over this batcher), if any.
+    observer: ObserverSlot<S, K, V>,
     /// Messages just received, before [`State::accept_inbox`].
-    inbox: VecDeque<Message<K, V>>,
-    /// Keys of the next batch and who waits for each.
-    pending: HashMap<K, Waiters<V>>,
+    inbox: VecDeque<Message<S, K, V>>,
+    /// Each scope's pending keys and running keys, and whose turn it is.
+    lanes: Lanes<S, K, V>,
     /// With [`policy::worker_enforces_deadlines`]: no deadline of a pending
-    /// waiter is earlier. A bound, not always the minimum, so that keeping
-    /// it costs one comparison per request; [`State::expire`] makes it exact.
+    /// waiter, in any lane, is earlier. A bound, not always the minimum, so
+    /// that keeping it costs one comparison per request; [`State::expire`]
+    /// makes it exact.
     pending_expiry: Option<Instant>,
-    /// Fires at `expiry_armed`, the earliest waiter deadline it knows of.
-    expiry_timer: Pin<Box<Sleep>>,
-    expiry_armed: Option<Instant>,
+    /// Fires at the earliest waiter deadline it knows of.
+    expiry_timer: Alarm,
+    /// With `FixedDelay` and `Adaptive`: fires `max_delay` after the first
+    /// key of the next lane's batch.
+    flush_timer: Alarm,
     in_flight: JoinSet<Outcome<K, V>>,
     running: HashMap<task::Id, Running<K, V>>,
-    /// Which running load has each key, and the latest stamp of its
-    /// cache misses; kept only with `join_in_flight` or a cache's fill
-    /// (see [`State::tracks_in_flight`]).
-    in_flight_keys: HashMap<K, (task::Id, Option<Stamp>)>,
-    /// The cache built over this batcher, if any.
-    fill: FillSlot<K, V>,
-    /// When the last load that filled the cache was answered: a cache
-    /// miss enqueued before then may find its key stored by that load.
-    last_fill: Option<Instant>,
-    /// The cache's hashes of keys recent loads filled, each in the set its
-    /// low bits name, in the order first filled (a fifth to the same set
-    /// pushes out the oldest): a miss whose hash is not here is loaded without
-    /// looking at the cache again, so misses of keys nobody just loaded
-    /// (uniform keys over a large table) cost one read of 32 bytes, not a
-    /// cache lookup. Four ways, not one: with one, a burst's later fills
-    /// overwrote about one in thirty of its earlier keys (300 keys in
-    /// 4,096 slots), and a miss of such a key loaded it again. Empty until
-    /// a load fills.
-    recent_fills: Vec<[u64; RECENT_FILL_WAYS]>,
-    /// With `FixedDelay` and `Adaptive`: fires `max_delay` after the pending batch's first
-    /// key. Only polled while armed, so an idle worker never wakes up.
-    timer: Pin<Box<Sleep>>,
-    timer_armed: bool,
-    deadline_passed: bool,
     /// Shutting down: flush everything pending without waiting.
     draining: bool,
     /// The queue is closed, or every handle gone, and empty.
     rx_done: bool,
-    /// Waiters held in `pending` and `running`, bounded by
+    /// Waiters held in the lanes and running loads, bounded by
     /// [`policy::held_limit`].
     held: usize,
     /// With [`Concurrency::Auto`](crate::Concurrency::Auto): the search for
@@ -215,12 +236,13 @@ struct State<K, V> {
     _done: DropGuard,
 }
 
-impl<K, V> State<K, V>
+impl<S, K, V> State<S, K, V>
 where
     K: Clone + Eq + Hash + Send + 'static,
     V: Clone + Send + 'static,
+    S: Clone + Eq + Hash + Send + Sync + 'static,
 {
-    fn new(worker: Worker<K, V>) -> Self {
+    fn new(worker: Worker<K, V, S>) -> Self {
         let c = &worker.shared.config;
         let auto_limit = c.concurrency.is_auto().then(|| {
             AutoLimit::new(policy::min_auto_limit(c), c.max_loads(), Instant::now())
@@ -229,25 +251,19 @@ where
         Self {
             auto_limit,
             inbox: VecDeque::with_capacity(c.max_batch_size),
-            pending: HashMap::with_capacity(c.max_batch_size),
+            lanes: Lanes::new(c.max_batch_size),
             pending_expiry: None,
-            expiry_timer: Box::pin(tokio::time::sleep_until(Instant::now())),
-            expiry_armed: None,
+            expiry_timer: Alarm::new(),
+            flush_timer: Alarm::new(),
             in_flight: JoinSet::new(),
             running: HashMap::new(),
-            in_flight_keys: HashMap::new(),
-            timer: Box::pin(tokio::time::sleep_until(Instant::now())),
-            timer_armed: false,
-            deadline_passed: false,
             draining: false,
             rx_done: false,
             held: 0,
-            last_fill: None,
-            recent_fills: Vec::new(),
             rx: worker.rx,
             load: worker.load,
             shared: worker.shared,
-            fill: worker.fill,
+            observer: worker.observer,
             _done: worker.done,
         }
     }
@@ -257,23 +273,25 @@ where
     }
 
     /// Whether running loads are looked up by key: to join plain requests
-    /// to them (`join_in_flight`), or a cache's misses, so that a key has
-    /// one load at a time however many callers miss it.
+    /// to them (`join_in_flight`), or an observer's, so that a key has one
+    /// load at a time however many of its callers the observer sends.
     fn tracks_in_flight(&self) -> bool {
-        self.shared.config.join_in_flight || self.fill.get().is_some()
+        self.shared.config.join_in_flight || self.observer.get().is_some()
     }
 
     /// How many messages to take in the next receive: up to a batch; none
-    /// while the batch is full or the worker holds all it may, which leaves
-    /// messages in the bounded channel to push back on callers, unless the
-    /// worker [enforces deadlines](policy::worker_enforces_deadlines) and so
-    /// must see every request.
+    /// while the pending keys fill a batch or the worker holds all it may,
+    /// which leaves messages in the bounded channel to push back on
+    /// callers, unless the worker [enforces
+    /// deadlines](policy::worker_enforces_deadlines) and so must see every
+    /// request.
     fn receive_limit(&self) -> usize {
         let c = self.config();
+        let pending = self.lanes.pending_keys();
         if policy::worker_enforces_deadlines(c) {
             c.max_batch_size
-        } else if policy::may_accept(c, self.pending.len(), self.held) {
-            (c.max_batch_size - self.pending.len()).min(policy::held_limit(c) - self.held)
+        } else if policy::may_accept(c, pending, self.held) {
+            (c.max_batch_size - pending).min(policy::held_limit(c) - self.held)
         } else {
             0
         }
@@ -287,7 +305,7 @@ where
         self.inbox = inbox; // keeps its allocation
     }
 
-    fn accept(&mut self, msg: Message<K, V>) {
+    fn accept(&mut self, msg: Message<S, K, V>) {
         let stats = &self.shared.stats;
         Stats::incr(&stats.requests, 1);
         if msg.tx.is_closed() {
@@ -295,7 +313,7 @@ where
             Stats::incr(&stats.abandoned, 1);
             return;
         }
-        let config = self.config();
+        let config = &self.shared.config;
         if policy::worker_enforces_deadlines(config) && self.held >= policy::held_limit(config) {
             // Receiving anyway keeps every caller's deadline in sight.
             Stats::incr(&stats.overloaded, 1);
@@ -309,122 +327,115 @@ where
             stamp: msg.stamp,
         };
         let deadline = self.deadline_of(&waiter);
-        let join_plain = config.join_in_flight;
         self.held += 1;
-        // A cache miss that shares another's load, for the cache's count.
-        let fill = self.fill.get().filter(|_| msg.stamp.is_some());
-        let coalesced = || {
-            if let Some(fill) = fill {
-                fill.coalesced();
+        let i = self.lanes.lane_of(msg.scope);
+        // An observer's request that shares another's load, for its count.
+        let observer = self.observer.get().filter(|_| msg.stamp.is_some());
+        let joined = || {
+            if let Some(observer) = observer {
+                observer.joined();
             }
         };
+        let join_plain = config.join_in_flight;
         let joinable = |&(_, load_stamp): &(task::Id, Option<Stamp>)| match msg.stamp {
-            // A cache miss joins a load that started after every
-            // invalidation its caller had seen, and that fills the cache.
+            // An observer's request joins a load that started after every
+            // invalidation its caller had seen, and that the observer sees.
             Some(stamp) => load_stamp.is_some_and(|s| s >= stamp),
             None => join_plain,
         };
-        if let Some((id, _)) = self.in_flight_keys.get(&msg.key).filter(|e| joinable(e)) {
-            let joined = self.running.get_mut(id).and_then(|run| {
+        let lane = self.lanes.get_mut(i);
+        if let Some((id, _)) = lane.in_flight.get(&msg.key).filter(|e| joinable(e)) {
+            let joined_load = self.running.get_mut(id).and_then(|run| {
                 run.expiry = earliest(run.expiry, deadline);
                 run.waiters.get_mut(&msg.key)
             });
-            if let Some(waiters) = joined {
+            if let Some(waiters) = joined_load {
                 Stats::record_duration(&stats.queue_wait, waiter.enqueued_at.elapsed());
                 waiters.push(waiter);
                 Stats::incr(&stats.joined_in_flight, 1);
-                coalesced();
+                joined();
                 return;
             }
         }
-        if let Some(answer) = self.filled_meanwhile(&msg.key, &waiter) {
-            // A cache miss whose key a load stored while the miss waited
-            // in the channel: answered from the cache, not loaded again.
-            self.held -= 1;
-            Stats::record_duration(&stats.queue_wait, waiter.enqueued_at.elapsed());
-            coalesced();
-            let _ = waiter.tx.send(Ok(answer)); // caller gone; nothing to do
-            return;
+        if let (Some(observer), Some(stamp)) = (observer, waiter.stamp) {
+            // Stored while the request waited in the channel (a burst of
+            // a GraphQL query's N+1 misses, while earlier loads of the same
+            // keys ran): answered now, not loaded again.
+            let answer = if lane.pending.contains_key(&msg.key) {
+                None
+            } else {
+                observer.answer_now(&lane.scope, &msg.key, stamp, waiter.enqueued_at)
+            };
+            if let Some(answer) = answer {
+                self.held -= 1;
+                Stats::record_duration(&stats.queue_wait, waiter.enqueued_at.elapsed());
+                joined();
+                let _ = waiter.tx.send(Ok(answer)); // caller gone; nothing to do
+                self.lanes.release_if_idle(i);
+                return;
+            }
         }
         self.pending_expiry = earliest(self.pending_expiry, deadline);
-        let first_key = self.pending.is_empty();
-        match self.pending.entry(msg.key) {
+        let enqueued_at = waiter.enqueued_at;
+        match lane.pending.entry(msg.key) {
             Entry::Occupied(mut e) => {
-                // Joined another miss (a key pending for plain loads only
-                // is this miss's own load, as far as the cache counts).
+                // Joined another stamped request (a key pending for plain
+                // loads only is this request's own load, as far as the
+                // observer counts).
                 if e.get().iter().any(|w| w.stamp.is_some()) {
-                    coalesced();
+                    joined();
                 }
                 e.get_mut().push(waiter);
                 Stats::incr(&stats.deduplicated, 1);
             }
             Entry::Vacant(e) => {
-                let enqueued_at = waiter.enqueued_at;
                 e.insert(smallvec::smallvec![waiter]);
-                if first_key && policy::arms_timer(&self.shared.config) {
-                    // Measured from the request, not from its receipt, so
-                    // time spent in the channel counts toward the delay.
-                    let at = enqueued_at + self.shared.config.max_delay;
-                    self.timer.as_mut().reset(at);
-                    self.timer_armed = true;
-                }
+                self.lanes.added(i, enqueued_at);
             }
         }
     }
 
     /// Dispatches while a batch is due and a slot is free: more than once
-    /// only when the pending keys outgrew one batch (see
+    /// only when pending keys outgrew one batch or several scopes wait (see
     /// [`policy::may_accept`]), and each round takes keys out, so it ends.
     fn flush_if_due(&mut self) {
         loop {
+            let Some(i) = self.lanes.next() else { return };
+            let config = &self.shared.config;
+            let lane = self.lanes.get(i);
             let pending = Pending {
-                keys: self.pending.len(),
-                deadline_passed: self.deadline_passed,
+                keys: lane.pending.len(),
+                // Measured from the request, not from its receipt, so time
+                // spent in the channel counts toward the delay.
+                deadline_passed: policy::arms_timer(config)
+                    && lane
+                        .first_at
+                        .is_some_and(|at| at + config.max_delay <= Instant::now()),
                 draining: self.draining,
             };
             // Slots are shared with callers that load directly when idle.
             let (running, limit) = (self.shared.running_loads(), self.shared.limit());
             if let Some(auto) = &mut self.auto_limit {
-                if policy::held_by_limit(&self.shared.config, pending, running, limit) {
+                if policy::held_by_limit(config, pending, running, limit) {
                     auto.held_back();
                 }
             }
-            if !policy::is_due(self.config(), pending, running, limit) {
+            if !policy::is_due(config, pending, running, limit) {
                 return;
             }
             let Some(slot) = LoadSlot::try_take(&self.shared) else {
                 return;
             };
-            self.dispatch(slot);
+            self.dispatch(i, slot);
         }
     }
 
-    fn dispatch(&mut self, slot: LoadSlot) {
-        let capacity = self.config().max_batch_size;
+    fn dispatch(&mut self, i: usize, slot: LoadSlot) {
         let expiry = self.pending_expiry;
-        let mut batch = if self.pending.len() <= capacity {
+        let mut batch = self.lanes.take(i, self.shared.config.max_batch_size);
+        if self.lanes.pending_keys() == 0 {
             self.pending_expiry = None;
-            self.timer_armed = false;
-            self.deadline_passed = false;
-            mem::replace(&mut self.pending, HashMap::with_capacity(capacity))
-        } else {
-            // Only while deadlines are enforced and every slot was busy.
-            // The oldest keys go first, as they would have from the
-            // channel, so a key is not passed over until it times out; the
-            // rest waits for the next slot (or, under `FixedDelay` and
-            // `Adaptive`, for a full batch or the flush timer still armed).
-            let mut by_age: Vec<(Instant, K)> = self
-                .pending
-                .iter()
-                .filter_map(|(k, ws)| ws.first().map(|w| (w.enqueued_at, k.clone())))
-                .collect();
-            by_age.select_nth_unstable_by_key(capacity - 1, |(at, _)| *at);
-            by_age.truncate(capacity);
-            by_age
-                .into_iter()
-                .filter_map(|(_, k)| self.pending.remove_entry(&k))
-                .collect()
-        };
+        }
 
         // Callers that went away are not loaded for, unless someone else
         // waits for the same key.
@@ -439,10 +450,14 @@ where
         let stats = &self.shared.stats;
         Stats::incr(&stats.abandoned, abandoned as u64);
         if batch.is_empty() {
+            self.lanes.release_if_idle(i);
             return; // the slot goes unused
         }
 
-        let span = run::batch_span(&self.shared.config.name, batch.len(), false);
+        let scope = self.lanes.get(i).scope.clone();
+        let span = run::batch_span(&self.shared.config.name, batch.len(), false, || {
+            self.load.label(&scope).map(Into::into)
+        });
         let now = Instant::now();
         let link = !span.is_disabled();
         for w in batch.values().flatten() {
@@ -455,45 +470,52 @@ where
         stats.batch_size.record(batch.len() as u64);
 
         let keys: Vec<K> = batch.keys().cloned().collect();
-        let load = run::contain(self.load.start(keys), self.shared.config.load_timeout);
-        // A cache's misses: their keys and stamps go with the load, so the
-        // cache is filled in the load's task, before the worker answers.
-        let fill = self.fill.get().cloned();
-        let stamped: Vec<(K, Stamp)> = match fill {
+        let load = run::contain(
+            self.load.start(scope.clone(), keys),
+            self.shared.config.load_timeout,
+        );
+        // An observer's requests: their keys and stamps go with the load,
+        // so the observer sees its end in the load's task, before the
+        // worker answers.
+        let observer = self.observer.get().cloned();
+        let stamped: Vec<(K, Stamp)> = match observer {
             Some(_) => batch
                 .iter()
                 .filter_map(|(k, ws)| latest_stamp(ws).map(|s| (k.clone(), s)))
                 .collect(),
             None => Vec::new(),
         };
-        let fills = !stamped.is_empty();
         let task = async move {
             let outcome = load.await;
-            if let Some(fill) = fill.filter(|_| !stamped.is_empty()) {
-                // The cache's weigher is the caller's code: a panic there
-                // must not fail the load that its waiters are owed.
-                let stores = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    fill.fill(outcome.filled(stamped))
+            if let Some(observer) = observer.filter(|_| !stamped.is_empty()) {
+                // The observer runs the caller's code (a cache's weigher):
+                // a panic there must not fail the load its waiters are
+                // owed.
+                let work = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    observer.ended(&scope, outcome.ended(stamped))
                 }));
-                let stored = match stores {
-                    Ok(Some(stores)) => AssertUnwindSafe(stores).catch_unwind().await.is_ok(),
+                let done = match work {
+                    Ok(Some(work)) => AssertUnwindSafe(work).catch_unwind().await.is_ok(),
                     Ok(None) => true,
                     Err(_) => false,
                 };
-                if !stored {
-                    tracing::error!("filling the cache panicked; the load's values are not stored");
+                if !done {
+                    tracing::error!("the load's observer panicked; its values are not kept");
                 }
             }
             outcome
         };
         let id = self.in_flight.spawn(task.instrument(span.clone())).id();
-        if self.tracks_in_flight() {
+        let tracks = self.tracks_in_flight();
+        let lane = self.lanes.get_mut(i);
+        lane.loads += 1;
+        if tracks {
             for (key, waiters) in &batch {
                 let stamp = latest_stamp(waiters);
-                match self.in_flight_keys.entry(key.clone()) {
-                    // A plain load beside a cache miss's running load (the
-                    // cache bypassed meanwhile) leaves the miss's load
-                    // joinable: `None` orders first.
+                match lane.in_flight.entry(key.clone()) {
+                    // A plain load beside a stamped request's running load
+                    // (the observer bypassed meanwhile) leaves the stamped
+                    // load joinable: `None` orders first.
                     Entry::Occupied(e) if e.get().1 > stamp => {}
                     Entry::Occupied(mut e) => *e.get_mut() = (id, stamp),
                     Entry::Vacant(e) => {
@@ -505,11 +527,11 @@ where
         self.running.insert(
             id,
             Running {
+                lane: i,
                 waiters: batch,
                 expiry,
                 started: now,
                 span,
-                fills,
                 slot,
             },
         );
@@ -523,31 +545,21 @@ where
         let Some(run) = self.running.remove(&id) else {
             return;
         };
-        if self.tracks_in_flight() {
+        let lane = self.lanes.get_mut(run.lane);
+        lane.loads -= 1;
+        if !lane.in_flight.is_empty() {
             for key in run.waiters.keys() {
-                if self.in_flight_keys.get(key).is_some_and(|(i, _)| *i == id) {
-                    self.in_flight_keys.remove(key);
+                if lane.in_flight.get(key).is_some_and(|(i, _)| *i == id) {
+                    lane.in_flight.remove(key);
                 }
             }
         }
         let stats = &self.shared.stats;
         let now = Instant::now();
-        if run.fills {
-            self.last_fill = Some(now);
-            if self.recent_fills.is_empty() {
-                self.recent_fills = vec![[0; RECENT_FILL_WAYS]; RECENT_FILL_SETS];
-            }
-            for stamp in run.waiters.values().filter_map(latest_stamp) {
-                let set = &mut self.recent_fills[recent_fill_set(stamp.hash)];
-                if !set.contains(&stamp.hash) {
-                    set.rotate_right(1);
-                    set[0] = stamp.hash;
-                }
-            }
-        }
         let load_time = now - run.started;
         Stats::record_duration(&stats.load_duration, load_time);
         let Running {
+            lane: lane_index,
             waiters,
             span,
             slot,
@@ -584,7 +596,7 @@ where
         // without it). With no keys waiting the slot is kept until the
         // answers are out: freed, it would let a caller answered first find
         // the batcher idle and load alone, beside the worker's next batch.
-        let slot = if self.pending.is_empty() {
+        let slot = if self.lanes.pending_keys() == 0 {
             Some(slot)
         } else {
             drop(slot);
@@ -594,15 +606,16 @@ where
         let stats = &self.shared.stats;
         let _enter = span.enter();
         match settled {
-            Ok(mut values) => {
-                let mut found = 0;
+            Ok(mut loaded) => {
+                let mut answered = Answered::default();
                 for (key, waiters) in waiters {
-                    let value = values.remove(&key);
-                    found += usize::from(self.load.found(value.as_ref()));
+                    let answer = loaded.take(&key);
+                    let found = answer.as_ref().is_ok_and(|v| self.load.found(v.as_ref()));
+                    answered.count(&answer, found);
                     self.held -= waiters.len();
-                    reply_all(waiters, Ok(value));
+                    reply_all(waiters, answer.map_err(Error::Load));
                 }
-                run::record_found(stats, found, keys);
+                answered.record(stats);
             }
             Err(failure) => {
                 for waiters in waiters.into_values() {
@@ -612,23 +625,7 @@ where
             }
         }
         drop(slot);
-    }
-
-    /// For a cache miss that waited in the channel while a load filled
-    /// the cache, and whose key is not pending: what the cache holds for
-    /// it now, if anything. Under a burst of misses (a GraphQL query's
-    /// N+1 lookups), many wait in the channel while the loads run; without
-    /// this look they would load again keys a load just stored.
-    fn filled_meanwhile(&self, key: &K, waiter: &Waiter<V>) -> Option<Option<V>> {
-        let filled_at = self.last_fill?;
-        let hash = waiter.stamp?.hash;
-        if waiter.enqueued_at > filled_at
-            || !self.recent_fills[recent_fill_set(hash)].contains(&hash)
-            || self.pending.contains_key(key)
-        {
-            return None;
-        }
-        self.fill.get()?.cached(key)
+        self.lanes.release_if_idle(lane_index);
     }
 
     /// The moment `waiter` times out, when this worker enforces it.
@@ -644,7 +641,7 @@ where
     /// pending or in a running load (which goes on for the others), and
     /// makes the expiry bounds exact.
     fn expire(&mut self) {
-        self.expiry_armed = None;
+        self.expiry_timer.disarm();
         let Some(timeout) = self.config().timeout else {
             return;
         };
@@ -680,16 +677,13 @@ where
         };
         if self.pending_expiry.is_some_and(|e| e <= now) {
             let mut left = None;
-            self.pending.retain(|_, waiters| {
-                sweep(waiters, &mut left);
-                !waiters.is_empty()
+            self.lanes.sweep_pending(|lane| {
+                lane.pending.retain(|_, waiters| {
+                    sweep(waiters, &mut left);
+                    !waiters.is_empty()
+                });
             });
             self.pending_expiry = left;
-            if self.pending.is_empty() {
-                // As after a dispatch: the next first key starts afresh.
-                self.timer_armed = false;
-                self.deadline_passed = false;
-            }
         }
         for run in self.running.values_mut() {
             if run.expiry.is_some_and(|e| e <= now) {
@@ -706,38 +700,49 @@ where
         Stats::incr(&stats.abandoned, (expired - timed_out) as u64);
     }
 
-    /// Points the expiry timer at the earliest deadline it knows of. A
-    /// later deadline does not move it: firing early only costs a sweep,
-    /// and resetting a timer costs about what a request does.
-    fn arm_expiry(&mut self) {
-        if !policy::worker_enforces_deadlines(self.config()) {
-            return;
-        }
-        let next = self
-            .running
-            .values()
-            .fold(self.pending_expiry, |acc, run| earliest(acc, run.expiry));
-        match (next, self.expiry_armed) {
-            (Some(at), Some(armed)) if at >= armed => {}
-            (Some(at), _) => {
-                self.expiry_timer.as_mut().reset(at);
-                self.expiry_armed = Some(at);
+    /// Points the expiry timer at the earliest deadline it knows of (a
+    /// later deadline does not move it: firing early only costs a sweep),
+    /// and the flush timer at the next lane's delay.
+    fn arm_timers(&mut self) {
+        if policy::worker_enforces_deadlines(&self.shared.config) {
+            let next = self
+                .running
+                .values()
+                .fold(self.pending_expiry, |acc, run| earliest(acc, run.expiry));
+            match (next, self.expiry_timer.at) {
+                (Some(at), Some(armed)) if at >= armed => {}
+                (next, _) => self.expiry_timer.set(next),
             }
-            (None, _) => self.expiry_armed = None,
+        }
+        if policy::arms_timer(&self.shared.config) {
+            let max_delay = self.shared.config.max_delay;
+            // A delay already passed arms nothing: its batch is due and
+            // waits for a slot, which a completion frees.
+            let now = Instant::now();
+            let next = self
+                .lanes
+                .next()
+                .and_then(|i| self.lanes.get(i).first_at)
+                .map(|at| at + max_delay)
+                .filter(|at| *at > now);
+            self.flush_timer.set(next);
         }
     }
 
     fn publish_gauges(&self) {
         let stats = &self.shared.stats;
-        stats.pending_keys.store(self.pending.len() as u64, Relaxed);
+        let pending = self.lanes.pending_keys();
+        stats.pending_keys.store(pending as u64, Relaxed);
         stats
             .in_flight_batches
             .store(self.shared.running_loads() as u64, Relaxed);
+        stats.scopes.store(self.lanes.len() as u64, Relaxed);
         #[cfg(feature = "metrics")]
         if let Some(gauges) = stats.gauges.get() {
-            gauges.pending.set(self.pending.len() as f64);
+            gauges.pending.set(pending as f64);
             gauges.in_flight.set(self.shared.running_loads() as f64);
             gauges.limit.set(self.shared.limit() as f64);
+            gauges.scopes.set(self.lanes.len() as f64);
             // Only the automatic limit has them (0: none).
             for (gauge, ns) in [
                 (&gauges.load_least, &stats.load_time_least),
@@ -761,25 +766,13 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
     }
 }
 
-/// Sets of [`State::recent_fills`], of [`RECENT_FILL_WAYS`] hashes each:
-/// enough for the keys of a burst of misses (a GraphQL query's N+1
-/// lookups) in 32 KiB.
-const RECENT_FILL_SETS: usize = 1024;
-const RECENT_FILL_WAYS: usize = 4;
-
-fn recent_fill_set(hash: u64) -> usize {
-    // The low bits of a well-mixed hash; `RECENT_FILL_SETS` is a power of
-    // two.
-    (hash as usize) & (RECENT_FILL_SETS - 1)
-}
-
-/// The latest stamp among a key's cache misses, if any waiter is one.
+/// The latest stamp among a key's requests, if any carries one.
 fn latest_stamp<V>(waiters: &Waiters<V>) -> Option<Stamp> {
     waiters.iter().filter_map(|w| w.stamp).max()
 }
 
 /// Sends `reply` to every waiter, cloning for all but the last.
-fn reply_all<V: Clone>(waiters: Waiters<V>, reply: Reply<V>) {
+fn reply_all<V: Clone>(waiters: Waiters<V>, reply: Result<Option<V>, Error>) {
     let mut waiters = waiters.into_iter();
     let last = waiters.next_back();
     for w in waiters {

@@ -3,13 +3,12 @@
 //! under load, shrinks when latency rises with concurrency, never exceeds
 //! its bound, and recovers after a stall.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pgbatch::{Batcher, Concurrency, Loader};
+use pgbatch::{Batcher, Concurrency, Loaded, Loader};
 use tokio::time::Instant;
 
 /// How the modelled database answers, changeable mid-test.
@@ -58,7 +57,7 @@ impl Model {
 impl Loader<u64, u64> for Model {
     type Error = Infallible;
 
-    async fn load(&self, keys: Vec<u64>) -> Result<HashMap<u64, u64>, Infallible> {
+    async fn load(&self, keys: Vec<u64>) -> Result<Loaded<u64, u64>, Infallible> {
         let running = self.running.fetch_add(1, SeqCst) + 1;
         self.max_running.fetch_max(running, SeqCst);
         loop {

@@ -179,7 +179,11 @@ async fn the_next_batch_starts_before_the_finished_one_is_answered() {
                 } else {
                     *seen.lock().unwrap() = Some(first_answered.load(SeqCst));
                 }
-                Ok::<_, Infallible>(keys.into_iter().map(|k| (k, value_of(k))).collect())
+                Ok::<_, Infallible>(
+                    keys.into_iter()
+                        .map(|k| (k, value_of(k)))
+                        .collect::<HashMap<_, _>>(),
+                )
             }
         })
     };
@@ -294,7 +298,7 @@ struct EveryKey;
 impl pgbatch::Loader<u64, Option<u64>> for EveryKey {
     type Error = Infallible;
 
-    async fn load(&self, keys: Vec<u64>) -> Result<HashMap<u64, Option<u64>>, Infallible> {
+    async fn load(&self, keys: Vec<u64>) -> Result<pgbatch::Loaded<u64, Option<u64>>, Infallible> {
         Ok(keys
             .into_iter()
             .map(|k| (k, (k % 2 == 0).then_some(k)))
@@ -342,7 +346,11 @@ async fn a_failed_load_gives_every_waiter_of_its_batch_the_same_error() {
         assert!(matches!(err, Error::Load(_)), "{err:?}");
         let cause = err.load_error::<TestError>().expect("loader's own error");
         assert_eq!(cause.0, format!("{:?}", [1, 2, FAIL_KEY]));
-        assert_eq!(err.to_string(), "batch load failed");
+        assert_eq!(
+            err.to_string(),
+            "batch load failed: test loader failed: [1, 2, 666]",
+            "the cause, once"
+        );
     }
     // The error is shared, not copied per waiter.
     let (Err(Error::Load(a)), Err(Error::Load(c))) = (&results[0], &results[2]) else {
@@ -938,7 +946,11 @@ fn task_recording_loader(
         let ids = ids.clone();
         async move {
             ids.lock().unwrap().push(tokio::task::try_id());
-            Ok::<_, Infallible>(keys.into_iter().map(|k| (k, value_of(k))).collect())
+            Ok::<_, Infallible>(
+                keys.into_iter()
+                    .map(|k| (k, value_of(k)))
+                    .collect::<HashMap<_, _>>(),
+            )
         }
     })
 }

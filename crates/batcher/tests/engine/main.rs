@@ -17,3 +17,4 @@ mod cache;
 // keeps them in a `proptest-regressions/` folder beside the nearest one
 // above the test that holds a `main.rs` (this one), not beside the file.
 mod property;
+mod scopes;

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pgbatch::{Batcher, Error, FlushPolicy, Loader};
+use pgbatch::{Batcher, Error, FlushPolicy, Loaded, Loader};
 use proptest::prelude::*;
 
 /// A value names the key it is for and the batch that loaded it.
@@ -61,7 +61,7 @@ struct ChaosLoader {
 impl Loader<u64, Value> for Arc<ChaosLoader> {
     type Error = BatchFailed;
 
-    async fn load(&self, keys: Vec<u64>) -> Result<HashMap<u64, Value>, BatchFailed> {
+    async fn load(&self, keys: Vec<u64>) -> Result<Loaded<u64, Value>, BatchFailed> {
         let now = self.running.fetch_add(1, SeqCst) + 1;
         self.max_running.fetch_max(now, SeqCst);
         let batch = {
@@ -91,7 +91,7 @@ impl Loader<u64, Value> for Arc<ChaosLoader> {
             .collect();
         self.records.lock().unwrap()[batch].outcome =
             Outcome::Returned(returned.keys().copied().collect());
-        Ok(returned)
+        Ok(returned.into())
     }
 }
 

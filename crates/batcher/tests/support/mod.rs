@@ -2,12 +2,11 @@
 //! call, can hold loads behind a gate, and fails or panics on chosen keys.
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
-use pgbatch::Loader;
+use pgbatch::{Loaded, Loader};
 use tokio::sync::Semaphore;
 
 /// Keys at or above this are "not found".
@@ -93,7 +92,7 @@ impl Drop for RunningGuard<'_> {
 impl Loader<u64, String> for TestLoader {
     type Error = TestError;
 
-    async fn load(&self, mut keys: Vec<u64>) -> Result<HashMap<u64, String>, TestError> {
+    async fn load(&self, mut keys: Vec<u64>) -> Result<Loaded<u64, String>, TestError> {
         keys.sort_unstable();
         self.inner.calls.lock().unwrap().push(keys.clone());
         let now = self.inner.running.fetch_add(1, SeqCst) + 1;

@@ -1,11 +1,10 @@
 //! [`RoutedLoader`]: a batched query on whichever database the router
 //! chooses.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use pgbatch::pg::{BatchQuery, PgError, PgLoader};
-use pgbatch::Loader;
+use pgbatch::{Loaded, Loader};
 
 use super::{Needs, ReadRouter};
 
@@ -95,18 +94,18 @@ impl<Q: BatchQuery> RoutedLoader<Q> {
 impl<Q: BatchQuery> Loader<Q::Key, Q::Value> for RoutedLoader<Q> {
     type Error = PgError;
 
-    async fn load(&self, keys: Vec<Q::Key>) -> Result<HashMap<Q::Key, Q::Value>, PgError> {
+    async fn load(&self, keys: Vec<Q::Key>) -> Result<Loaded<Q::Key, Q::Value>, PgError> {
         // Kept for a retry on the primary only when a replica may be
         // chosen; a lone database takes the keys as they are.
         if !self.router.has_replicas() {
-            return self.loaders[0].load(keys).await;
+            return Loader::load(&self.loaders[0], keys).await;
         }
         self.router
-            .read(self.needs, |i| self.loaders[i].load(keys.clone()))
+            .read(self.needs, |i| Loader::load(&self.loaders[i], keys.clone()))
             .await
     }
 
     fn is_absent(&self, value: &Q::Value) -> bool {
-        self.loaders[0].is_absent(value)
+        Loader::is_absent(&self.loaders[0], value)
     }
 }
