@@ -11,9 +11,10 @@ use std::time::Duration;
 use moka::notification::RemovalCause;
 
 use super::admission::{Admission, Doorkeeper};
-use super::expiry::JitteredExpiry;
+use super::expiry::{JitteredExpiry, SlotExpiry};
 use super::handle::Cache;
-use super::shared::{Cached, Counters, MissFn, Source};
+use super::shared::{Counters, MissFn, SharedWhen, Source};
+use super::slot::Slot;
 use crate::{Batcher, BuildError, Error};
 
 type Weigher<K, V> = Arc<dyn Fn(&K, &V) -> u32 + Send + Sync>;
@@ -44,6 +45,7 @@ pub struct CacheBuilder<K, V> {
     jitter: Duration,
     negative_ttl: Option<Duration>,
     admission: Admission,
+    shared_when: Option<SharedWhen<V>>,
     _types: PhantomData<fn(K) -> V>,
 }
 
@@ -57,6 +59,7 @@ impl<K, V> fmt::Debug for CacheBuilder<K, V> {
             .field("jitter", &self.jitter)
             .field("negative_ttl", &self.negative_ttl)
             .field("admission", &self.admission)
+            .field("shared_when", &self.shared_when.is_some())
             .finish()
     }
 }
@@ -83,6 +86,7 @@ impl<K, V> Default for CacheBuilder<K, V> {
             jitter: Duration::from_secs(3),
             negative_ttl: None,
             admission: Admission::Always,
+            shared_when: None,
             _types: PhantomData,
         }
     }
@@ -142,6 +146,27 @@ where
         self
     }
 
+    /// Marks the values that read the same for every scope (public rows,
+    /// say): a value for which `shared` returns true, loaded as any scope,
+    /// is served to every scope of a scoped cache, instead of to the scope
+    /// that read it alone. Only found values are shared: a "not found"
+    /// read as one scope may be a row another scope can see.
+    ///
+    /// ```
+    /// # #[derive(Clone)] struct Doc { public: bool }
+    /// let builder = pgbatch::cache::Cache::<u64, Doc>::builder()
+    ///     .shared_when(|doc: &Doc| doc.public);
+    /// # let _ = builder;
+    /// ```
+    ///
+    /// Say so only of data whose every row marked this way every scope
+    /// may read: a shared value skips the scope's own check. By default
+    /// nothing is shared.
+    pub fn shared_when(mut self, shared: impl Fn(&V) -> bool + Send + Sync + 'static) -> Self {
+        self.shared_when = Some(Arc::new(shared));
+        self
+    }
+
     fn validate(&self) -> Result<(), BuildError> {
         if self.max_capacity == 0 {
             return Err(BuildError::TooSmall {
@@ -176,7 +201,42 @@ where
         F: Fn(K) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<V>, Error>> + Send + 'static,
     {
-        let load: MissFn<K, V> = Arc::new(move |k| Box::pin(load(k)));
+        let load: MissFn<(), K, V> = Arc::new(move |(), k| Box::pin(load(k)));
+        self.build_over(Source::Load(load))
+    }
+
+    /// A scoped cache whose misses call `load(scope, key)` (a clone of the
+    /// caller's scope): each caller reads with
+    /// [`get_as`](Cache::get_as), and a value read as one scope is served
+    /// to that scope alone (see [`shared_when`](Self::shared_when)).
+    /// Concurrent misses of a key share a load only within a scope.
+    /// Otherwise as [`build`](Self::build).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use pgbatch::cache::Cache;
+    ///
+    /// let notes: Cache<u64, String, u32> = Cache::builder()
+    ///     .build_scoped(|tenant: u32, id: u64| async move {
+    ///         Ok(Some(format!("note {id} of tenant {tenant}")))
+    ///     })
+    ///     .unwrap();
+    /// assert_eq!(notes.get_as(&1, 7).await.unwrap().as_deref(), Some("note 7 of tenant 1"));
+    /// assert_eq!(notes.get_as(&2, 7).await.unwrap().as_deref(), Some("note 7 of tenant 2"));
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError`] names the first invalid setting.
+    pub fn build_scoped<S, F, Fut>(self, load: F) -> Result<Cache<K, V, S>, BuildError>
+    where
+        S: Clone + Eq + Hash + Send + Sync + 'static,
+        F: Fn(S, K) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Option<V>, Error>> + Send + 'static,
+    {
+        let load: MissFn<S, K, V> = Arc::new(move |scope, k| Box::pin(load(scope, k)));
         self.build_over(Source::Load(load))
     }
 
@@ -236,14 +296,27 @@ where
     /// [`build`](Self::build) does. The batcher's other callers are not
     /// affected.
     ///
+    /// Over a scoped batcher (`Batcher<K, V, S>`), the cache is scoped
+    /// too: a miss of [`get_as`](Cache::get_as) loads as its scope, and
+    /// the value is kept for that scope alone.
+    ///
     /// # Errors
     ///
     /// [`BuildError`] names the first invalid setting.
-    pub fn build_with_batcher(self, batcher: Batcher<K, V>) -> Result<Cache<K, V>, BuildError> {
+    pub fn build_with_batcher<S>(
+        self,
+        batcher: Batcher<K, V, S>,
+    ) -> Result<Cache<K, V, S>, BuildError>
+    where
+        S: Clone + Eq + Hash + Send + Sync + 'static,
+    {
         self.build_over(Source::Batcher(batcher))
     }
 
-    fn build_over(self, source: Source<K, V>) -> Result<Cache<K, V>, BuildError> {
+    fn build_over<S>(self, source: Source<S, K, V>) -> Result<Cache<K, V, S>, BuildError>
+    where
+        S: Clone + Eq + Hash + Send + Sync + 'static,
+    {
         self.validate()?;
         let counters = Arc::new(Counters::default());
         #[cfg(feature = "metrics")]
@@ -251,11 +324,7 @@ where
         let listener_counters = Arc::clone(&counters);
         let mut store = moka::future::Cache::builder()
             .max_capacity(self.max_capacity)
-            .expire_after(JitteredExpiry::new(
-                self.time_to_live,
-                self.negative_ttl.unwrap_or_default(),
-                self.jitter,
-            ))
+            .expire_after(SlotExpiry)
             .eviction_listener(move |_k, _v, cause| match cause {
                 RemovalCause::Size => {
                     listener_counters.evictions.fetch_add(1, Relaxed);
@@ -269,20 +338,24 @@ where
             store = store.name(name);
         }
         if let Some(weigher) = self.weigher {
-            store = store.weigher(move |k, v: &Cached<V>| match v {
-                Cached::Found(v) => weigher(k, v),
-                Cached::NotFound => 1,
-            });
+            store = store.weigher(move |k, slot: &Slot<S, V>| slot.weight(|v| weigher(k, v)));
         }
         let doorkeeper = match self.admission {
             Admission::Always => None,
             Admission::SecondMiss => Some(Doorkeeper::new(self.max_capacity)),
         };
+        let lifetimes = JitteredExpiry::new(
+            self.time_to_live,
+            self.negative_ttl.unwrap_or_default(),
+            self.jitter,
+        );
         Ok(Cache::new(
             store.build(),
             source,
             self.negative_ttl.is_some(),
             doorkeeper,
+            lifetimes,
+            self.shared_when,
             counters,
         ))
     }

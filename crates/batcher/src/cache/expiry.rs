@@ -1,4 +1,5 @@
-//! Per-entry expiry: the TTL plus a random share of the jitter.
+//! Per-value expiry: the TTL plus a random share of the jitter, drawn when
+//! a value is stored; a store entry lives until its last value expires.
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -6,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use moka::Expiry;
 
-use super::shared::Cached;
+use super::slot::{Cached, Slot};
 
 #[derive(Debug)]
 pub(super) struct JitteredExpiry {
@@ -52,22 +53,32 @@ impl JitteredExpiry {
         };
         base.saturating_add(self.sample_jitter())
     }
+
+    /// When `value`, stored now, expires.
+    pub(super) fn expires<V>(&self, value: &Cached<V>) -> Instant {
+        let now = Instant::now();
+        now.checked_add(self.lifetime(value)).unwrap_or(now)
+    }
 }
 
-impl<K, V> Expiry<K, Cached<V>> for JitteredExpiry {
-    fn expire_after_create(&self, _key: &K, value: &Cached<V>, _at: Instant) -> Option<Duration> {
-        Some(self.lifetime(value))
+/// moka's expiry of an entry: when its last value expires.
+#[derive(Debug)]
+pub(super) struct SlotExpiry;
+
+impl<K, S: Clone + PartialEq, V: Clone> Expiry<K, Slot<S, V>> for SlotExpiry {
+    fn expire_after_create(&self, _key: &K, slot: &Slot<S, V>, at: Instant) -> Option<Duration> {
+        Some(slot.expires().saturating_duration_since(at))
     }
 
-    /// A reloaded value gets a fresh lifetime.
+    /// A stored value gives the entry the lifetime of its latest value.
     fn expire_after_update(
         &self,
         _key: &K,
-        value: &Cached<V>,
-        _at: Instant,
+        slot: &Slot<S, V>,
+        at: Instant,
         _remaining: Option<Duration>,
     ) -> Option<Duration> {
-        Some(self.lifetime(value))
+        Some(slot.expires().saturating_duration_since(at))
     }
 }
 

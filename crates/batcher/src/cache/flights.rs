@@ -1,6 +1,6 @@
 //! Misses over a plain loader (any loader but a batcher the cache fills
-//! from): the flights, one running load per key, which every miss of the
-//! key joins.
+//! from): the flights, one running load per key and scope, which every
+//! miss of the key in that scope joins.
 //!
 //! A plain loader knows nothing of the other misses, so the cache
 //! coalesces them itself. A flight's load is a shared future that every
@@ -19,12 +19,13 @@ use futures_util::future::Shared as SharedFuture;
 use futures_util::FutureExt as _;
 
 use super::shared::{
-    put_if_current, Answer, BoxFuture, Cached, Flight, FlightState, Inner, MissFn, Source,
+    put_if_current, Answer, BoxFuture, Flight, FlightState, Inner, MissFn, Source,
 };
+use super::slot::Held;
 use crate::Error;
 
-impl<K, V> Inner<K, V> {
-    fn load_fn(&self) -> &MissFn<K, V> {
+impl<K, V, S> Inner<K, V, S> {
+    fn load_fn(&self) -> &MissFn<S, K, V> {
         match &self.source {
             Source::Load(load) => load,
             // Only flights call it, and only `Source::Load` starts them.
@@ -33,14 +34,15 @@ impl<K, V> Inner<K, V> {
     }
 }
 
-/// A miss of `key` over a plain loader: joins its key's flight, or
-/// starts one, and waits for the flight's answer.
-pub(super) async fn load<K, V>(inner: &Arc<Inner<K, V>>, key: K) -> Answer<V>
+/// A miss of `key` as `scope` over a plain loader: joins the flight of
+/// its key in its scope, or starts one, and waits for the flight's answer.
+pub(super) async fn load<K, V, S>(inner: &Arc<Inner<K, V, S>>, scope: &S, key: K) -> Answer<V>
 where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
+    S: Clone + Eq + Send + Sync + 'static,
 {
-    let load = join_or_start(inner, key);
+    let load = join_or_start(inner, scope, key);
     let mut waiting = Waiting(Some(load));
     let answer = match waiting.0.as_mut() {
         Some(load) => load.await,
@@ -52,14 +54,22 @@ where
     answer
 }
 
-/// Joins the running load for `key`, or starts one.
-fn join_or_start<K, V>(inner: &Arc<Inner<K, V>>, key: K) -> SharedFuture<BoxFuture<Answer<V>>>
+/// Joins the running load for `key` in `scope`, or starts one.
+fn join_or_start<K, V, S>(
+    inner: &Arc<Inner<K, V, S>>,
+    scope: &S,
+    key: K,
+) -> SharedFuture<BoxFuture<Answer<V>>>
 where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
+    S: Clone + Eq + Send + Sync + 'static,
 {
     let mut flights = inner.lock_flights();
-    if let Some(flight) = flights.get(&key) {
+    let running = flights
+        .get(&key)
+        .and_then(|of_key| of_key.iter().find(|(s, _)| s == scope));
+    if let Some((_, flight)) = running {
         inner.counters.coalesced.fetch_add(1, Relaxed);
         return flight.load.clone();
     }
@@ -77,18 +87,19 @@ where
     };
     let run: BoxFuture<Answer<V>> = Box::pin(run_flight(
         Arc::clone(inner),
+        scope.clone(),
         key.clone(),
         Arc::clone(&state),
         guard,
     ));
     let load = run.shared();
-    flights.insert(
-        key,
+    flights.entry(key).or_default().push((
+        scope.clone(),
         Flight {
             state,
             load: load.clone(),
         },
-    );
+    ));
     load
 }
 
@@ -115,23 +126,20 @@ impl<V: Clone + Send + Sync + 'static> Drop for Waiting<V> {
 
 /// Removes a flight from the map when its load ends, however it ends
 /// (panics and drops included), unless invalidation already replaced it.
-struct FlightGuard<K: Eq + Hash, V> {
-    inner: Arc<Inner<K, V>>,
+struct FlightGuard<K: Eq + Hash, V, S> {
+    inner: Arc<Inner<K, V, S>>,
     key: K,
     state: Arc<FlightState>,
 }
 
-impl<K: Eq + Hash, V> Drop for FlightGuard<K, V> {
+impl<K: Eq + Hash, V, S> Drop for FlightGuard<K, V, S> {
     fn drop(&mut self) {
-        let mut flights = self
-            .inner
-            .flights
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if flights
-            .get(&self.key)
-            .is_some_and(|f| Arc::ptr_eq(&f.state, &self.state))
-        {
+        let mut flights = self.inner.lock_flights();
+        let Some(of_key) = flights.get_mut(&self.key) else {
+            return;
+        };
+        of_key.retain(|(_, f)| !Arc::ptr_eq(&f.state, &self.state));
+        if of_key.is_empty() {
             flights.remove(&self.key);
         }
     }
@@ -141,19 +149,21 @@ impl<K: Eq + Hash, V> Drop for FlightGuard<K, V> {
 /// answer of every caller waiting for it. Never panics: the load is
 /// polled by whichever caller waits, and a shared future's panic would
 /// reach all of them.
-async fn run_flight<K, V>(
-    inner: Arc<Inner<K, V>>,
+async fn run_flight<K, V, S>(
+    inner: Arc<Inner<K, V, S>>,
+    scope: S,
     key: K,
     state: Arc<FlightState>,
-    guard: FlightGuard<K, V>,
+    guard: FlightGuard<K, V, S>,
 ) -> Answer<V>
 where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
+    S: Clone + Eq + Send + Sync + 'static,
 {
     // The whole body: the loader's synchronous part and the store's
     // weigher included.
-    let answer = AssertUnwindSafe(load_and_store(&inner, &key, &state))
+    let answer = AssertUnwindSafe(load_and_store(&inner, scope, &key, &state))
         .catch_unwind()
         .await
         .unwrap_or_else(|panic| {
@@ -167,12 +177,18 @@ where
     answer
 }
 
-async fn load_and_store<K, V>(inner: &Inner<K, V>, key: &K, state: &FlightState) -> Answer<V>
+async fn load_and_store<K, V, S>(
+    inner: &Inner<K, V, S>,
+    scope: S,
+    key: &K,
+    state: &FlightState,
+) -> Answer<V>
 where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
+    S: Clone + Eq + Send + Sync + 'static,
 {
-    let result = (inner.load_fn())(key.clone()).await;
+    let result = (inner.load_fn())(scope.clone(), key.clone()).await;
     if result.is_err() {
         inner.counters.load_errors.fetch_add(1, Relaxed);
     }
@@ -180,7 +196,7 @@ where
     let value = result
         .as_ref()
         .ok()
-        .and_then(|v| inner.to_store(hash, v.as_ref()));
+        .and_then(|v| inner.to_store(&scope, hash, v.as_ref()));
     if let Some(value) = value {
         // Boxed: moka's compute future is large, and inline it would make
         // every miss's future a large allocation, filled or not.
@@ -191,10 +207,11 @@ where
 
 /// Puts a loaded `value` for `key` unless invalidation marked its flight
 /// stale (or `invalidate_all` ran) since the load started.
-async fn store<K, V>(inner: &Inner<K, V>, key: &K, flight: &FlightState, value: Cached<V>)
+async fn store<K, V, S>(inner: &Inner<K, V, S>, key: &K, flight: &FlightState, value: Held<S, V>)
 where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
+    S: Clone + Eq + Send + Sync + 'static,
 {
     let current = || !flight.stale.load(Relaxed) && inner.epochs.generation() == flight.generation;
     if put_if_current(inner, key.clone(), value, current).await {

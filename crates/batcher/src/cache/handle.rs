@@ -18,10 +18,12 @@ use moka::ops::compute::Op;
 
 use super::admission::Doorkeeper;
 use super::epochs::Epochs;
-use super::fill::FillFrom;
+use super::expiry::JitteredExpiry;
+use super::fill::{FillFrom, RecentFills};
 use super::flights;
-use super::shared::{put_if_current, Answer, Cached, Counters, Inner, Source};
-use crate::batcher::FillFn;
+use super::shared::{put_if_current, Answer, Counters, Inner, SharedWhen, Source};
+use super::slot::{Cached, Held, Owner, Slot};
+use crate::batcher::ObserverFn;
 use crate::Error;
 
 /// A point-in-time copy of a cache's counters, from [`Cache::stats`].
@@ -54,11 +56,19 @@ pub struct CacheStats {
 }
 
 /// A coalescing TTL cache; see the [module docs](super). Cheap to clone.
-pub struct Cache<K, V> {
-    inner: Arc<Inner<K, V>>,
+///
+/// Over a scoped batcher, or with [`build_scoped`](super::CacheBuilder::build_scoped),
+/// a cache is a `Cache<K, V, S>`: each caller reads as a scope `S`
+/// ([`get_as`](Self::get_as)), and a value read as one scope is never
+/// served to another, unless
+/// [`shared_when`](super::CacheBuilder::shared_when) marks it the same for
+/// every scope. [`invalidate`](Self::invalidate) removes every scope's
+/// copy of a key. Unscoped, `S` is `()` and [`get`](Self::get) needs none.
+pub struct Cache<K, V, S = ()> {
+    inner: Arc<Inner<K, V, S>>,
 }
 
-impl<K, V> Clone for Cache<K, V> {
+impl<K, V, S> Clone for Cache<K, V, S> {
     fn clone(&self) -> Self {
         Self {
             inner: Arc::clone(&self.inner),
@@ -66,7 +76,7 @@ impl<K, V> Clone for Cache<K, V> {
     }
 }
 
-impl<K, V> fmt::Debug for Cache<K, V> {
+impl<K, V, S> fmt::Debug for Cache<K, V, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Cache")
             .field("name", &self.inner.store.name())
@@ -75,37 +85,40 @@ impl<K, V> fmt::Debug for Cache<K, V> {
     }
 }
 
-impl<K, V> Cache<K, V>
+impl<K, V, S> Cache<K, V, S>
 where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
+    S: Clone + Eq + Hash + Send + Sync + 'static,
 {
     /// A cache over a configured moka `store`; [`CacheBuilder`](super::CacheBuilder) makes both.
     pub(super) fn new(
-        store: moka::future::Cache<K, Cached<V>>,
-        source: Source<K, V>,
+        store: moka::future::Cache<K, Slot<S, V>>,
+        source: Source<S, K, V>,
         cache_not_found: bool,
         doorkeeper: Option<Doorkeeper>,
+        lifetimes: JitteredExpiry,
+        shared_when: Option<SharedWhen<V>>,
         counters: Arc<Counters>,
     ) -> Self {
-        let inner = Arc::new_cyclic(|weak: &Weak<Inner<K, V>>| {
+        let inner = Arc::new_cyclic(|weak: &Weak<Inner<K, V, S>>| {
             let source = match source {
                 Source::Batcher(batcher) => {
-                    // Weak: the batcher holds its fill, and the cache holds
-                    // the batcher.
-                    let weak = weak.clone();
-                    let fill: FillFn<K, V> = Arc::new(FillFrom {
-                        cache: weak,
+                    // Weak: the batcher holds its observer, and the cache
+                    // holds the batcher.
+                    let observer: ObserverFn<S, K, V> = Arc::new(FillFrom {
+                        cache: weak.clone(),
                         counters: Arc::clone(&counters),
+                        recent: RecentFills::new(),
                     });
-                    if batcher.install_fill(fill) {
+                    if batcher.observe(observer) {
                         Source::Batcher(batcher)
                     } else {
                         // Another cache fills from this batcher: this one
                         // coalesces its misses itself, in flights.
-                        Source::Load(Arc::new(move |key| {
+                        Source::Load(Arc::new(move |scope, key| {
                             let batcher = batcher.clone();
-                            Box::pin(async move { batcher.load(key).await })
+                            Box::pin(async move { batcher.load_as(&scope, key).await })
                         }))
                     }
                 }
@@ -118,15 +131,18 @@ where
                 epochs: Epochs::new(),
                 cache_not_found,
                 doorkeeper,
+                lifetimes,
+                shared_when,
                 counters,
             }
         });
         Self { inner }
     }
 
-    /// The value for `key`: from the cache, or loaded (once, however many
-    /// callers ask at the same time) and then cached. `Ok(None)` means the
-    /// loader found nothing.
+    /// The value for `key` as `scope` sees it: from the cache (what was
+    /// read as `scope`, or shared by every scope), or loaded as `scope`
+    /// (once, however many callers of that scope ask at the same time) and
+    /// then cached for it. `Ok(None)` means the loader found nothing.
     ///
     /// # Errors
     ///
@@ -147,21 +163,27 @@ where
     ///   polling holds nobody up. A caller dropped before the load finishes
     ///   hands it to a spawned task, which still answers the other callers
     ///   and fills the cache.
-    pub async fn get(&self, key: K) -> Result<Option<V>, Error> {
+    pub async fn get_as(&self, scope: &S, key: K) -> Result<Option<V>, Error> {
         let inner = &self.inner;
-        if let Some(cached) = inner.store.get(&key).await {
+        if let Some(cached) = self.lookup(scope, &key).await {
             inner.counters.hits.fetch_add(1, Relaxed);
             return Ok(cached.into_option());
         }
         if let Source::Batcher(batcher) = &inner.source {
             let stamp = inner.epochs.stamp(inner.epochs.hash(&key));
-            return batcher.load_stamped(key, stamp).await;
+            return batcher.load_stamped(scope, key, stamp).await;
         }
-        flights::load(&self.inner, key).await
+        flights::load(&self.inner, scope, key).await
     }
 
-    /// The values for `keys`, one result per key in the order given, as
-    /// [`get`](Self::get) would return each. Hits are answered from the
+    /// What the store holds for `key` that `scope` may be served.
+    async fn lookup(&self, scope: &S, key: &K) -> Option<Cached<V>> {
+        self.inner.store.get(key).await?.find(scope)
+    }
+
+    /// The values for `keys` as `scope` sees them, one result per key in
+    /// the order given, as [`get_as`](Self::get_as) would return each.
+    /// Hits are answered from the
     /// cache; over a batcher, the misses are queued together, so they go
     /// out in as few loads as the batcher's
     /// [`max_batch_size`](crate::BatcherBuilder::max_batch_size) allows,
@@ -170,8 +192,8 @@ where
     ///
     /// # Cancel safety
     ///
-    /// As for [`get`](Self::get).
-    pub async fn get_many<I>(&self, keys: I) -> Vec<Result<Option<V>, Error>>
+    /// As for [`get_as`](Self::get_as).
+    pub async fn get_many_as<I>(&self, scope: &S, keys: I) -> Vec<Result<Option<V>, Error>>
     where
         I: IntoIterator<Item = K>,
     {
@@ -180,7 +202,7 @@ where
         let mut answers: Vec<Option<Answer<V>>> = Vec::with_capacity(keys.size_hint().0);
         let mut misses: Vec<(usize, K)> = Vec::new();
         for key in keys {
-            match inner.store.get(&key).await {
+            match self.lookup(scope, &key).await {
                 Some(cached) => {
                     inner.counters.hits.fetch_add(1, Relaxed);
                     answers.push(Some(Ok(cached.into_option())));
@@ -197,11 +219,15 @@ where
                     .iter()
                     .map(|(_, key)| (key.clone(), inner.epochs.stamp(inner.epochs.hash(key))))
                     .collect();
-                batcher.load_many_stamped(stamped).await
+                batcher.load_many_stamped(scope, stamped).await
             }
             Source::Load(_) => {
-                futures_util::future::join_all(misses.iter().map(|(_, key)| self.get(key.clone())))
-                    .await
+                futures_util::future::join_all(
+                    misses
+                        .iter()
+                        .map(|(_, key)| self.get_as(scope, key.clone())),
+                )
+                .await
             }
         };
         for ((index, _), answer) in misses.into_iter().zip(loaded) {
@@ -213,27 +239,40 @@ where
             .collect()
     }
 
-    /// What the cache holds for `key`, without loading anything: `None`
-    /// when it holds nothing, `Some(None)` when it holds "not found" (only
-    /// with a [`negative_ttl`](super::CacheBuilder::negative_ttl)), else
+    /// What the cache holds for `key` that `scope` may be served, without
+    /// loading anything: `None` when it holds nothing, `Some(None)` when it
+    /// holds "not found" (only with a
+    /// [`negative_ttl`](super::CacheBuilder::negative_ttl)), else
     /// `Some(Some(value))`. A find counts as a hit; nothing else is
     /// counted.
-    pub async fn get_if_present(&self, key: &K) -> Option<Option<V>> {
-        let cached = self.inner.store.get(key).await?;
+    pub async fn get_if_present_as(&self, scope: &S, key: &K) -> Option<Option<V>> {
+        let cached = self.lookup(scope, key).await?;
         self.inner.counters.hits.fetch_add(1, Relaxed);
         Some(cached.into_option())
     }
 
-    /// Puts `value` for `key`: primes the cache with a row the caller
-    /// already has (one it just wrote, or read some other way). The value
-    /// is stored whatever the [admission](super::CacheBuilder::admission) policy,
-    /// and wins over loads of the key already running: as after
+    /// Puts `value` for `key`, as `scope` sees it: primes the cache with a
+    /// row the caller already has (one it just wrote, or read some other
+    /// way). The value is stored whatever the
+    /// [admission](super::CacheBuilder::admission) policy, and wins over
+    /// loads of the key already running, in every scope: as after
     /// [`invalidate`](Self::invalidate), none of them can replace it with
-    /// what it read, though each still answers its own callers.
+    /// what it read, though each still answers its own callers. Other
+    /// scopes' copies of the key are dropped: the row changed.
     ///
     /// An `invalidate` of the key that returns before this put lands wins
     /// over it: the value is then not stored.
-    pub async fn insert(&self, key: K, value: V) {
+    pub async fn insert_as(&self, scope: &S, key: K, value: V) {
+        self.put(Owner::Scope(scope.clone()), key, value).await;
+    }
+
+    /// Puts `value` for `key` for every scope: a row that reads the same
+    /// whoever reads it. Otherwise as [`insert_as`](Self::insert_as).
+    pub async fn insert_shared(&self, key: K, value: V) {
+        self.put(Owner::Shared, key, value).await;
+    }
+
+    async fn put(&self, owner: Owner<S>, key: K, value: V) {
         let inner = &self.inner;
         // The same order as `invalidate`: the epoch first, so a running
         // load's put (checked under the key's lock) sees it.
@@ -241,25 +280,39 @@ where
         inner.epochs.invalidate(hash);
         // Read after the bump: only a later invalidation makes it stale.
         let stamp = inner.epochs.stamp(hash);
-        let flight = inner.lock_flights().remove(&key);
-        if let Some(flight) = flight {
-            flight.state.stale.store(true, Relaxed);
-        }
-        put_if_current(inner, key, Cached::Found(value), || {
-            inner.epochs.is_current(stamp)
-        })
-        .await;
+        self.stop_flights(&key);
+        // The key's entry is replaced, not merged into: the other scopes'
+        // copies were read before this write.
+        self.inner
+            .store
+            .entry(key.clone())
+            .and_compute_with(|_| async { Op::Remove })
+            .await;
+        let value = Cached::Found(value);
+        let held = Held {
+            owner,
+            expires: inner.lifetimes.expires(&value),
+            value,
+        };
+        put_if_current(inner, key, held, || inner.epochs.is_current(stamp)).await;
     }
 
-    /// Removes `key`. A load for it already running still answers its
-    /// callers but does not store its result, so later lookups load afresh.
+    /// Marks every running flight of `key`, in any scope, stale: none of
+    /// them stores what it read.
+    fn stop_flights(&self, key: &K) {
+        let flights = self.inner.lock_flights().remove(key);
+        for (_, flight) in flights.into_iter().flatten() {
+            flight.state.stale.store(true, Relaxed);
+        }
+    }
+
+    /// Removes `key`, every scope's copy of it. A load for it already
+    /// running, in any scope, still answers its callers but does not store
+    /// its result, so later lookups load afresh.
     pub async fn invalidate(&self, key: &K) {
         // Before the store's remove: see `Epochs::invalidate`.
         self.inner.epochs.invalidate(self.inner.epochs.hash(key));
-        let flight = self.inner.lock_flights().remove(key);
-        if let Some(flight) = flight {
-            flight.state.stale.store(true, Relaxed);
-        }
+        self.stop_flights(key);
         self.inner.counters.invalidations.fetch_add(1, Relaxed);
         // Through the same per-key lock as the loads' puts
         // (`put_if_current`), so a put either sees `stale` or the new
@@ -275,8 +328,10 @@ where
     pub fn invalidate_all(&self) {
         // Before the store is cleared: see `Epochs::generation`.
         self.inner.epochs.invalidate_all();
-        for (_, flight) in self.inner.lock_flights().drain() {
-            flight.state.stale.store(true, Relaxed);
+        for (_, flights) in self.inner.lock_flights().drain() {
+            for (_, flight) in flights {
+                flight.state.stale.store(true, Relaxed);
+            }
         }
         self.inner.counters.invalidations.fetch_add(1, Relaxed);
         self.inner.store.invalidate_all();
@@ -303,5 +358,49 @@ where
     /// now instead of lazily; useful in tests and before reading stats.
     pub async fn run_pending_tasks(&self) {
         self.inner.store.run_pending_tasks().await;
+    }
+}
+
+impl<K, V> Cache<K, V>
+where
+    K: Clone + Eq + Hash + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    /// The value for `key`: from the cache, or loaded (once, however many
+    /// callers ask at the same time) and then cached. `Ok(None)` means the
+    /// loader found nothing.
+    ///
+    /// # Errors
+    ///
+    /// The loader's error, shared by every caller that waited for that load;
+    /// [`Error::LoaderPanicked`] if the load panicked. Neither is cached.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`get_as`](Self::get_as): dropping the future affects no
+    /// other caller, and the load still fills the cache.
+    pub async fn get(&self, key: K) -> Result<Option<V>, Error> {
+        self.get_as(&(), key).await
+    }
+
+    /// The values for `keys`, one result per key in the order given, as
+    /// [`get`](Self::get) would return each; see
+    /// [`get_many_as`](Self::get_many_as).
+    pub async fn get_many<I>(&self, keys: I) -> Vec<Result<Option<V>, Error>>
+    where
+        I: IntoIterator<Item = K>,
+    {
+        self.get_many_as(&(), keys).await
+    }
+
+    /// What the cache holds for `key`, without loading anything; see
+    /// [`get_if_present_as`](Self::get_if_present_as).
+    pub async fn get_if_present(&self, key: &K) -> Option<Option<V>> {
+        self.get_if_present_as(&(), key).await
+    }
+
+    /// Puts `value` for `key`; see [`insert_as`](Self::insert_as).
+    pub async fn insert(&self, key: K, value: V) {
+        self.insert_as(&(), key, value).await;
     }
 }

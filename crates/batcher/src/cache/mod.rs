@@ -66,6 +66,7 @@ mod fill;
 mod flights;
 mod handle;
 mod shared;
+mod slot;
 
 pub use admission::Admission;
 pub use builder::CacheBuilder;

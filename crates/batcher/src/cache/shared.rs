@@ -1,7 +1,8 @@
 //! What a [`Cache`](super::Cache) shares with both ways its misses are
 //! loaded (`fill` over a batcher, `flights` over any other loader): moka
-//! as the store, the invalidation epochs, the counters, and the checked
-//! put through which either strategy fills the store.
+//! as the store (one entry per key, each scope's value in it: see
+//! `slot`), the invalidation epochs, the counters, and the checked put
+//! through which either strategy fills the store.
 //!
 //! Below the strategies and the handle, so that each of them uses it and
 //! it uses none of them. For that reason the flights' map entries
@@ -20,28 +21,17 @@ use moka::ops::compute::Op;
 
 use super::admission::Doorkeeper;
 use super::epochs::Epochs;
+use super::expiry::JitteredExpiry;
+use super::slot::{Cached, Held, Owner, Slot};
 use crate::stats::Count;
 use crate::{Batcher, Error};
 
 pub(super) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-pub(super) type MissFn<K, V> = Arc<dyn Fn(K) -> BoxFuture<Result<Option<V>, Error>> + Send + Sync>;
-
-/// What the store holds for a key.
-#[derive(Debug, Clone)]
-pub(super) enum Cached<V> {
-    Found(V),
-    /// Only stored with a negative TTL.
-    NotFound,
-}
-
-impl<V> Cached<V> {
-    pub(super) fn into_option(self) -> Option<V> {
-        match self {
-            Cached::Found(v) => Some(v),
-            Cached::NotFound => None,
-        }
-    }
-}
+/// A miss's load over any loader: the scope, the key.
+pub(super) type MissFn<S, K, V> =
+    Arc<dyn Fn(S, K) -> BoxFuture<Result<Option<V>, Error>> + Send + Sync>;
+/// Which values every scope may be served (see `CacheBuilder::shared_when`).
+pub(super) type SharedWhen<V> = Arc<dyn Fn(&V) -> bool + Send + Sync>;
 
 /// The answer a flight delivers to its waiters.
 pub(super) type Answer<V> = Result<Option<V>, Error>;
@@ -65,19 +55,22 @@ pub(super) struct FlightState {
 }
 
 /// Where misses go.
-pub(super) enum Source<K, V> {
+pub(super) enum Source<S, K, V> {
     /// A batcher that fills the store itself (see `FillFrom`).
-    Batcher(Batcher<K, V>),
+    Batcher(Batcher<K, V, S>),
     /// Any loader, coalesced by the flights.
-    Load(MissFn<K, V>),
+    Load(MissFn<S, K, V>),
 }
 
-pub(super) struct Inner<K, V> {
-    pub(super) store: moka::future::Cache<K, Cached<V>>,
+/// The flights of one key: one per scope loading it, almost always one.
+pub(super) type KeyFlights<S, V> = smallvec::SmallVec<[(S, Flight<V>); 1]>;
+
+pub(super) struct Inner<K, V, S> {
+    pub(super) store: moka::future::Cache<K, Slot<S, V>>,
     /// std Mutex: held only for map operations, never across an await.
     /// Only [`Source::Load`] has flights.
-    pub(super) flights: Mutex<HashMap<K, Flight<V>>>,
-    pub(super) source: Source<K, V>,
+    pub(super) flights: Mutex<HashMap<K, KeyFlights<S, V>>>,
+    pub(super) source: Source<S, K, V>,
     /// The cache's hash of a key, and what tells a load whether an
     /// invalidation came after it began: a key's stamp over a batcher,
     /// the generation for the flights.
@@ -85,11 +78,14 @@ pub(super) struct Inner<K, V> {
     pub(super) cache_not_found: bool,
     /// With [`Admission::SecondMiss`](super::Admission::SecondMiss).
     pub(super) doorkeeper: Option<Doorkeeper>,
+    /// When each stored value expires.
+    pub(super) lifetimes: JitteredExpiry,
+    pub(super) shared_when: Option<SharedWhen<V>>,
     pub(super) counters: Arc<Counters>,
 }
 
-impl<K, V> Inner<K, V> {
-    pub(super) fn lock_flights(&self) -> std::sync::MutexGuard<'_, HashMap<K, Flight<V>>> {
+impl<K, V, S> Inner<K, V, S> {
+    pub(super) fn lock_flights(&self) -> std::sync::MutexGuard<'_, HashMap<K, KeyFlights<S, V>>> {
         // A panic while holding this lock cannot leave the map half-updated
         // (single inserts and removes), so a poisoned lock is still usable.
         self.flights
@@ -133,26 +129,32 @@ impl Counters {
     }
 }
 
-/// Puts `value` for `key` if `current()` holds, checked under moka's lock
-/// of the key, which `invalidate` takes for its remove too: a put either
-/// comes before that remove or sees the invalidation.
-pub(super) async fn put_if_current<K, V>(
-    inner: &Inner<K, V>,
+/// Puts `held` for `key` (beside other scopes' values) if `current()`
+/// holds, checked under moka's lock of the key, which `invalidate` takes
+/// for its remove too: a put either comes before that remove or sees the
+/// invalidation.
+pub(super) async fn put_if_current<K, V, S>(
+    inner: &Inner<K, V, S>,
     key: K,
-    value: Cached<V>,
+    held: Held<S, V>,
     current: impl Fn() -> bool,
 ) -> bool
 where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
+    S: Clone + Eq + Send + Sync + 'static,
 {
     // Read before the check: an `invalidate_all` after it moves it on.
     let generation = inner.epochs.generation();
     let stored = inner
         .store
         .entry(key.clone())
-        .and_compute_with(|_| {
-            let op = if current() { Op::Put(value) } else { Op::Nop };
+        .and_compute_with(|entry| {
+            let op = if current() {
+                Op::Put(Slot::with(entry.map(|e| e.into_value()), held))
+            } else {
+                Op::Nop
+            };
             async move { op }
         })
         .await;
@@ -175,11 +177,14 @@ where
     put
 }
 
-impl<K: Hash, V: Clone> Inner<K, V> {
-    /// What the store keeps of a loaded `value` for the key hashed
-    /// `hash`, if anything: "not found" only with a negative TTL, and
-    /// nothing the doorkeeper turns away (whose values are not cloned).
-    pub(super) fn to_store(&self, hash: u64, value: Option<&V>) -> Option<Cached<V>> {
+impl<K: Hash, V: Clone, S: Clone> Inner<K, V, S> {
+    /// What the store keeps of `value`, loaded as `scope` for the key
+    /// hashed `hash`, if anything: "not found" only with a negative TTL,
+    /// and nothing the doorkeeper turns away (whose values are not
+    /// cloned). A value [shared](super::CacheBuilder::shared_when) is kept
+    /// for every scope; "not found" never is (another scope may see the
+    /// row).
+    pub(super) fn to_store(&self, scope: &S, hash: u64, value: Option<&V>) -> Option<Held<S, V>> {
         if value.is_none() && !self.cache_not_found {
             return None;
         }
@@ -187,6 +192,16 @@ impl<K: Hash, V: Clone> Inner<K, V> {
             self.counters.not_admitted.fetch_add(1, Relaxed);
             return None;
         }
-        Some(value.map_or(Cached::NotFound, |v| Cached::Found(v.clone())))
+        let shared = value.is_some_and(|v| self.shared_when.as_ref().is_some_and(|f| f(v)));
+        let value = value.map_or(Cached::NotFound, |v| Cached::Found(v.clone()));
+        Some(Held {
+            owner: if shared {
+                Owner::Shared
+            } else {
+                Owner::Scope(scope.clone())
+            },
+            expires: self.lifetimes.expires(&value),
+            value,
+        })
     }
 }
