@@ -213,7 +213,16 @@ mod error;
 mod loader;
 mod writer;
 
-pub use crate::db::{DbErrorKind, StatementMode, WriteRequest, Written};
+/// The driver the loaders run on, re-exported so `pgbatch` is the only
+/// database dependency a sqlx user needs, at the version the crate was
+/// built with (`pgbatch::sqlx::sqlx::PgPool`, `postgres::PgPoolOptions`).
+/// sqlx's derive macros (`#[derive(sqlx::FromRow)]`) name `::sqlx` itself:
+/// with them, depend on sqlx too, at the same version.
+pub use ::sqlx;
+
+pub use crate::db::{
+    DbErrorKind, Scope, ScopeBuilder, ScopeError, StatementMode, WriteRequest, Written,
+};
 pub use error::{classify, is_pool_timeout, is_retryable};
-pub use loader::{BatchQuery, PgQuery, SqlxLoader};
+pub use loader::{BatchQuery, PgQuery, SqlxLoader, DEFAULT_ACQUIRE_TIMEOUT};
 pub use writer::{RowError, SqlxWriter, UpsertQuery, WriteResult, Writer};

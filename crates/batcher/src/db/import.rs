@@ -3,8 +3,11 @@
 //! COPY (the temporary table, and the one statement that moves its rows
 //! into the real table). Each driver only streams the rows.
 
+use std::fmt;
+
 use super::classify::Classify;
 use super::sqlstate::DbErrorKind;
+use crate::error::Chain;
 
 /// What an import does with a row whose key already exists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,28 +54,48 @@ impl ImportCounts {
 /// Why an import or copy failed, with the source's error `E` and the
 /// driver's error `D`. Nothing of an import was committed; a copy inside a
 /// transaction of yours leaves that transaction failed, to be rolled back.
-#[derive(Debug, thiserror::Error)]
+/// Its `Display` names the cause.
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum ImportError<E: std::error::Error + 'static, D: std::error::Error + 'static> {
     /// The source could not produce row `row` (numbered from 1).
-    #[error("input row {row} is invalid")]
     Source {
         /// The row's number, from 1.
         row: u64,
         /// What was wrong with it.
-        #[source]
         error: E,
     },
     /// With [`ConflictPolicy::Fail`]: a row's key already exists.
-    #[error("a row's key already exists")]
-    Conflict(#[source] D),
+    Conflict(D),
     /// The database refused a row: a constraint, a value its column's type
     /// cannot hold, or (in CSV) a row with too many or too few values.
-    #[error("the database refused a row")]
-    Rejected(#[source] D),
+    Rejected(D),
     /// The database failed.
-    #[error("the database failed during the import")]
-    Db(#[source] D),
+    Db(D),
+}
+
+impl<E, D> fmt::Display for ImportError<E, D>
+where
+    E: std::error::Error + 'static,
+    D: std::error::Error + 'static,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ImportError::Source { row, error } => {
+                write!(f, "input row {row} is invalid: {}", Chain(error))
+            }
+            ImportError::Conflict(e) => write!(f, "a row's key already exists: {}", Chain(e)),
+            ImportError::Rejected(e) => write!(f, "the database refused a row: {}", Chain(e)),
+            ImportError::Db(e) => write!(f, "the database failed during the import: {}", Chain(e)),
+        }
+    }
+}
+
+impl<E, D> std::error::Error for ImportError<E, D>
+where
+    E: std::error::Error + 'static,
+    D: std::error::Error + 'static,
+{
 }
 
 impl<E, D> ImportError<E, D>

@@ -1,6 +1,7 @@
 //! What the two Postgres drivers share (features `postgres` and `sqlx`):
-//! the SQLSTATE classification, how statements are sent, the writer's
-//! batches and the import's counts and errors. Each driver
+//! who a scoped load runs as ([`Scope`]), the SQLSTATE classification, how
+//! statements are sent, the writer's batches and the import's counts and
+//! errors. Each driver
 //! ([`pg`](crate::pg) over tokio-postgres, [`sqlx`](crate::sqlx)) keeps
 //! only what talks to its own client and re-exports these under its own
 //! path, with the driver's error filled in (`pg::RowError` is
@@ -11,6 +12,7 @@
 //! Inside the crate, a module uses only those listed below it:
 //!
 //! ```text
+//! scope      Scope: a role and transaction-local settings, and their SQL
 //! write      WriteRequest, Written, RowError, Writer; a batch's plan and answers
 //! import     ConflictPolicy, ImportCounts, ImportError; the SQL around COPY
 //! statement  StatementMode
@@ -20,6 +22,7 @@
 
 mod classify;
 mod import;
+mod scope;
 mod sqlstate;
 mod statement;
 mod write;
@@ -29,6 +32,7 @@ pub(crate) use import::{
     copy_sql, merge_sql, temp_table_sql, NumberedRow, Progress, IMPORT_TABLE, ROW_NUMBER,
 };
 pub use import::{ConflictPolicy, ImportCounts, ImportError};
+pub use scope::{Scope, ScopeBuilder, ScopeError};
 pub use sqlstate::DbErrorKind;
 pub use statement::StatementMode;
 pub(crate) use write::{write_batch, Outcomes, Upsert};

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use super::sqlstate::DbErrorKind;
-use crate::{Batcher, BatcherBuilder, BuildError, Error, Loader};
+use crate::error::Chain;
+use crate::{Batcher, BatcherBuilder, BuildError, Error, Loaded, Loader};
 
 /// What an acknowledged write did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,14 +24,21 @@ pub enum Written {
 }
 
 /// Why one row was refused (the rest of its batch was committed): the
-/// driver's error `E` for the statement that wrote it, and its kind.
-#[derive(Debug, thiserror::Error)]
-#[error("the database refused the row")]
+/// driver's error `E` for the statement that wrote it, and its kind. Its
+/// `Display` names the database's reason.
+#[derive(Debug)]
 pub struct RowError<E> {
-    #[source]
     error: E,
     kind: DbErrorKind,
 }
+
+impl<E: std::error::Error + 'static> fmt::Display for RowError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the database refused the row: {}", Chain(&self.error))
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for RowError<E> {}
 
 impl<E> RowError<E> {
     pub(crate) fn new(error: E, kind: DbErrorKind) -> Self {
@@ -119,7 +127,7 @@ pub(crate) trait Upsert: Send + Sync + 'static {
 pub(crate) async fn write_batch<U: Upsert>(
     upsert: &U,
     mut requests: Vec<WriteRequest<U::Row>>,
-) -> Result<HashMap<WriteRequest<U::Row>, WriteResult<U::RowFault>>, U::Error> {
+) -> Result<Loaded<WriteRequest<U::Row>, WriteResult<U::RowFault>>, U::Error> {
     requests.sort_unstable_by_key(|r| r.seq);
     let mut latest: HashMap<U::Key, usize> = HashMap::with_capacity(requests.len());
     for (i, r) in requests.iter().enumerate() {
@@ -137,7 +145,7 @@ pub(crate) async fn write_batch<U: Upsert>(
     // The first write of a key in the batch created it if the final row
     // was inserted; every later write of that key updated it.
     let mut seen: HashSet<U::Key> = HashSet::with_capacity(winners.len());
-    let mut out = HashMap::with_capacity(requests.len());
+    let mut out = Loaded::with_capacity(requests.len());
     for r in requests {
         let key = upsert.key(&r.row);
         let first = seen.insert(key.clone());

@@ -1,6 +1,6 @@
 //! A [`Loader`] that runs one prepared statement per batch.
 
-use std::collections::HashMap;
+use std::borrow::Cow;
 use std::fmt;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -12,8 +12,9 @@ use tokio_postgres::Row;
 
 use super::error::DbErrorKind;
 use super::statements::{Sql, Statements};
-use crate::db::{again_if_lost, Classify};
-use crate::Loader;
+use crate::db::{again_if_lost, Classify, Scope};
+use crate::error::Chain;
+use crate::{Loaded, Loader, ScopedLoader};
 
 /// Statement parameters that may borrow from the keys they were made from.
 pub type Params<'a> = Vec<Box<dyn ToSql + Sync + Send + 'a>>;
@@ -93,17 +94,19 @@ pub trait BatchQuery: Send + Sync + 'static {
     }
 }
 
-/// Why a Postgres load failed.
+/// Why a Postgres load failed. Its `Display` names the cause (the
+/// driver's or the pool's error) once; [`as_db_error`](Self::as_db_error)
+/// and [`kind`](Self::kind) give it back.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PgError {
     /// No connection could be had from the pool in time, or opening one
     /// failed.
-    #[error("no database connection available")]
-    Pool(#[source] PoolError),
+    #[error("no database connection available: {}", Chain(.0))]
+    Pool(PoolError),
     /// The statement failed, or a row did not map to a key and value.
-    #[error("database query failed")]
-    Query(#[source] tokio_postgres::Error),
+    #[error("database query failed: {}", Chain(.0))]
+    Query(tokio_postgres::Error),
 }
 
 impl PgError {
@@ -285,31 +288,73 @@ impl<Q: BatchQuery> PgLoader<Q> {
     pub async fn load_one(&self, key: &Q::Key) -> Result<Option<Q::Value>, PgError> {
         let q = &*self.query;
         let params = q.query.single_params(key);
-        let rows = self.run(&q.single, &as_refs(&params)).await?;
+        let rows = self.run(&q.single, &as_refs(&params), None).await?;
         match rows.first() {
             Some(row) => Ok(Some(q.query.map_row(row)?.1)),
             None => Ok(None),
         }
     }
 
-    /// Runs `sql` on a leased connection; if the node turned out to be
-    /// gone or no longer a primary, once more on a new connection (a read
-    /// is safe to repeat; the pool has discarded the old node's
-    /// connections, so the new one goes to whichever node its connector
-    /// finds).
-    async fn run(&self, sql: &Sql, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, PgError> {
-        again_if_lost("reading", true, || self.run_once(sql, params)).await
+    /// Runs `sql` on a leased connection, as `scope` if there is one; if
+    /// the node turned out to be gone or no longer a primary, once more on
+    /// a new connection (a read is safe to repeat; the pool has discarded
+    /// the old node's connections, so the new one goes to whichever node
+    /// its connector finds).
+    async fn run(
+        &self,
+        sql: &Sql,
+        params: &[&(dyn ToSql + Sync)],
+        scope: Option<&Scope>,
+    ) -> Result<Vec<Row>, PgError> {
+        again_if_lost("reading", true, || self.run_once(sql, params, scope)).await
     }
 
     async fn run_once(
         &self,
         sql: &Sql,
         params: &[&(dyn ToSql + Sync)],
+        scope: Option<&Scope>,
     ) -> Result<Vec<Row>, PgError> {
         let mut lease = super::Lease::get(&self.pool).await?;
-        let rows = self.query.statements.query(&mut lease, sql, params).await;
+        let rows = self
+            .query
+            .statements
+            .query_as(&mut lease, sql, params, scope)
+            .await;
         lease.settle(&rows);
         Ok(rows?)
+    }
+
+    /// Runs the batch statement for `keys` (the single-key one for one
+    /// key), as `scope` if there is one, and maps each row. A row that does
+    /// not map fails the keys left without a value, not the batch: its key
+    /// cannot be told, and a key it belonged to must not read as missing.
+    async fn load_keys(
+        &self,
+        keys: Vec<Q::Key>,
+        scope: Option<&Scope>,
+    ) -> Result<Loaded<Q::Key, Q::Value>, PgError> {
+        let q = &*self.query;
+        let (sql, params) = match keys.as_slice() {
+            [key] => (&q.single, q.query.single_params(key)),
+            _ => (&q.batch, q.query.batch_params(&keys)),
+        };
+        let rows = self.run(sql, &as_refs(&params), scope).await?;
+        let mut loaded = Loaded::with_capacity(rows.len());
+        let mut unmapped = None;
+        for row in &rows {
+            match q.query.map_row(row) {
+                Ok((key, value)) => {
+                    loaded.insert(key, value);
+                }
+                Err(e) => unmapped = unmapped.or(Some(e)),
+            }
+        }
+        if let Some(e) = unmapped {
+            tracing::warn!(error = %e, "a row did not map; its batch's keys without a value fail");
+            loaded.fail_unanswered(PgError::Query(e));
+        }
+        Ok(loaded)
     }
 }
 
@@ -326,23 +371,39 @@ impl<Q: BatchQuery> Loader<Q::Key, Q::Value> for PgLoader<Q> {
     /// Runs [`batch_sql`](BatchQuery::batch_sql) for the keys, or
     /// [`single_sql`](BatchQuery::single_sql) for a batch of one: batches of
     /// one are what a lightly loaded batcher sends, and a plain equality
-    /// costs the server less than `= ANY` over a one-element array.
-    async fn load(&self, keys: Vec<Q::Key>) -> Result<HashMap<Q::Key, Q::Value>, PgError> {
-        let q = &*self.query;
-        let (sql, params) = match keys.as_slice() {
-            [key] => (&q.single, q.query.single_params(key)),
-            _ => (&q.batch, q.query.batch_params(&keys)),
-        };
-        let rows = self.run(sql, &as_refs(&params)).await?;
-        let mut found = HashMap::with_capacity(rows.len());
-        for row in &rows {
-            let (key, value) = q.query.map_row(row)?;
-            found.insert(key, value);
-        }
-        Ok(found)
+    /// costs the server less than `= ANY` over a one-element array. A row
+    /// that does not map fails the keys left without a value, not the
+    /// batch: the others get their values.
+    async fn load(&self, keys: Vec<Q::Key>) -> Result<Loaded<Q::Key, Q::Value>, PgError> {
+        self.load_keys(keys, None).await
     }
 
     fn is_absent(&self, value: &Q::Value) -> bool {
         self.query.query.is_absent(value)
+    }
+}
+
+/// A scoped load: the statement in a transaction of its own that runs as
+/// the [`Scope`] (`BEGIN; SET LOCAL ROLE ...; SELECT set_config(...)`, the
+/// statement, `COMMIT`, sent together in one round trip), so row-level
+/// security applies as it does to the scope's own requests, and nothing
+/// of the scope is left on the connection.
+impl<Q: BatchQuery> ScopedLoader<Scope, Q::Key, Q::Value> for PgLoader<Q> {
+    type Error = PgError;
+
+    async fn load(
+        &self,
+        scope: &Scope,
+        keys: Vec<Q::Key>,
+    ) -> Result<Loaded<Q::Key, Q::Value>, PgError> {
+        self.load_keys(keys, Some(scope)).await
+    }
+
+    fn is_absent(&self, value: &Q::Value) -> bool {
+        self.query.query.is_absent(value)
+    }
+
+    fn label<'s>(&self, scope: &'s Scope) -> Option<Cow<'s, str>> {
+        scope.label().map(Cow::Borrowed)
     }
 }

@@ -64,7 +64,7 @@ mod pool;
 mod statements;
 mod writer;
 
-pub use crate::db::{WriteRequest, Written};
+pub use crate::db::{Scope, ScopeBuilder, ScopeError, WriteRequest, Written};
 pub use connect::{
     parse_config, ConfigError, Connector, TargetSessionAttrs, UnknownTargetSessionAttrs,
     DEFAULT_HOST_TIMEOUT,

@@ -12,6 +12,7 @@ use tokio::sync::OnceCell;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
+use crate::db::Scope;
 pub use crate::db::StatementMode;
 
 /// The statement settings of a loader, a writer or an import.
@@ -178,7 +179,37 @@ impl Statements {
         sql: &Sql,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        match (self.mode, self.set_local()) {
+        self.query_as(client, sql, params, None).await
+    }
+
+    /// As [`query`](Self::query), run as `scope` if there is one: in a
+    /// transaction that starts with the scope's `SET LOCAL ROLE` and
+    /// settings ([`Scope::set_local_sql`]), sent together with the
+    /// statement and the `COMMIT`, so nothing of the scope outlives the
+    /// transaction on the connection, whether the statement succeeds,
+    /// fails or is abandoned.
+    ///
+    /// # Errors
+    ///
+    /// As [`query`](Self::query); a role or setting the database refuses
+    /// fails with its own error (the statement then does not run).
+    pub async fn query_as(
+        &self,
+        client: &mut Client,
+        sql: &Sql,
+        params: &[&(dyn ToSql + Sync)],
+        scope: Option<&Scope>,
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        let scoped = scope
+            .map(Scope::set_local_sql)
+            .filter(|set| !set.is_empty());
+        let prologue = match (self.set_local(), scoped) {
+            (Some(timeout), Some(scope)) => Some(format!("{timeout}; {scope}")),
+            (Some(timeout), None) => Some(timeout),
+            (None, Some(scope)) => Some(scope.to_owned()),
+            (None, None) => None,
+        };
+        match (self.mode, prologue) {
             (StatementMode::Prepared, None) => {
                 let stmt = client.prepare_cached(&sql.text).await?;
                 client.query(&stmt, params).await

@@ -15,7 +15,7 @@ use super::error::classify;
 use super::loader::{as_refs, Params, PgError};
 use super::statements::{Sql, Statements};
 use crate::db::{self, again_if_lost, write_batch, Outcomes, Upsert, WriteRequest};
-use crate::Loader;
+use crate::{Loaded, Loader};
 
 /// How to upsert rows of one table: one statement for many rows, one for a
 /// single row (used to find which rows of a failed batch are at fault), and
@@ -226,7 +226,7 @@ impl<Q: UpsertQuery> Loader<WriteRequest<Q::Row>, WriteResult> for PgWriter<Q> {
     async fn load(
         &self,
         requests: Vec<WriteRequest<Q::Row>>,
-    ) -> Result<HashMap<WriteRequest<Q::Row>, WriteResult>, PgError> {
+    ) -> Result<Loaded<WriteRequest<Q::Row>, WriteResult>, PgError> {
         write_batch(self, requests).await
     }
 }

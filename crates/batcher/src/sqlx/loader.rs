@@ -1,16 +1,18 @@
 //! A [`Loader`] that runs one sqlx query per batch.
 
-use std::collections::HashMap;
+use std::borrow::Cow;
 use std::fmt;
 use std::hash::Hash;
 use std::sync::Arc;
+use std::time::Duration;
 
-use ::sqlx::postgres::{PgArguments, PgPool, PgRow, Postgres};
+use ::sqlx::pool::PoolConnection;
+use ::sqlx::postgres::{PgArguments, PgConnection, PgPool, PgRow, Postgres};
 use ::sqlx::query::Query;
-use ::sqlx::{Executor, FromRow};
+use ::sqlx::{Connection, Executor, FromRow};
 
-use crate::db::{again_if_lost, StatementMode};
-use crate::Loader;
+use crate::db::{again_if_lost, Scope, StatementMode};
+use crate::{Loaded, Loader, ScopedLoader};
 
 /// A Postgres query whose parameters are bound one by one with
 /// `bind`: what sqlx's `sqlx::query(sql)` returns for Postgres, and what
@@ -105,7 +107,7 @@ pub trait BatchQuery: Send + Sync + 'static {
 ///
 /// A batch of one key runs [`single_sql`](BatchQuery::single_sql), a larger
 /// one [`batch_sql`](BatchQuery::batch_sql); a batch that failed because
-/// its connection was lost ([`DbErrorKind::Unavailable`]) runs once more on
+/// its connection was lost ([`DbErrorKind::Unavailable`](crate::db::DbErrorKind::Unavailable)) runs once more on
 /// another connection.
 ///
 /// # Cancel safety
@@ -116,7 +118,17 @@ pub trait BatchQuery: Send + Sync + 'static {
 pub struct SqlxLoader<Q> {
     pool: PgPool,
     inner: Arc<Inner<Q>>,
+    acquire_timeout: Duration,
 }
+
+/// How long a load waits for a connection by default: well inside the
+/// batcher's default 5 s deadline, so a load that gets none fails with a
+/// retryable error its callers see, not with their own deadline.
+pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long the loader's own connection attempt may take when it asks why
+/// the pool had none to give.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The query and how it is sent, shared by the loader's clones (and the
 /// same loader on other pools).
@@ -130,6 +142,7 @@ impl<Q> Clone for SqlxLoader<Q> {
         Self {
             pool: self.pool.clone(),
             inner: Arc::clone(&self.inner),
+            acquire_timeout: self.acquire_timeout,
         }
     }
 }
@@ -161,12 +174,27 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
         Self {
             pool,
             inner: Arc::new(Inner { query, mode }),
+            acquire_timeout: DEFAULT_ACQUIRE_TIMEOUT,
         }
     }
 
     /// How this loader sends its statements.
     pub fn statement_mode(&self) -> StatementMode {
         self.inner.mode
+    }
+
+    /// The longest a load waits for a connection, whatever the pool's own
+    /// `acquire_timeout` (sqlx's default is 30 s, longer than a batcher's
+    /// deadline). Default [`DEFAULT_ACQUIRE_TIMEOUT`], 1 s. Keep it below
+    /// the batcher's [`timeout`](crate::BatcherBuilder::timeout): a load
+    /// that gets no connection then fails with a retryable error that says
+    /// why (the database refused or did not answer a connection, or the
+    /// pool is saturated: `PoolTimedOut`), where waiting longer would end
+    /// in the callers' own deadline, which is not retryable.
+    #[must_use]
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
     }
 
     /// The same query on another pool (a read replica's, say), sharing
@@ -176,6 +204,7 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
         Self {
             pool,
             inner: Arc::clone(&self.inner),
+            acquire_timeout: self.acquire_timeout,
         }
     }
 
@@ -197,7 +226,7 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
     /// When no connection is available, the statement fails, or a row
     /// cannot be read into [`BatchQuery::Row`].
     pub async fn load_one(&self, key: &Q::Key) -> Result<Option<Q::Value>, ::sqlx::Error> {
-        let rows = self.fetch(std::slice::from_ref(key)).await?;
+        let rows = self.fetch(std::slice::from_ref(key), None).await?;
         match rows.first() {
             Some(row) => Ok(Some(self.map(row)?.1)),
             None => Ok(None),
@@ -207,26 +236,81 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
     /// Runs the statement for `keys`; if the connection was lost, once
     /// more: a read is safe to repeat, and the pool does not hand out the
     /// lost connection again (it tests a connection coming back).
-    async fn fetch(&self, keys: &[Q::Key]) -> Result<Vec<PgRow>, ::sqlx::Error> {
-        again_if_lost("reading", true, || self.fetch_once(keys)).await
+    async fn fetch(
+        &self,
+        keys: &[Q::Key],
+        scope: Option<&Scope>,
+    ) -> Result<Vec<PgRow>, ::sqlx::Error> {
+        again_if_lost("reading", true, || self.fetch_once(keys, scope)).await
     }
 
-    async fn fetch_once(&self, keys: &[Q::Key]) -> Result<Vec<PgRow>, ::sqlx::Error> {
+    async fn fetch_once(
+        &self,
+        keys: &[Q::Key],
+        scope: Option<&Scope>,
+    ) -> Result<Vec<PgRow>, ::sqlx::Error> {
         // `Executor::fetch_all` returns a boxed `Send` future, so the
         // loader's future is `Send` without the compiler having to prove
         // it through sqlx's generic executors.
-        match self.inner.mode {
-            StatementMode::Prepared => Executor::fetch_all(&self.pool, self.statement(keys)).await,
-            StatementMode::Unnamed => {
+        let scope = scope
+            .map(Scope::set_local_sql)
+            .filter(|set| !set.is_empty());
+        let mut conn = acquire(&self.pool, self.acquire_timeout).await?;
+        match (self.inner.mode, scope) {
+            (_, Some(set)) => self.fetch_as(conn, keys, set).await,
+            (StatementMode::Prepared, None) => {
+                Executor::fetch_all(&mut *conn, self.statement(keys)).await
+            }
+            (StatementMode::Unnamed, None) => {
                 // The transaction keeps the statement's parse and its
                 // execution on one server connection behind a pooler. A
                 // failure drops `tx`, which rolls it back.
-                let mut tx = self.pool.begin().await?;
+                let mut tx = Connection::begin(&mut *conn).await?;
                 let rows = Executor::fetch_all(&mut *tx, self.statement(keys)).await?;
                 tx.commit().await?;
                 Ok(rows)
             }
         }
+    }
+
+    /// Runs the statement for `keys` in a transaction of its own that
+    /// starts with the scope's `set` (`SET LOCAL ROLE`, `set_config`), on a
+    /// connection that goes back to the pool only once that transaction
+    /// has ended: committed, or rolled back after a failure. Otherwise (a
+    /// load dropped at its deadline, a connection that failed) it is
+    /// closed, so nothing of the scope can reach the pool's next user.
+    ///
+    /// Not sqlx's `begin_with`: sqlx counts a transaction only once its
+    /// first statement succeeded, so a role the database refused left the
+    /// connection inside the failed transaction, and the pool handed it on
+    /// (the next load got "current transaction is aborted").
+    async fn fetch_as(
+        &self,
+        conn: PoolConnection<Postgres>,
+        keys: &[Q::Key],
+        set: &str,
+    ) -> Result<Vec<PgRow>, ::sqlx::Error> {
+        let mut conn = CloseUnlessEnded(Some(conn));
+        let c: &mut PgConnection = conn.0.as_mut().expect("held until released");
+        let begin = format!("BEGIN; {set}");
+        let done = async {
+            // One round trip: `BEGIN` and the scope, as a simple query.
+            Executor::execute(&mut *c, ::sqlx::raw_sql(&begin)).await?;
+            let rows = Executor::fetch_all(&mut *c, self.statement(keys)).await?;
+            Executor::execute(&mut *c, ::sqlx::raw_sql("COMMIT")).await?;
+            Ok(rows)
+        }
+        .await;
+        if done.is_err()
+            && Executor::execute(&mut *c, ::sqlx::raw_sql("ROLLBACK"))
+                .await
+                .is_err()
+        {
+            return done; // the connection is closed, not pooled
+        }
+        // Its transaction ended: back to the pool.
+        drop(conn.0.take());
+        done
     }
 
     /// The statement for `keys` with the keys bound: the single-key one
@@ -246,23 +330,126 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
     }
 }
 
+/// A connection from `pool` within `timeout`, whatever the pool's own
+/// `acquire_timeout`.
+///
+/// # Errors
+///
+/// sqlx's error; when none came in time, why (see [`why_no_connection`]).
+pub(super) async fn acquire(
+    pool: &PgPool,
+    timeout: Duration,
+) -> Result<PoolConnection<Postgres>, ::sqlx::Error> {
+    match tokio::time::timeout(timeout, pool.acquire()).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(::sqlx::Error::PoolTimedOut)) | Err(_) => Err(why_no_connection(pool).await),
+        Ok(Err(e)) => Err(e),
+    }
+}
+
+/// Why `pool` had no connection to give in time. With none open at all,
+/// sqlx was retrying its connects until its own timeout, and only reports
+/// `PoolTimedOut`: a connect of the loader's own then says why (refused,
+/// unanswered, a server starting up or refusing the login), as an error
+/// [`classify`](super::classify) sorts as it would the pool's. With
+/// connections open, the pool is saturated: `PoolTimedOut`.
+async fn why_no_connection(pool: &PgPool) -> ::sqlx::Error {
+    if pool.size() > 0 || pool.is_closed() {
+        return ::sqlx::Error::PoolTimedOut;
+    }
+    let options = pool.connect_options();
+    match tokio::time::timeout(PROBE_TIMEOUT, PgConnection::connect_with(&options)).await {
+        Ok(Err(refused)) => refused,
+        Ok(Ok(probe)) => {
+            // The database answers again: the pool will connect.
+            let _ = probe.close().await;
+            ::sqlx::Error::PoolTimedOut
+        }
+        Err(_) => ::sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the database did not answer a connection attempt",
+        )),
+    }
+}
+
+/// A pooled connection inside a scoped transaction: closed when dropped,
+/// unless taken out once the transaction ended.
+struct CloseUnlessEnded(Option<PoolConnection<Postgres>>);
+
+impl Drop for CloseUnlessEnded {
+    fn drop(&mut self) {
+        if let Some(mut conn) = self.0.take() {
+            conn.close_on_drop();
+        }
+    }
+}
+
+impl<Q: BatchQuery> SqlxLoader<Q> {
+    /// Runs the statement for `keys`, as `scope` if there is one, and maps
+    /// each row. A row that does not read into [`BatchQuery::Row`] fails
+    /// the keys left without a value, not the batch: its key cannot be
+    /// told, and a key it belonged to must not read as missing.
+    async fn load_keys(
+        &self,
+        keys: Vec<Q::Key>,
+        scope: Option<&Scope>,
+    ) -> Result<Loaded<Q::Key, Q::Value>, ::sqlx::Error> {
+        let rows = self.fetch(&keys, scope).await?;
+        let mut loaded = Loaded::with_capacity(rows.len());
+        let mut unmapped = None;
+        for row in &rows {
+            match self.map(row) {
+                Ok((key, value)) => {
+                    loaded.insert(key, value);
+                }
+                Err(e) => unmapped = unmapped.or(Some(e)),
+            }
+        }
+        if let Some(e) = unmapped {
+            tracing::warn!(error = %e, "a row did not map; its batch's keys without a value fail");
+            loaded.fail_unanswered(e);
+        }
+        Ok(loaded)
+    }
+}
+
 impl<Q: BatchQuery> Loader<Q::Key, Q::Value> for SqlxLoader<Q> {
     type Error = ::sqlx::Error;
 
     /// Runs [`batch_sql`](BatchQuery::batch_sql) for the keys, or
     /// [`single_sql`](BatchQuery::single_sql) for a batch of one: batches of
-    /// one are what a lightly loaded batcher sends.
-    async fn load(&self, keys: Vec<Q::Key>) -> Result<HashMap<Q::Key, Q::Value>, ::sqlx::Error> {
-        let rows = self.fetch(&keys).await?;
-        let mut found = HashMap::with_capacity(rows.len());
-        for row in &rows {
-            let (key, value) = self.map(row)?;
-            found.insert(key, value);
-        }
-        Ok(found)
+    /// one are what a lightly loaded batcher sends. A row that does not
+    /// map fails the keys left without a value, not the batch.
+    async fn load(&self, keys: Vec<Q::Key>) -> Result<Loaded<Q::Key, Q::Value>, ::sqlx::Error> {
+        self.load_keys(keys, None).await
     }
 
     fn is_absent(&self, value: &Q::Value) -> bool {
         self.inner.query.is_absent(value)
+    }
+}
+
+/// A scoped load: the statement in a transaction of its own that runs as
+/// the [`Scope`] (`BEGIN; SET LOCAL ROLE ...; SELECT set_config(...)` in
+/// one round trip, the statement, `COMMIT`), so row-level security applies
+/// as it does to the scope's own requests, and nothing of the scope is
+/// left on the connection.
+impl<Q: BatchQuery> ScopedLoader<Scope, Q::Key, Q::Value> for SqlxLoader<Q> {
+    type Error = ::sqlx::Error;
+
+    async fn load(
+        &self,
+        scope: &Scope,
+        keys: Vec<Q::Key>,
+    ) -> Result<Loaded<Q::Key, Q::Value>, ::sqlx::Error> {
+        self.load_keys(keys, Some(scope)).await
+    }
+
+    fn is_absent(&self, value: &Q::Value) -> bool {
+        self.inner.query.is_absent(value)
+    }
+
+    fn label<'s>(&self, scope: &'s Scope) -> Option<Cow<'s, str>> {
+        scope.label().map(Cow::Borrowed)
     }
 }

@@ -7,14 +7,15 @@ use std::collections::HashMap;
 use std::fmt;
 use std::hash::Hash;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ::sqlx::postgres::{PgConnection, PgDatabaseError, PgPool, PgRow, Postgres};
 use ::sqlx::{Connection, Executor};
 
 use super::error::classify;
-use super::loader::PgQuery;
+use super::loader::{acquire, PgQuery, DEFAULT_ACQUIRE_TIMEOUT};
 use crate::db::{self, again_if_lost, write_batch, Outcomes, StatementMode, Upsert, WriteRequest};
-use crate::Loader;
+use crate::{Loaded, Loader};
 
 /// How to upsert rows of one table with sqlx: one statement for many rows,
 /// how a batch's rows are bound to it, optionally one statement for a
@@ -179,6 +180,7 @@ pub struct SqlxWriter<Q> {
     pool: PgPool,
     query: Q,
     mode: StatementMode,
+    acquire_timeout: Duration,
 }
 
 impl<Q> fmt::Debug for SqlxWriter<Q> {
@@ -204,7 +206,21 @@ impl<Q: UpsertQuery> SqlxWriter<Q> {
     /// its statements as `mode` says: [`StatementMode::Unnamed`] through a
     /// transaction-mode pooler that does not track prepared statements.
     pub fn with_statement_mode(pool: PgPool, query: Q, mode: StatementMode) -> Self {
-        Self { pool, query, mode }
+        Self {
+            pool,
+            query,
+            mode,
+            acquire_timeout: DEFAULT_ACQUIRE_TIMEOUT,
+        }
+    }
+
+    /// The longest a batch waits for a connection, whatever the pool's
+    /// own `acquire_timeout`: as [`SqlxLoader::acquire_timeout`](super::SqlxLoader::acquire_timeout).
+    /// Default [`DEFAULT_ACQUIRE_TIMEOUT`], 1 s.
+    #[must_use]
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
     }
 
     /// How this writer sends its statements.
@@ -220,7 +236,7 @@ impl<Q: UpsertQuery> SqlxWriter<Q> {
         &self,
         rows: &[Q::Row],
     ) -> Result<Outcomes<Q::Key, ::sqlx::Error>, ::sqlx::Error> {
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = acquire(&self.pool, self.acquire_timeout).await?;
         self.upsert_on(&mut conn, rows).await
     }
 
@@ -329,7 +345,7 @@ impl<Q: UpsertQuery> Loader<WriteRequest<Q::Row>, WriteResult> for SqlxWriter<Q>
     async fn load(
         &self,
         requests: Vec<WriteRequest<Q::Row>>,
-    ) -> Result<HashMap<WriteRequest<Q::Row>, WriteResult>, ::sqlx::Error> {
+    ) -> Result<Loaded<WriteRequest<Q::Row>, WriteResult>, ::sqlx::Error> {
         write_batch(self, requests).await
     }
 }

@@ -9,6 +9,10 @@
 //! binary on their union. `cargo test --test pg sqlx_writer::` runs one
 //! file's tests.
 
+#[cfg(all(feature = "postgres", feature = "sqlx"))]
+mod errors;
+#[cfg(all(feature = "postgres", feature = "sqlx", feature = "cache"))]
+mod examples;
 #[cfg(all(feature = "postgres", feature = "cache"))]
 mod graphql;
 #[cfg(feature = "postgres")]
@@ -19,6 +23,10 @@ mod pg_loader;
 mod pg_pooler;
 #[cfg(feature = "postgres")]
 mod pg_writer;
+#[cfg(all(feature = "postgres", feature = "sqlx", feature = "cache"))]
+mod scopes;
+#[cfg(feature = "sqlx")]
+mod sqlx_connect;
 #[cfg(feature = "sqlx")]
 mod sqlx_loader;
 #[cfg(feature = "sqlx")]

@@ -60,7 +60,10 @@ async fn kv_pool(max_size: usize) -> pg::Pool {
 async fn a_batch_returns_found_rows_and_omits_missing_keys() {
     let loader = PgLoader::new(kv_pool(2).await, Kv);
     let keys = vec![pk(1), pk(ROWS), pk(ROWS + 1), "nope".to_owned()];
-    let rows = pgbatch::Loader::load(&loader, keys).await.unwrap();
+    let rows = pgbatch::Loader::load(&loader, keys)
+        .await
+        .unwrap()
+        .into_values();
     let expected: HashMap<_, _> = [
         (pk(1), "1 - payload".to_owned()),
         (pk(ROWS), format!("{ROWS} - payload")),
@@ -101,16 +104,21 @@ impl BatchQuery for Tagged {
 #[tokio::test]
 async fn a_batch_of_one_runs_the_single_key_statement() {
     let loader = PgLoader::new(kv_pool(2).await, Tagged);
-    let one = pgbatch::Loader::load(&loader, vec![pk(3)]).await.unwrap();
+    let one = pgbatch::Loader::load(&loader, vec![pk(3)])
+        .await
+        .unwrap()
+        .into_values();
     assert_eq!(one, HashMap::from([(pk(3), "single".to_owned())]));
     let two = pgbatch::Loader::load(&loader, vec![pk(3), pk(4)])
         .await
-        .unwrap();
+        .unwrap()
+        .into_values();
     assert_eq!(two[&pk(3)], "batch");
     assert_eq!(two.len(), 2);
     assert!(pgbatch::Loader::load(&loader, vec![pk(0)])
         .await
         .unwrap()
+        .into_values()
         .is_empty());
 }
 
@@ -179,7 +187,10 @@ async fn an_exhausted_pool_times_out_with_a_typed_error() {
         .unwrap_err();
     assert!(err.is_pool_timeout(), "{err:?}");
     assert!(err.is_retryable(), "a saturated pool may have room later");
-    assert_eq!(err.to_string(), "no database connection available");
+    assert_eq!(
+        err.to_string(),
+        "no database connection available: Timeout occurred while waiting for a slot to become available"
+    );
 }
 
 /// The pool hands out the connection used last: a batcher at its limit

@@ -217,7 +217,11 @@ async fn the_writer_and_the_import_work_through_a_transaction_pooler() {
     .await
     .unwrap();
     assert_eq!(counts.inserted, 500);
-    let found: HashMap<String, String> = loader.load(vec![pk(10_000), pk(10_499)]).await.unwrap();
+    let found: HashMap<String, String> = loader
+        .load(vec![pk(10_000), pk(10_499)])
+        .await
+        .unwrap()
+        .into_values();
     assert_eq!(found.len(), 2);
     cluster.stop().await;
 }

@@ -15,32 +15,9 @@ use pgbatch::sqlx::{
 };
 use pgbatch::{Batcher, Error, Loader};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
-use sqlx::{Connection, FromRow, PgConnection, Postgres, Row};
 
-/// sqlx settings for what `config` (the test harness's tokio-postgres
-/// settings) names: a Unix socket directory or a TCP host, port, user,
-/// password and database.
-fn connect_options(config: &tokio_postgres::Config) -> PgConnectOptions {
-    let mut options = PgConnectOptions::new_without_pgpass();
-    match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Unix(dir)) => options = options.socket(dir),
-        Some(tokio_postgres::config::Host::Tcp(host)) => options = options.host(host),
-        None => {}
-    }
-    if let Some(port) = config.get_ports().first() {
-        options = options.port(*port);
-    }
-    if let Some(user) = config.get_user() {
-        options = options.username(user);
-    }
-    if let Some(password) = config.get_password() {
-        options = options.password(&String::from_utf8_lossy(password));
-    }
-    if let Some(dbname) = config.get_dbname() {
-        options = options.database(dbname);
-    }
-    options
-}
+use crate::sqlx_connect::connect_options;
+use sqlx::{Connection, FromRow, PgConnection, Postgres, Row};
 
 fn pool_options(max_connections: u32) -> PgPoolOptions {
     PgPoolOptions::new()
@@ -162,10 +139,14 @@ async fn concurrent_lookups_through_a_batcher_return_each_callers_row() {
 #[tokio::test]
 async fn missing_keys_are_not_found() {
     let loader = SqlxLoader::new(users_pool(2).await, Users);
-    let found = loader.load(vec![1, 0, USERS + 1, -5]).await.unwrap();
+    let found = loader
+        .load(vec![1, 0, USERS + 1, -5])
+        .await
+        .unwrap()
+        .into_values();
     assert_eq!(found, HashMap::from([(1, user(1).unwrap())]));
     assert_eq!(loader.load_one(&(USERS + 1)).await.unwrap(), None);
-    assert!(loader.load(vec![0]).await.unwrap().is_empty());
+    assert!(loader.load(vec![0]).await.unwrap().into_values().is_empty());
 
     let batcher: Batcher<i64, User> = Batcher::new(loader);
     let keys = [0, USERS + 7, 2];
@@ -205,9 +186,9 @@ impl BatchQuery for Tagged {
 async fn a_batch_of_one_runs_the_single_key_statement() {
     let pool = users_pool(2).await;
     let loader = SqlxLoader::new(pool.clone(), Tagged);
-    let one = loader.load(vec![3]).await.unwrap();
+    let one = loader.load(vec![3]).await.unwrap().into_values();
     assert_eq!(one, HashMap::from([(3, "single".to_owned())]));
-    let two = loader.load(vec![3, 4]).await.unwrap();
+    let two = loader.load(vec![3, 4]).await.unwrap().into_values();
     assert_eq!(
         two,
         HashMap::from([(3, "batch".to_owned()), (4, "batch".to_owned())])
@@ -222,7 +203,7 @@ async fn a_batch_of_one_runs_the_single_key_statement() {
     let users = SqlxLoader::new(pool, Users);
     assert_eq!(users.load_one(&7).await.unwrap(), user(7));
     assert_eq!(
-        users.load(vec![9]).await.unwrap(),
+        users.load(vec![9]).await.unwrap().into_values(),
         HashMap::from([(9, user(9).unwrap())])
     );
 }
@@ -275,7 +256,7 @@ async fn a_composite_key_is_looked_up_with_unnest() {
         member(1, "cy"),
         member(3, "bob"),
     ];
-    let found = loader.load(keys.clone()).await.unwrap();
+    let found = loader.load(keys.clone()).await.unwrap().into_values();
     let expected: HashMap<_, _> = [
         (member(1, "ann"), "owner".to_owned()),
         (member(2, "ann"), "member".to_owned()),
@@ -314,7 +295,11 @@ async fn unnamed_statements_leave_nothing_prepared() {
     let unnamed = SqlxLoader::with_statement_mode(pool.clone(), Users, StatementMode::Unnamed);
     assert_eq!(unnamed.statement_mode(), StatementMode::Unnamed);
     assert_eq!(unnamed.load_one(&1).await.unwrap(), user(1));
-    let found = unnamed.load(vec![1, 2, 3, USERS + 1]).await.unwrap();
+    let found = unnamed
+        .load(vec![1, 2, 3, USERS + 1])
+        .await
+        .unwrap()
+        .into_values();
     assert_eq!(found.len(), 3);
     assert_eq!(found[&2], user(2).unwrap());
     assert_eq!(prepared_statements(&pool).await, 0);
@@ -323,7 +308,10 @@ async fn unnamed_statements_leave_nothing_prepared() {
     let prepared = SqlxLoader::new(pool.clone(), Users);
     assert_eq!(prepared.statement_mode(), StatementMode::Prepared);
     assert_eq!(prepared.load_one(&1).await.unwrap(), user(1));
-    assert_eq!(prepared.load(vec![1, 2]).await.unwrap().len(), 2);
+    assert_eq!(
+        prepared.load(vec![1, 2]).await.unwrap().into_values().len(),
+        2
+    );
     assert!(prepared_statements(&pool).await > 0);
 }
 
@@ -564,7 +552,11 @@ async fn a_terminated_connection_is_unavailable_and_the_loader_reads_again() {
     assert_eq!(loader.load_one(&2).await.unwrap(), user(2));
     assert_ne!(backend_pid(&pool).await, pid, "a new connection");
     terminate(&options, backend_pid(&pool).await).await;
-    let found = loader.load(vec![4, 5, USERS + 1]).await.unwrap();
+    let found = loader
+        .load(vec![4, 5, USERS + 1])
+        .await
+        .unwrap()
+        .into_values();
     assert_eq!(found.len(), 2);
 }
 
