@@ -1,26 +1,41 @@
-//! GraphQL resolvers that load through pgbatch: `{ books { author { name } } }`
-//! asks for one author per book (the N+1 problem), and the authors'
-//! resolver asks a cache in front of a batcher, so the database sees a few
-//! `SELECT ... WHERE id = ANY($1)` instead of one query per book, with the
-//! batcher's self-tuned concurrency, its deadlines and load shedding.
+//! GraphQL resolvers that load through pgbatch, per tenant:
+//! `{ books { author { name } } }` asks for one author per book (the N+1
+//! problem), and the authors' resolver asks a cache in front of a batcher,
+//! so the database sees a few `SELECT ... WHERE id = ANY($1)` instead of
+//! one query per book. The batcher and the cache are shared by every
+//! request; each request says who it reads as (its tenant: a [`Scope`]),
+//! each load runs as one tenant under row-level security, and a tenant's
+//! cached authors are its own.
 //!
-//! It creates and fills two tables, `pgbatch_example_authors` and
-//! `pgbatch_example_books`, in the database `DATABASE_URL` names (and
-//! leaves them), so point it at a scratch database:
+//! The scope comes from the request: here the `x-tenant` header, in a real
+//! service the verified token (its role and claims as the scope's role and
+//! settings). The handler puts it in the request's data, and every
+//! resolver loads with it: `cache.get_as(scope, id)`.
+//!
+//! It creates a role `pgbatch_example_reader` (granted to the connecting
+//! user, which needs the right to create roles) and two tables,
+//! `pgbatch_example_authors` and `pgbatch_example_books`, under a
+//! per-tenant policy, in the database `DATABASE_URL` names (and leaves
+//! them), so point it at a scratch database:
 //!
 //! ```sh
 //! DATABASE_URL='host=/var/run/postgresql user=postgres dbname=scratch' \
 //!     cargo run -p pgbatch --features postgres,cache --example graphql
-//! curl -s 127.0.0.1:8000/graphql -H 'content-type: application/json' \
+//! curl -s 127.0.0.1:8000/graphql -H 'x-tenant: 1' -H 'content-type: application/json' \
 //!     -d '{"query": "{ books(first: 100) { title author { name } } }"}'
-//! curl -s 127.0.0.1:8000/graphql -H 'content-type: application/json' \
+//! curl -s 127.0.0.1:8000/graphql -H 'x-tenant: 1' -H 'content-type: application/json' \
 //!     -d '{"query": "{ authorLoads { requests loads cacheHits } }"}'
+//! # or: run two tenants' queries in process, print what they took, exit
+//! cargo run -p pgbatch --features postgres,cache --example graphql -- --once
 //! ```
 //!
-//! Compared with async-graphql's own `DataLoader` (a 1 ms delay, batches of
-//! up to 1,000, no bound on loads at once), see BENCHMARKS.md's DataLoader
-//! section and `cargo run --release -p benches --bin dataloader`.
+//! It listens on `GRAPHQL_ADDR` (or `--addr`), 127.0.0.1:8000 by default,
+//! and stops on Ctrl-C. Compared with async-graphql's own `DataLoader` (a
+//! 1 ms delay, batches of up to 1,000, no bound on loads at once, and one
+//! loader per request where requests must not share), see BENCHMARKS.md's
+//! DataLoader section and `cargo run --release -p benches --bin dataloader`.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use async_graphql::{
@@ -29,7 +44,9 @@ use async_graphql::{
 };
 use pgbatch::cache::Cache;
 use pgbatch::pg::tokio_postgres::{Error as PgDriverError, Row};
-use pgbatch::pg::{self, BatchQuery, Lease, Params, PgLoader, Pool, PoolOptions};
+use pgbatch::pg::{
+    self, BatchQuery, Lease, Params, PgLoader, Pool, PoolOptions, Scope, Sql, Statements,
+};
 use pgbatch::Batcher;
 
 /// An author, as the API shows it.
@@ -53,7 +70,8 @@ pub(crate) struct Book {
     pub(crate) author_id: i64,
 }
 
-/// Authors by id: one statement for a batch of ids.
+/// Authors by id: one statement for a batch of ids. It names no tenant:
+/// the policy keeps each tenant to its own rows.
 struct AuthorsById;
 
 impl BatchQuery for AuthorsById {
@@ -93,12 +111,12 @@ pub(crate) struct AuthorLoads {
 
 /// What the resolvers load through, kept in the schema's data. Built once
 /// per process, not per request: the batches, the concurrency limit and
-/// the cache are shared by every request in flight.
+/// the cache are shared by every request in flight, whatever its tenant.
 pub(crate) struct Loaders {
-    /// Authors by id: a cache in front of a batcher.
-    pub(crate) authors: Cache<i64, Author>,
+    /// Authors by id, per tenant: a cache in front of a scoped batcher.
+    pub(crate) authors: Cache<i64, Author, Scope>,
     /// The batcher under the cache, for its stats.
-    pub(crate) author_loads: Batcher<i64, Author>,
+    pub(crate) author_loads: Batcher<i64, Author, Scope>,
     pool: Pool,
 }
 
@@ -111,9 +129,24 @@ pub(crate) struct QueryRoot;
 /// The most books one query may ask for.
 const MAX_FIRST: i32 = 500;
 
+/// The books query, run as the request's tenant.
+static BOOKS: LazyLock<Sql> = LazyLock::new(|| {
+    Sql::new("SELECT id, title, author_id FROM pgbatch_example_books ORDER BY id LIMIT $1")
+});
+
+/// The tenant `tenant`'s scope: the reader role, and the tenant as a
+/// transaction-local setting the policies read.
+pub(crate) fn tenant_scope(tenant: i64) -> Result<Scope, pg::ScopeError> {
+    Scope::builder()
+        .label(format!("tenant {tenant}"))
+        .role("pgbatch_example_reader")
+        .setting("app.tenant", tenant.to_string())
+        .build()
+}
+
 #[Object]
 impl QueryRoot {
-    /// The first `first` books by id (1 to 500).
+    /// The request's tenant's first `first` books by id (1 to 500).
     async fn books(
         &self,
         ctx: &Context<'_>,
@@ -125,15 +158,13 @@ impl QueryRoot {
             ))
             .extend_with(|_, e| e.set("code", "BAD_USER_INPUT")));
         }
-        let loaders = ctx.data::<Loaders>()?;
-        let lease = Lease::get(&loaders.pool)
+        let (loaders, scope) = (ctx.data::<Loaders>()?, ctx.data::<Scope>()?);
+        let mut lease = Lease::get(&loaders.pool)
             .await
             .map_err(|e| database_error(&pg::PgError::from(e)))?;
-        let rows = lease
-            .query(
-                "SELECT id, title, author_id FROM pgbatch_example_books ORDER BY id LIMIT $1",
-                &[&i64::from(first)],
-            )
+        // As the tenant, in a transaction of its own: the policy applies.
+        let rows = Statements::default()
+            .query_as(&mut lease, &BOOKS, &[&i64::from(first)], Some(scope))
             .await;
         lease.settle(&rows);
         let rows = rows.map_err(|e| database_error(&pg::PgError::from(e)))?;
@@ -147,7 +178,7 @@ impl QueryRoot {
             .collect())
     }
 
-    /// How the authors' lookups went so far.
+    /// How the authors' lookups went so far, all tenants together.
     async fn author_loads(&self, ctx: &Context<'_>) -> async_graphql::Result<AuthorLoads> {
         let loaders = ctx.data::<Loaders>()?;
         let batcher = loaders.author_loads.stats();
@@ -162,13 +193,14 @@ impl QueryRoot {
 
 #[ComplexObject]
 impl Book {
-    /// The book's author: one key, answered from the cache or from a
-    /// batched load shared with every other book being resolved.
+    /// The book's author: one key, as the request's tenant, answered from
+    /// the tenant's cache or from a batched load shared with every other
+    /// book of the tenant being resolved.
     async fn author(&self, ctx: &Context<'_>) -> async_graphql::Result<Option<Author>> {
-        let loaders = ctx.data::<Loaders>()?;
+        let (loaders, scope) = (ctx.data::<Loaders>()?, ctx.data::<Scope>()?);
         loaders
             .authors
-            .get(self.author_id)
+            .get_as(scope, self.author_id)
             .await
             .map_err(|e| lookup_error(&e))
     }
@@ -201,7 +233,7 @@ fn database_error(e: &pg::PgError) -> async_graphql::Error {
     })
 }
 
-/// The schema over `pool`: the authors' batcher at its defaults (the
+/// The schema over `pool`: the authors' scoped batcher at its defaults (the
 /// automatic concurrency limit, at most the pool's size) behind a cache.
 ///
 /// # Errors
@@ -214,7 +246,7 @@ pub(crate) fn schema(pool: Pool) -> Result<BooksSchema, pgbatch::BuildError> {
             max: pool.status().max_size,
         })
         .timeout(Duration::from_secs(2))
-        .build(PgLoader::new(pool.clone(), AuthorsById))?;
+        .build_scoped(PgLoader::new(pool.clone(), AuthorsById))?;
     let authors = Cache::builder()
         .name("authors")
         .max_capacity(100_000)
@@ -232,8 +264,17 @@ pub(crate) fn schema(pool: Pool) -> Result<BooksSchema, pgbatch::BuildError> {
         .finish())
 }
 
-/// Creates the example's tables and fills them (`authors` authors, 20
-/// books each) if they are empty.
+/// The tenants the example's data is spread over.
+pub(crate) const TENANTS: i64 = 3;
+
+/// Which tenant an author (and so each of its books) belongs to.
+pub(crate) fn tenant_of(author: i64) -> i64 {
+    author % TENANTS
+}
+
+/// Creates the example's role and tables, under their policies, and fills
+/// them (`authors` authors, 20 books each, spread over [`TENANTS`]) if they
+/// are empty.
 ///
 /// # Errors
 ///
@@ -242,20 +283,101 @@ pub(crate) async fn setup(pool: &Pool, authors: i64) -> Result<(), Box<dyn std::
     pool.get()
         .await?
         .batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS pgbatch_example_authors (
-                 id bigint PRIMARY KEY, name text NOT NULL);
+            "DO $$ BEGIN CREATE ROLE pgbatch_example_reader NOLOGIN;
+                 EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
+             GRANT pgbatch_example_reader TO CURRENT_USER;
+             CREATE TABLE IF NOT EXISTS pgbatch_example_authors (
+                 id bigint PRIMARY KEY, tenant bigint NOT NULL, name text NOT NULL);
              CREATE TABLE IF NOT EXISTS pgbatch_example_books (
-                 id bigint PRIMARY KEY, title text NOT NULL,
+                 id bigint PRIMARY KEY, tenant bigint NOT NULL, title text NOT NULL,
                  author_id bigint NOT NULL REFERENCES pgbatch_example_authors (id));
              INSERT INTO pgbatch_example_authors
-                 SELECT n, 'author ' || n FROM generate_series(1, {authors}) n
+                 SELECT n, n % {TENANTS}, 'author ' || n FROM generate_series(1, {authors}) n
                  ON CONFLICT DO NOTHING;
              INSERT INTO pgbatch_example_books
-                 SELECT n, 'book ' || n, 1 + (n * 7919) % {authors}
+                 SELECT n, (1 + (n * 7919) % {authors}) % {TENANTS}, 'book ' || n,
+                        1 + (n * 7919) % {authors}
                  FROM generate_series(1, {authors} * 20) n
-                 ON CONFLICT DO NOTHING;"
+                 ON CONFLICT DO NOTHING;
+             ALTER TABLE pgbatch_example_authors ENABLE ROW LEVEL SECURITY;
+             ALTER TABLE pgbatch_example_books ENABLE ROW LEVEL SECURITY;
+             GRANT SELECT ON pgbatch_example_authors, pgbatch_example_books
+                 TO pgbatch_example_reader;
+             DROP POLICY IF EXISTS own_authors ON pgbatch_example_authors;
+             CREATE POLICY own_authors ON pgbatch_example_authors FOR SELECT
+                 TO pgbatch_example_reader
+                 USING (tenant = nullif(current_setting('app.tenant', true), '')::bigint);
+             DROP POLICY IF EXISTS own_books ON pgbatch_example_books;
+             CREATE POLICY own_books ON pgbatch_example_books FOR SELECT
+                 TO pgbatch_example_reader
+                 USING (tenant = nullif(current_setting('app.tenant', true), '')::bigint);"
         ))
         .await?;
+    Ok(())
+}
+
+/// The GraphQL endpoint: the request's tenant, from its `x-tenant` header
+/// (in a real service, its verified token), becomes the scope every
+/// resolver of the request loads as.
+async fn graphql(
+    axum::extract::State(schema): axum::extract::State<BooksSchema>,
+    headers: axum::http::HeaderMap,
+    request: async_graphql_axum::GraphQLRequest,
+) -> async_graphql_axum::GraphQLResponse {
+    let tenant = headers
+        .get("x-tenant")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i64>().ok());
+    let Some(scope) = tenant.and_then(|t| tenant_scope(t).ok()) else {
+        let error =
+            async_graphql::ServerError::new("send your tenant's number as `x-tenant`", None);
+        return async_graphql::Response::from_errors(vec![error]).into();
+    };
+    schema
+        .execute(request.into_inner().data(scope))
+        .await
+        .into()
+}
+
+/// Where to listen: `--addr ADDR`, else `GRAPHQL_ADDR`, else 127.0.0.1:8000.
+fn listen_address() -> String {
+    let mut args = std::env::args().skip_while(|a| a != "--addr").skip(1);
+    args.next()
+        .or_else(|| std::env::var("GRAPHQL_ADDR").ok())
+        .unwrap_or_else(|| "127.0.0.1:8000".to_owned())
+}
+
+/// Runs one query for each tenant in process, prints what each got and
+/// what their authors' lookups took, and checks that no tenant was given
+/// another's author.
+async fn once(schema: &BooksSchema) -> Result<(), Box<dyn std::error::Error>> {
+    let query = "{ books(first: 200) { id author { id name } } }";
+    for tenant in 0..TENANTS {
+        let request = async_graphql::Request::new(query).data(tenant_scope(tenant)?);
+        let response = schema.execute(request).await;
+        if !response.errors.is_empty() {
+            return Err(format!("tenant {tenant}: {:?}", response.errors).into());
+        }
+        let data = response.data.into_json()?;
+        let books = data["books"].as_array().cloned().unwrap_or_default();
+        for book in &books {
+            let author = book["author"]["id"].as_i64().unwrap_or(-1);
+            if tenant_of(author) != tenant {
+                return Err(format!("tenant {tenant} was given author {author}").into());
+            }
+        }
+        println!(
+            "tenant {tenant}: {} books, each with its author",
+            books.len()
+        );
+    }
+    let loads = schema.data::<Loaders>().map(|l| l.author_loads.stats());
+    if let Some(stats) = loads {
+        println!(
+            "author lookups: {} requests in {} loads",
+            stats.requests, stats.batches
+        );
+    }
     Ok(())
 }
 
@@ -269,11 +391,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pool = pg::pool(url.parse()?, &PoolOptions::with_max_size(8))?;
     setup(&pool, 1_000).await?;
     let schema = schema(pool)?;
+    if std::env::args().any(|a| a == "--once") {
+        return once(&schema).await;
+    }
 
-    let app =
-        axum::Router::new().route_service("/graphql", async_graphql_axum::GraphQL::new(schema));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:8000").await?;
+    let app = axum::Router::new()
+        .route("/graphql", axum::routing::post(graphql))
+        .with_state(schema);
+    let addr = listen_address();
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|e| format!("could not listen on {addr}: {e}"))?;
     println!("GraphQL on http://{}/graphql", listener.local_addr()?);
-    axum::serve(listener, app).await?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
     Ok(())
 }

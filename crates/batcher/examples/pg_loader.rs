@@ -14,9 +14,11 @@
 
 use std::time::Duration;
 
+// The driver's types come through the crate (`pgbatch::pg::tokio_postgres`):
+// `pgbatch` is the only dependency this needs.
+use pgbatch::pg::tokio_postgres::{Error as PgDriverError, Row};
 use pgbatch::pg::{self, BatchQuery, Params, PgLoader, PoolOptions};
 use pgbatch::{Batcher, Concurrency};
-use tokio_postgres::Row;
 
 /// Users by id: how to look up many ids with one statement, and one.
 struct UsersById;
@@ -39,7 +41,7 @@ impl BatchQuery for UsersById {
     fn single_params<'a>(&self, key: &'a i64) -> Params<'a> {
         vec![Box::new(key)]
     }
-    fn map_row(&self, row: &Row) -> Result<(i64, String), tokio_postgres::Error> {
+    fn map_row(&self, row: &Row) -> Result<(i64, String), PgDriverError> {
         Ok((row.try_get(0)?, row.try_get(1)?))
     }
 }

@@ -1,6 +1,7 @@
 //! The GraphQL example (`examples/graphql.rs`) against a real server: the
-//! N+1 author lookups of one query become a few batched loads, a second
-//! query is served from the cache, and bad input is a GraphQL error.
+//! N+1 author lookups of one query become a few batched loads, each
+//! tenant reads only its own rows and cached authors, a second query is
+//! served from the cache, and bad input is a GraphQL error.
 
 #[allow(dead_code)] // the example's `main` is not run here
 #[path = "../../examples/graphql.rs"]
@@ -23,11 +24,19 @@ fn loaders(schema: &example::BooksSchema) -> &example::Loaders {
         .expect("the schema holds its loaders")
 }
 
+/// `query` as tenant `tenant`.
+fn as_tenant(query: &str, tenant: i64) -> async_graphql::Request {
+    async_graphql::Request::new(query).data(example::tenant_scope(tenant).unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_query_s_author_lookups_become_a_few_batched_loads() {
     let (schema, _db) = schema().await;
     let response = schema
-        .execute("{ books(first: 400) { id title author { id name } } }")
+        .execute(as_tenant(
+            "{ books(first: 400) { id title author { id name } } }",
+            1,
+        ))
         .await;
     assert!(response.errors.is_empty(), "{:?}", response.errors);
     let data = response.data.into_json().unwrap();
@@ -36,6 +45,11 @@ async fn one_query_s_author_lookups_become_a_few_batched_loads() {
     for book in books {
         let id = book["id"].as_i64().unwrap();
         let author = 1 + (id * 7919) % 300;
+        assert_eq!(
+            example::tenant_of(author),
+            1,
+            "tenant 1's books alone: {book}"
+        );
         assert_eq!(book["title"], format!("book {id}"));
         assert_eq!(book["author"]["id"], author, "{book}");
         assert_eq!(book["author"]["name"], format!("author {author}"), "{book}");
@@ -55,7 +69,7 @@ async fn one_query_s_author_lookups_become_a_few_batched_loads() {
 
     // The same query again: every author from the cache.
     let again = schema
-        .execute("{ books(first: 400) { author { name } } }")
+        .execute(as_tenant("{ books(first: 400) { author { name } } }", 1))
         .await;
     assert!(again.errors.is_empty(), "{:?}", again.errors);
     assert_eq!(loaders(&schema).author_loads.stats().batches, stats.batches);
@@ -63,7 +77,7 @@ async fn one_query_s_author_lookups_become_a_few_batched_loads() {
 
     // The API reports the same.
     let reported = schema
-        .execute("{ authorLoads { requests loads cacheHits } }")
+        .execute(as_tenant("{ authorLoads { requests loads cacheHits } }", 1))
         .await
         .data
         .into_json()
@@ -75,7 +89,9 @@ async fn one_query_s_author_lookups_become_a_few_batched_loads() {
 #[tokio::test]
 async fn an_out_of_range_argument_is_a_graphql_error_naming_it() {
     let (schema, _db) = schema().await;
-    let response = schema.execute("{ books(first: 100000) { id } }").await;
+    let response = schema
+        .execute(as_tenant("{ books(first: 100000) { id } }", 0))
+        .await;
     let error = response.errors.first().expect("an error");
     assert!(
         error.message.contains("`first` must be between 1 and 500"),
@@ -87,4 +103,39 @@ async fn an_out_of_range_argument_is_a_graphql_error_naming_it() {
         .and_then(|e| e.get("code"))
         .cloned();
     assert_eq!(code, Some(async_graphql::Value::from("BAD_USER_INPUT")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_at_once_each_get_their_own_books_and_authors() {
+    let (schema, _db) = schema().await;
+    let queries = (0..example::TENANTS).map(|tenant| {
+        let schema = schema.clone();
+        tokio::spawn(async move {
+            let query = "{ books(first: 300) { id author { id } } }";
+            (tenant, schema.execute(as_tenant(query, tenant)).await)
+        })
+    });
+    for query in queries.collect::<Vec<_>>() {
+        let (tenant, response) = query.await.unwrap();
+        assert!(response.errors.is_empty(), "{:?}", response.errors);
+        let data = response.data.into_json().unwrap();
+        let books = data["books"].as_array().unwrap();
+        assert!(!books.is_empty());
+        for book in books {
+            let author = book["author"]["id"].as_i64().expect("an author");
+            assert_eq!(example::tenant_of(author), tenant, "{book}");
+        }
+    }
+    // The cache keeps each tenant's authors: an author of tenant 2 is
+    // not one tenant 1 may read.
+    let loaders = loaders(&schema);
+    let tenant_1 = example::tenant_scope(1).unwrap();
+    let of_tenant_2 = 2;
+    assert_eq!(example::tenant_of(of_tenant_2), 2);
+    assert!(loaders
+        .authors
+        .get_as(&tenant_1, of_tenant_2)
+        .await
+        .unwrap()
+        .is_none());
 }
