@@ -13,7 +13,7 @@
 #   ./scripts/bench.sh            # everything
 #   ./scripts/bench.sh loadgen    # only the named parts: criterion, loadgen,
 #                                 # autotune, latency, http, randomread, pooler,
-#                                 # dataloader, coherence, replicas
+#                                 # dataloader, scopes, coherence, replicas
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # PostgreSQL 18 unless PGBATCH_PG_VERSION says otherwise (15 is Debian's).
@@ -33,7 +33,7 @@ fi
 ./scripts/ensure-pgbouncer.sh
 
 parts=("$@")
-[[ ${#parts[@]} -gt 0 ]] || parts=(criterion loadgen autotune latency http randomread pooler dataloader coherence replicas)
+[[ ${#parts[@]} -gt 0 ]] || parts=(criterion loadgen autotune latency http randomread pooler dataloader scopes coherence replicas)
 cargo build --release -p benches --bins
 for part in "${parts[@]}"; do
     echo "=== $part" >&2
@@ -43,13 +43,14 @@ for part in "${parts[@]}"; do
     autotune) ./target/release/autotune ;;
     pooler) ./target/release/pooler ;;
     dataloader) ./target/release/dataloader ;;
+    scopes) ./target/release/scopes ;;
     randomread) ./target/release/randomread ;;
     latency) ./target/release/latency ;;
     http) ./target/release/httpload ;;
     coherence) ./target/release/coherence ;;
     replicas) ./target/release/replicas ;;
     *)
-        echo "unknown part '$part' (criterion, loadgen, autotune, latency, http, randomread, pooler, dataloader, coherence, replicas)" >&2
+        echo "unknown part '$part' (criterion, loadgen, autotune, latency, http, randomread, pooler, dataloader, scopes, coherence, replicas)" >&2
         exit 2
         ;;
     esac
