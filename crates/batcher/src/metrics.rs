@@ -55,15 +55,40 @@
 //!
 //! The gauges are set by the batcher's worker each time it wakes, so an
 //! idle batcher's gauges show its last busy moment until it wakes again.
+//!
+//! # Histograms in Prometheus
+//!
+//! `metrics-exporter-prometheus` renders a histogram as a summary by
+//! default: quantiles the process computes over a sliding window, beside
+//! a `_sum` and `_count` over its whole life, so the quantiles and the
+//! mean from `_sum / _count` disagree, and summaries cannot be added up
+//! across instances. Give it buckets instead, and it renders true
+//! Prometheus histograms (`_bucket{le="..."}`), which `histogram_quantile`
+//! reads and aggregates. The durations are in seconds, the keys per load
+//! a count:
+//!
+//! ```
+//! use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let seconds = [0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
+//! let keys = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
+//! let recorder = PrometheusBuilder::new()
+//!     .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &seconds)?
+//!     .set_buckets_for_metric(Matcher::Full("pgbatch_batcher_load_keys".into()), &keys)?
+//!     .build_recorder();
+//! let handle = recorder.handle();
+//! metrics::set_global_recorder(recorder)?;
+//! // Build the batchers and caches now; serve `handle.render()` at /metrics.
+//! # let _ = handle.render();
+//! # Ok(())
+//! # }
+//! ```
 
-use ::metrics::{
-    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Gauge, Unit,
-};
-
-use crate::stats::{Count, Stats};
+use ::metrics::{describe_counter, describe_gauge, describe_histogram, Gauge, Unit};
 
 /// Nanoseconds to seconds, the unit durations are reported in.
-const SECONDS_PER_NANO: f64 = 1e-9;
+pub(crate) const SECONDS_PER_NANO: f64 = 1e-9;
 
 /// A batcher's gauges, set by its worker.
 #[derive(Debug)]
@@ -77,71 +102,7 @@ pub(crate) struct Gauges {
     pub(crate) scopes: Gauge,
 }
 
-/// Registers a batcher's figures under `batcher="name"`.
-pub(crate) fn export_batcher(stats: &Stats, name: &str) {
-    describe_batcher();
-    let label = [("batcher", name.to_owned())];
-    let counters: [(&'static str, &Count); 13] = [
-        ("pgbatch_batcher_requests_total", &stats.requests),
-        ("pgbatch_batcher_loads_total", &stats.batches),
-        ("pgbatch_batcher_shed_total", &stats.overloaded),
-        ("pgbatch_batcher_timeouts_total", &stats.timed_out),
-        ("pgbatch_batcher_abandoned_total", &stats.abandoned),
-        ("pgbatch_batcher_deduplicated_total", &stats.deduplicated),
-        (
-            "pgbatch_batcher_joined_in_flight_total",
-            &stats.joined_in_flight,
-        ),
-        ("pgbatch_batcher_keys_found_total", &stats.found),
-        ("pgbatch_batcher_keys_not_found_total", &stats.not_found),
-        ("pgbatch_batcher_failed_loads_total", &stats.failed_batches),
-        (
-            "pgbatch_batcher_panicked_loads_total",
-            &stats.panicked_batches,
-        ),
-        (
-            "pgbatch_batcher_timed_out_loads_total",
-            &stats.timed_out_batches,
-        ),
-        ("pgbatch_batcher_failed_keys_total", &stats.failed_keys),
-    ];
-    for (name, count) in counters {
-        count.export(counter!(name, &label));
-    }
-    stats
-        .batch_size
-        .export(histogram!("pgbatch_batcher_load_keys", &label), 1.0);
-    stats.load_duration.export(
-        histogram!("pgbatch_batcher_load_duration_seconds", &label),
-        SECONDS_PER_NANO,
-    );
-    stats.queue_wait.export(
-        histogram!("pgbatch_batcher_queue_wait_seconds", &label),
-        SECONDS_PER_NANO,
-    );
-    let _ = stats.gauges.set(Gauges {
-        in_flight: gauge!("pgbatch_batcher_loads_in_flight", &label),
-        limit: gauge!("pgbatch_batcher_concurrency_limit", &label),
-        load_least: gauge!("pgbatch_batcher_load_duration_least_seconds", &label),
-        load_recent: gauge!("pgbatch_batcher_load_duration_recent_seconds", &label),
-        pending: gauge!("pgbatch_batcher_pending_keys", &label),
-        queued: gauge!("pgbatch_batcher_queued_requests", &label),
-        scopes: gauge!("pgbatch_batcher_scopes", &label),
-    });
-}
-
-/// Registers a cache's counters under `cache="name"`; `counters` pairs
-/// each name's suffix (after `pgbatch_cache_`) with its count.
-#[cfg(feature = "cache")]
-pub(crate) fn export_cache(name: &str, counters: [(&'static str, &Count); 9]) {
-    describe_cache();
-    let label = [("cache", name.to_owned())];
-    for (name, count) in counters {
-        count.export(counter!(name, &label));
-    }
-}
-
-fn describe_batcher() {
+pub(crate) fn describe_batcher() {
     for (name, what) in [
         (
             "pgbatch_batcher_requests_total",
@@ -245,7 +206,7 @@ fn describe_batcher() {
 }
 
 #[cfg(feature = "cache")]
-fn describe_cache() {
+pub(crate) fn describe_cache() {
     for (name, what) in [
         (
             "pgbatch_cache_hits_total",
@@ -392,6 +353,47 @@ mod tests {
             .find(|(key, ..)| key.key().name() == "pgbatch_batcher_load_duration_seconds")
             .expect("load durations reported");
         assert_eq!(described.1, Some(Unit::Seconds));
+    }
+
+    /// The module docs' advice: with buckets set, the Prometheus exporter
+    /// renders the waits as a histogram whose buckets add up to its count.
+    #[tokio::test]
+    async fn with_buckets_the_prometheus_exporter_renders_histograms() {
+        use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &[0.001, 0.01, 1.0])
+            .unwrap()
+            .build_recorder();
+        let handle = recorder.handle();
+        let batcher: Batcher<u64, u64> = ::metrics::with_local_recorder(&recorder, || {
+            Batcher::builder()
+                .name("users")
+                .build(loader_fn(|keys: Vec<u64>| async move {
+                    Ok::<_, Infallible>(keys.into_iter().map(|k| (k, k)).collect::<HashMap<_, _>>())
+                }))
+                .unwrap()
+        });
+        assert!(batcher.load_many(0..10).await.iter().all(Result::is_ok));
+        let text = handle.render();
+        let sample = |prefix: &str| -> f64 {
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(prefix))
+                .unwrap_or_else(|| panic!("no {prefix} in\n{text}"));
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        let name = "pgbatch_batcher_queue_wait_seconds";
+        let count = sample(&format!("{name}_count{{"));
+        assert!(count >= 1.0, "{text}");
+        assert_eq!(
+            sample(&format!("{name}_bucket{{batcher=\"users\",le=\"+Inf\"}}")),
+            count
+        );
+        assert!(
+            !text.contains(&format!("{name}{{batcher=\"users\",quantile=")),
+            "{text}"
+        );
     }
 
     #[cfg(feature = "cache")]

@@ -78,6 +78,8 @@ pub(crate) struct Histogram<const N: usize> {
     overflow: AtomicU64,
     sum: AtomicU64,
     count: AtomicU64,
+    max: AtomicU64,
+    unit: HistogramUnit,
     /// With the `metrics` feature: where each value goes too, and the
     /// factor to its unit (nanoseconds to seconds for durations).
     #[cfg(feature = "metrics")]
@@ -85,13 +87,15 @@ pub(crate) struct Histogram<const N: usize> {
 }
 
 impl<const N: usize> Histogram<N> {
-    const fn new(bounds: &'static [u64; N]) -> Self {
+    const fn new(bounds: &'static [u64; N], unit: HistogramUnit) -> Self {
         Self {
             bounds,
             buckets: [const { AtomicU64::new(0) }; N],
             overflow: AtomicU64::new(0),
             sum: AtomicU64::new(0),
             count: AtomicU64::new(0),
+            max: AtomicU64::new(0),
+            unit,
             #[cfg(feature = "metrics")]
             export: std::sync::OnceLock::new(),
         }
@@ -115,6 +119,11 @@ impl<const N: usize> Histogram<N> {
         };
         self.sum.fetch_add(value, Relaxed);
         self.count.fetch_add(1, Relaxed);
+        // A read first: a new maximum is rare, and the read does not take
+        // the cache line from the other cores that record.
+        if value > self.max.load(Relaxed) {
+            self.max.fetch_max(value, Relaxed);
+        }
     }
 
     fn snapshot(&self) -> HistogramSnapshot {
@@ -129,12 +138,31 @@ impl<const N: usize> Histogram<N> {
             buckets,
             sum: self.sum.load(Relaxed),
             count: self.count.load(Relaxed),
+            max: self.max.load(Relaxed),
+            unit: self.unit,
         }
     }
 }
 
+/// What a histogram's values count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HistogramUnit {
+    /// Keys (a load's distinct keys).
+    Keys,
+    /// Nanoseconds (a wait or a load's time); read them with the
+    /// `*_duration` accessors.
+    Nanoseconds,
+}
+
 /// A point-in-time copy of one histogram.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Its raw values ([`buckets`](Self::buckets), [`sum`](Self::sum),
+/// [`mean`](Self::mean), [`max`](Self::max)) are in its
+/// [`unit`](Self::unit): keys, or nanoseconds for durations, which the
+/// `*_duration` accessors give as a [`Duration`]. `Debug` prints a summary
+/// (count, mean, max, the p50 and p99 buckets), not the buckets.
+#[derive(Clone, PartialEq, Eq)]
 pub struct HistogramSnapshot {
     /// `(upper_bound, count)` per bucket, not cumulative, in ascending order
     /// of bound. The last bucket has bound `u64::MAX` and counts everything
@@ -144,12 +172,48 @@ pub struct HistogramSnapshot {
     pub sum: u64,
     /// How many values were recorded.
     pub count: u64,
+    max: u64,
+    unit: HistogramUnit,
 }
 
 impl HistogramSnapshot {
+    /// What the values count.
+    pub fn unit(&self) -> HistogramUnit {
+        self.unit
+    }
+
     /// The mean of the recorded values, or `None` if nothing was recorded.
     pub fn mean(&self) -> Option<f64> {
         (self.count > 0).then(|| self.sum as f64 / self.count as f64)
+    }
+
+    /// The largest value recorded, or `None` if nothing was recorded.
+    pub fn max(&self) -> Option<u64> {
+        (self.count > 0).then_some(self.max)
+    }
+
+    /// The mean, for a histogram of durations; `None` if nothing was
+    /// recorded or the values are not durations.
+    pub fn mean_duration(&self) -> Option<Duration> {
+        self.as_duration(self.mean()?.round() as u64)
+    }
+
+    /// The largest duration recorded; `None` as for
+    /// [`mean_duration`](Self::mean_duration).
+    pub fn max_duration(&self) -> Option<Duration> {
+        self.as_duration(self.max()?)
+    }
+
+    /// [`quantile_upper_bound`](Self::quantile_upper_bound) as a duration
+    /// (the largest one recorded for the last bucket, which has no bound);
+    /// `None` as for [`mean_duration`](Self::mean_duration).
+    pub fn quantile_duration(&self, q: f64) -> Option<Duration> {
+        let bound = self.quantile_upper_bound(q)?;
+        self.as_duration(bound.min(self.max))
+    }
+
+    fn as_duration(&self, nanos: u64) -> Option<Duration> {
+        (self.unit == HistogramUnit::Nanoseconds).then(|| Duration::from_nanos(nanos))
     }
 
     /// An upper bound of the `q`-quantile (`0.0..=1.0`): the bound of the
@@ -167,6 +231,34 @@ impl HistogramSnapshot {
             }
         }
         self.buckets.last().map(|b| b.0)
+    }
+}
+
+impl std::fmt::Debug for HistogramSnapshot {
+    /// `HistogramSnapshot { count: 4, mean: 3.25ms, max: 9ms, p50_at_most:
+    /// 1.024ms, p99_at_most: 9ms }`: the buckets are left out (the
+    /// struct's fields and accessors give them).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut out = f.debug_struct("HistogramSnapshot");
+        out.field("count", &self.count);
+        if self.count > 0 {
+            // Each is `Some` once something was recorded.
+            let at = |q: f64| self.quantile_upper_bound(q).unwrap_or(0).min(self.max);
+            let span = |d: Option<Duration>| d.unwrap_or_default();
+            match self.unit {
+                HistogramUnit::Nanoseconds => out
+                    .field("mean", &span(self.mean_duration()))
+                    .field("max", &span(self.max_duration()))
+                    .field("p50_at_most", &span(self.quantile_duration(0.5)))
+                    .field("p99_at_most", &span(self.quantile_duration(0.99))),
+                HistogramUnit::Keys => out
+                    .field("mean", &format_args!("{:.1}", self.mean().unwrap_or(0.0)))
+                    .field("max", &self.max)
+                    .field("p50_at_most", &at(0.5))
+                    .field("p99_at_most", &at(0.99)),
+            };
+        }
+        out.finish()
     }
 }
 
@@ -222,12 +314,69 @@ impl Stats {
             scopes: AtomicU64::new(0),
             load_time_least: AtomicU64::new(0),
             load_time_recent: AtomicU64::new(0),
-            batch_size: Histogram::new(&SIZE_BOUNDS),
-            queue_wait: Histogram::new(&DURATION_BOUNDS),
-            load_duration: Histogram::new(&DURATION_BOUNDS),
+            batch_size: Histogram::new(&SIZE_BOUNDS, HistogramUnit::Keys),
+            queue_wait: Histogram::new(&DURATION_BOUNDS, HistogramUnit::Nanoseconds),
+            load_duration: Histogram::new(&DURATION_BOUNDS, HistogramUnit::Nanoseconds),
             #[cfg(feature = "metrics")]
             gauges: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Reports every figure through the `metrics` facade too, under
+    /// `batcher="name"` (names in [`crate::metrics`]).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn export(&self, name: &str) {
+        use crate::metrics::{describe_batcher, Gauges, SECONDS_PER_NANO};
+        use ::metrics::{counter, gauge, histogram};
+
+        describe_batcher();
+        let label = [("batcher", name.to_owned())];
+        let counters: [(&'static str, &Count); 13] = [
+            ("pgbatch_batcher_requests_total", &self.requests),
+            ("pgbatch_batcher_loads_total", &self.batches),
+            ("pgbatch_batcher_shed_total", &self.overloaded),
+            ("pgbatch_batcher_timeouts_total", &self.timed_out),
+            ("pgbatch_batcher_abandoned_total", &self.abandoned),
+            ("pgbatch_batcher_deduplicated_total", &self.deduplicated),
+            (
+                "pgbatch_batcher_joined_in_flight_total",
+                &self.joined_in_flight,
+            ),
+            ("pgbatch_batcher_keys_found_total", &self.found),
+            ("pgbatch_batcher_keys_not_found_total", &self.not_found),
+            ("pgbatch_batcher_failed_loads_total", &self.failed_batches),
+            (
+                "pgbatch_batcher_panicked_loads_total",
+                &self.panicked_batches,
+            ),
+            (
+                "pgbatch_batcher_timed_out_loads_total",
+                &self.timed_out_batches,
+            ),
+            ("pgbatch_batcher_failed_keys_total", &self.failed_keys),
+        ];
+        for (name, count) in counters {
+            count.export(counter!(name, &label));
+        }
+        self.batch_size
+            .export(histogram!("pgbatch_batcher_load_keys", &label), 1.0);
+        self.load_duration.export(
+            histogram!("pgbatch_batcher_load_duration_seconds", &label),
+            SECONDS_PER_NANO,
+        );
+        self.queue_wait.export(
+            histogram!("pgbatch_batcher_queue_wait_seconds", &label),
+            SECONDS_PER_NANO,
+        );
+        let _ = self.gauges.set(Gauges {
+            in_flight: gauge!("pgbatch_batcher_loads_in_flight", &label),
+            limit: gauge!("pgbatch_batcher_concurrency_limit", &label),
+            load_least: gauge!("pgbatch_batcher_load_duration_least_seconds", &label),
+            load_recent: gauge!("pgbatch_batcher_load_duration_recent_seconds", &label),
+            pending: gauge!("pgbatch_batcher_pending_keys", &label),
+            queued: gauge!("pgbatch_batcher_queued_requests", &label),
+            scopes: gauge!("pgbatch_batcher_scopes", &label),
+        });
     }
 
     pub(crate) fn incr(counter: &Count, by: u64) {
@@ -357,7 +506,7 @@ mod tests {
     #[test]
     fn histogram_buckets_values_by_upper_bound() {
         static BOUNDS: [u64; 3] = [1, 4, 16];
-        let h = Histogram::new(&BOUNDS);
+        let h = Histogram::new(&BOUNDS, HistogramUnit::Keys);
         for v in [0, 1, 2, 4, 5, 16, 17, 1000] {
             h.record(v);
         }
@@ -368,6 +517,33 @@ mod tests {
         assert_eq!(s.quantile_upper_bound(0.5), Some(4));
         assert_eq!(s.quantile_upper_bound(1.0), Some(u64::MAX));
         assert_eq!(s.quantile_upper_bound(0.0), Some(1));
+        assert_eq!(s.max(), Some(1000));
+        assert_eq!(s.unit(), HistogramUnit::Keys);
+        assert_eq!(s.max_duration(), None, "keys are no duration");
+    }
+
+    #[test]
+    fn a_duration_histogram_reads_as_durations_and_prints_in_one_line() {
+        let h = Histogram::new(&DURATION_BOUNDS, HistogramUnit::Nanoseconds);
+        for ms in [1, 1, 2, 9] {
+            h.record(ms * 1_000_000);
+        }
+        let s = h.snapshot();
+        assert_eq!(s.max_duration(), Some(Duration::from_millis(9)));
+        assert_eq!(s.mean_duration(), Some(Duration::from_micros(3250)));
+        // The bucket bound of 1 ms is 1,024 µs; the top one, past the
+        // largest value, reads as that value.
+        assert_eq!(s.quantile_duration(0.5), Some(Duration::from_micros(1024)));
+        assert_eq!(s.quantile_duration(1.0), Some(Duration::from_millis(9)));
+        let shown = format!("{s:?}");
+        assert_eq!(
+            shown,
+            "HistogramSnapshot { count: 4, mean: 3.25ms, max: 9ms, \
+             p50_at_most: 1.024ms, p99_at_most: 9ms }"
+        );
+        let empty = Histogram::new(&SIZE_BOUNDS, HistogramUnit::Keys).snapshot();
+        assert_eq!(format!("{empty:?}"), "HistogramSnapshot { count: 0 }");
+        assert_eq!(empty.max(), None);
     }
 
     #[test]

@@ -53,6 +53,18 @@ impl<K, V> fmt::Debug for BatcherBuilder<K, V> {
     }
 }
 
+impl<K, V> Batcher<K, V>
+where
+    K: Clone + Eq + Hash + Send + 'static,
+    V: Clone + Send + 'static,
+{
+    /// Starts configuring a batcher. (Here rather than beside `Batcher`,
+    /// so that this module uses `handle` and not the other way round.)
+    pub fn builder() -> BatcherBuilder<K, V> {
+        BatcherBuilder::default()
+    }
+}
+
 impl<K, V> Default for BatcherBuilder<K, V> {
     fn default() -> Self {
         Self {

@@ -10,7 +10,6 @@ use tokio::sync::oneshot;
 use tokio::time::{timeout_at, Instant};
 use tracing::Instrument as _;
 
-use super::builder::BatcherBuilder;
 use super::config::{Config, Overflow};
 use super::loader::Loader;
 use super::message::{Message, Reply, Rx};
@@ -67,7 +66,7 @@ use crate::Error;
 /// # Scopes
 ///
 /// A batcher built with
-/// [`build_scoped`](BatcherBuilder::build_scoped) over a
+/// [`build_scoped`](crate::BatcherBuilder::build_scoped) over a
 /// [`ScopedLoader`](crate::ScopedLoader) is a `Batcher<K, V, S>`: each
 /// caller says who it loads as, a scope `S` (a tenant, a database role and
 /// its settings), with [`load_as`](Self::load_as). Keys of different
@@ -86,7 +85,7 @@ pub struct Batcher<K, V, S = ()> {
 struct Inner<K, V, S> {
     tx: Sender<Message<S, K, V>>,
     shared: Arc<Shared>,
-    /// For direct loads (see [`BatcherBuilder::direct_when_idle`]).
+    /// For direct loads (see [`BatcherBuilder::direct_when_idle`](crate::BatcherBuilder::direct_when_idle)).
     load: LoadFn<S, K, V>,
     /// Whoever watches the loads (a cache built over this batcher), if any
     /// (see [`super::observer`]).
@@ -123,7 +122,7 @@ where
     let (tx, rx) = queue::queue(config.channel_capacity, config.overflow == Overflow::Wait);
     let shared = Arc::new(Shared::new(config));
     #[cfg(feature = "metrics")]
-    crate::metrics::export_batcher(&shared.stats, &shared.config.name);
+    shared.stats.export(&shared.config.name);
     let observer = ObserverSlot::default();
     let worker = Worker::new(
         rx,
@@ -151,7 +150,7 @@ where
     /// # Panics
     ///
     /// When called outside a Tokio runtime, like [`tokio::spawn`].
-    /// [`BatcherBuilder::build`] reports that as an error instead.
+    /// [`BatcherBuilder::build`](crate::BatcherBuilder::build) reports that as an error instead.
     pub fn new<L: Loader<K, V>>(loader: L) -> Self {
         let (batcher, worker) = Self::pair(loader);
         tokio::spawn(worker.run());
@@ -164,11 +163,6 @@ where
         pair(Config::default(), run::load_fn(loader))
     }
 
-    /// Starts configuring a batcher.
-    pub fn builder() -> BatcherBuilder<K, V> {
-        BatcherBuilder::default()
-    }
-
     /// Looks up one key: `Ok(Some(value))` if the loader returned it,
     /// `Ok(None)` if the loader was asked and did not return it.
     ///
@@ -177,7 +171,7 @@ where
     /// - [`Error::Overloaded`] when the queue is full, or the worker already
     ///   holds as many waiters as it may, and the overflow policy is
     ///   [`Overflow::Reject`] (the default);
-    /// - [`Error::Timeout`] when the [`timeout`](BatcherBuilder::timeout)
+    /// - [`Error::Timeout`] when the [`timeout`](crate::BatcherBuilder::timeout)
     ///   passes first;
     /// - [`Error::Load`], [`Error::LoaderPanicked`] or [`Error::LoadTimeout`]
     ///   when this key's batch failed (every caller in it gets the same
