@@ -34,7 +34,7 @@ pub mod defaults {
     /// Batched read statements at once, per lookup kind: found by
     /// measurement, never more than the read pool's connections (each
     /// lookup bounds it by its pool). The best number moves with the
-    /// machine, the data and the round trip (BENCHMARKS.md §2).
+    /// machine, the data and the round trip (BENCHMARKS.md, "How close to the database's limit").
     pub const READ_CONCURRENCY: Concurrency = Concurrency::Auto { max: usize::MAX };
     /// Deadline of one lookup, also the pool's `statement_timeout`.
     pub const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
@@ -415,7 +415,7 @@ pub struct CacheSettings {
     pub negative_ttl: Option<Duration>,
     /// Which loaded values are stored: a key's from its second miss on
     /// (the default for the read caches), or all (the token cache's).
-    /// BENCHMARKS.md section 3: with reads spread over far more keys than
+    /// BENCHMARKS.md, "What the cache buys": with reads spread over far more keys than
     /// the cache holds, storing every value made the cached path read
     /// 0.56x of the batched one, storing second misses 0.82x; a key read
     /// often pays one extra load to be admitted.
@@ -509,6 +509,23 @@ impl Default for ImportSettings {
 pub struct AuthSettings {
     /// The token cache; `None` looks every token up (for comparison).
     pub cache: Option<CacheSettings>,
+}
+
+impl AuthSettings {
+    /// How tokens are looked up, beside the other reads' `reads`: through
+    /// the token cache, or batched with none; the other reads' batching,
+    /// deadline and admission.
+    pub fn reads(&self, reads: &ReadSettings) -> ReadSettings {
+        ReadSettings {
+            path: if self.cache.is_some() {
+                ReadPath::Cached
+            } else {
+                ReadPath::Batched
+            },
+            cache: self.cache.unwrap_or_default(),
+            ..*reads
+        }
+    }
 }
 
 impl Default for AuthSettings {

@@ -110,6 +110,22 @@ impl<K: Eq + Hash, V> Loaded<K, V> {
             || (self.unanswered.is_some() && !self.values.contains_key(key))
     }
 
+    /// `key`'s answer as its callers get it: its value, "not found", or
+    /// its error.
+    ///
+    /// # Errors
+    ///
+    /// The key's own error, or the error of the unanswered keys.
+    pub fn answer(&self, key: &K) -> Result<Option<&V>, &SharedError> {
+        if let Some(value) = self.values.get(key) {
+            return Ok(Some(value));
+        }
+        match (self.failed.get(key), &self.unanswered) {
+            (Some(e), _) | (None, Some(e)) => Err(e),
+            (None, None) => Ok(None),
+        }
+    }
+
     /// How many values were found.
     pub fn len(&self) -> usize {
         self.values.len()

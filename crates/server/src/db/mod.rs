@@ -17,7 +17,6 @@ use embedded_pg::{Cluster, ClusterOptions};
 use std::time::Duration;
 
 use pgbatch::pg::{Connector, DbErrorKind, Lease, TargetSessionAttrs};
-use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
 
 use self::tls::Tls;
@@ -452,65 +451,12 @@ pub async fn migrate(target: impl Into<Postgres>) -> anyhow::Result<()> {
 
 async fn migrate_on(mut client: tokio_postgres::Client) -> anyhow::Result<()> {
     let runner = embedded::migrations::runner();
-    accept_superseded(&client, runner.get_migrations())
-        .await
-        .context("could not read the migration history")?;
     let report = runner
         .run_async(&mut client)
         .await
         .context("migration failed")?;
     for m in report.applied_migrations() {
         tracing::info!(version = m.version(), name = m.name(), "applied migration");
-    }
-    Ok(())
-}
-
-/// Migrations whose text changed after they shipped, with the text they
-/// shipped with. refinery refuses a database whose applied migration's
-/// checksum differs from the file's; for these, the change is harmless
-/// (`CREATE TABLE IF NOT EXISTS random_read_test`, so that a database
-/// holding the seed benchmark's own table can be migrated), and a database
-/// that applied the old text is recorded as having applied the new one.
-const SUPERSEDED: &[(&str, &str)] = &[(
-    "V20261121000000__object_metadata",
-    include_str!("superseded/V20261121000000__object_metadata.sql"),
-)];
-
-/// Rewrites the recorded checksum of each [`SUPERSEDED`] migration applied
-/// with its old text, and of nothing else.
-async fn accept_superseded(
-    client: &tokio_postgres::Client,
-    current: &[refinery::Migration],
-) -> anyhow::Result<()> {
-    let history: Option<String> = client
-        .query_typed_one("SELECT to_regclass('refinery_schema_history')::text", &[])
-        .await?
-        .get(0);
-    if history.is_none() {
-        return Ok(());
-    }
-    for (name, old_sql) in SUPERSEDED {
-        let old = refinery::Migration::unapplied(name, old_sql)?;
-        let Some(new) = current.iter().find(|m| m.version() == old.version()) else {
-            continue;
-        };
-        let n = client
-            .execute_typed(
-                "UPDATE refinery_schema_history SET checksum = $1 \
-                 WHERE version = $2 AND checksum = $3",
-                &[
-                    (&new.checksum().to_string(), Type::VARCHAR),
-                    (&old.version(), Type::INT8),
-                    (&old.checksum().to_string(), Type::VARCHAR),
-                ],
-            )
-            .await?;
-        if n > 0 {
-            tracing::info!(
-                migration = name,
-                "recorded a superseded migration's new text"
-            );
-        }
     }
     Ok(())
 }

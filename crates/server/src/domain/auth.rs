@@ -3,10 +3,12 @@
 //! write.
 //!
 //! Tokens are 256-bit random values, stored only as SHA-256 digests. A
-//! request's token is hashed and the digest looked up, through a
-//! coalescing cache (TTL 20 s, jitter 3 s by default), so steady traffic
-//! makes no database round trip per request, and in front of it a memo of
-//! the few tokens seen in the last moments (`memo`). Looking up a digest
+//! request's token is hashed and the digest looked up through the read
+//! registry's token lookup (`Reads::principal`: a coalescing cache over a
+//! batcher, TTL 20 s, jitter 3 s by default, invalidated as every other
+//! cached read is), so steady traffic makes no database round trip per
+//! request, and in front of it a memo of the few tokens seen in the last
+//! moments (`memo`). Looking up a digest
 //! leaks nothing useful through timing: the time can at most depend on how
 //! much of the *digest* matches a stored one, and knowing that does not
 //! help anyone construct a token.
@@ -14,19 +16,21 @@
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use pgbatch::cache::Cache;
-use pgbatch::pg::{PgError, Pool, Statements};
+use pgbatch::pg::PgError;
 use rand::TryRngCore;
 use sha2::{Digest as _, Sha256};
 use tokio_postgres::types::PgLsn;
 
 use crate::cluster::coherence::Coherence;
-use crate::cluster::replicas::{Needs, ReadRouter};
-use crate::db::queries::auth as sql;
+use crate::cluster::replicas::ReadRouter;
+use crate::db::queries::auth::{self as sql, PrincipalQuery};
 use crate::db::Postgres;
 use crate::domain::failure::Failure;
 use crate::domain::input;
-use crate::model::auth::{Grant, TokenInfo};
+use crate::domain::invalidation::Change;
+use crate::domain::lookup::Lookup;
+use crate::domain::reads::Reads;
+use crate::model::auth::TokenInfo;
 use crate::settings::AuthSettings;
 
 mod memo;
@@ -62,58 +66,10 @@ pub fn new_token() -> anyhow::Result<String> {
     Ok(format!("pgb_{}", hex::encode(bytes)))
 }
 
-/// `t` in Unix milliseconds, as token expiries are kept.
-fn unix_millis(t: std::time::SystemTime) -> i64 {
-    t.duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-/// What a user may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    /// Read objects (and, on `*`, the seed benchmark's rows).
-    Read,
-    /// Create, change or delete objects.
-    Write,
-}
-
-/// The authenticated user of a request, with their policies.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Principal {
-    /// The user's name.
-    pub user: String,
-    /// The user's policies.
-    pub grants: Vec<Grant>,
-    /// When the token stops working, in Unix milliseconds; `None`: never.
-    pub expires_at_ms: Option<i64>,
-    /// When the user was created, in Unix seconds.
-    pub user_created_at: i64,
-}
+use crate::model::auth::unix_millis;
+pub use crate::model::auth::{Action, Principal};
 
 impl Principal {
-    /// Whether the token has expired by `now`: checked on every request,
-    /// so a cached principal stops working at its expiry, not its cache
-    /// entry's.
-    pub fn expired(&self, now: std::time::SystemTime) -> bool {
-        let Some(at) = self.expires_at_ms else {
-            return false;
-        };
-        unix_millis(now) >= at
-    }
-
-    /// Whether the user may do `action` in `repository` (`*`: the
-    /// service-wide scope, granted only by a `*` policy).
-    pub fn may(&self, action: Action, repository: &str) -> bool {
-        self.grants.iter().any(|g| {
-            let scope = g.repository == "*" || (repository != "*" && g.repository == repository);
-            scope
-                && match action {
-                    Action::Read => g.read || g.write,
-                    Action::Write => g.write,
-                }
-        })
-    }
-
     /// `Ok` if the user may do `action` in `repository`.
     ///
     /// # Errors
@@ -139,61 +95,34 @@ impl Principal {
     }
 }
 
-/// Resolves tokens to principals, through a cache unless it is turned off.
+/// Resolves tokens to principals through the read registry's token lookup
+/// (its cache unless turned off), with a memo of the last moments' tokens
+/// in front; changes tokens on the primary.
 #[derive(Debug, Clone)]
 pub struct Authenticator {
     router: ReadRouter,
-    cache: Option<TokenCache>,
-    /// The cache is used only while this allows.
+    /// The registry's token lookup (`Reads::principal`).
+    lookup: Lookup<PrincipalQuery>,
+    /// In front of the lookup's cache, when there is one.
+    memo: Option<Arc<Memo>>,
+    /// The memo, as the cache, is used only while this allows.
     coherence: Coherence,
-}
-
-/// The token cache, and the memo in front of it.
-#[derive(Debug, Clone)]
-struct TokenCache {
-    store: Cache<TokenDigest, Arc<Principal>>,
-    memo: Arc<Memo>,
+    /// Token changes report here, to every lookup that reads tokens.
+    reads: Reads,
 }
 
 impl Authenticator {
-    /// An authenticator reading tokens where `router` sends reads, with
-    /// the token cache `settings` ask for (none: every token is looked up,
-    /// for comparison), used only while `coherence` allows. Token changes
-    /// go to the primary.
-    ///
-    /// # Errors
-    ///
-    /// When the cache settings are invalid.
-    pub fn new(
-        router: impl Into<ReadRouter>,
-        settings: &AuthSettings,
-        coherence: &Coherence,
-    ) -> Result<Self, pgbatch::BuildError> {
-        let router = router.into();
-        let cache = match &settings.cache {
-            None => None,
-            Some(c) => {
-                let router = router.clone();
-                let store = c.builder("auth").build(move |digest: TokenDigest| {
-                    let router = router.clone();
-                    async move {
-                        find_principal(&router, Needs::CacheFill, &digest)
-                            .await
-                            .map(|p| p.map(Arc::new))
-                            .map_err(pgbatch::Error::load)
-                    }
-                })?;
-                Some(TokenCache {
-                    store,
-                    memo: Arc::new(Memo::new(c.ttl)),
-                })
-            }
-        };
-        Ok(Self {
-            router,
-            cache,
+    /// An authenticator reading tokens through `reads`' token lookup, with
+    /// a memo in front when `settings` ask for a token cache, used only
+    /// while `coherence` allows. Token changes go to the primary.
+    pub fn new(reads: &Reads, settings: &AuthSettings, coherence: &Coherence) -> Self {
+        Self {
+            router: reads.router().clone(),
+            lookup: reads.principal.clone(),
+            memo: settings.cache.map(|c| Arc::new(Memo::new(c.ttl))),
             coherence: coherence.clone(),
-        })
+            reads: reads.clone(),
+        }
     }
 
     /// The principal of `token`, or `None` if no such token exists.
@@ -220,18 +149,23 @@ impl Authenticator {
         position: Option<PgLsn>,
     ) -> Result<Option<Arc<Principal>>, Failure> {
         let digest = digest(token);
-        let needs = match (position, &self.cache) {
-            (Some(lsn), _) => Needs::CacheFillAt(lsn),
-            (None, Some(cache)) if self.coherence.caches_usable() => {
-                return cache.principal(&digest).await;
-            }
-            // Uncached reads follow the cache's rule too, so a token
-            // revoked while the listener is down is refused.
-            (None, _) => Needs::CacheFill,
+        let memo = self
+            .memo
+            .as_ref()
+            .filter(|_| position.is_none() && self.coherence.caches_usable());
+        let Some(memo) = memo else {
+            return self.lookup.get_at(digest, position).await;
         };
-        Ok(find_principal(&self.router, needs, &digest)
-            .await
-            .map(|p| p.map(Arc::new))?)
+        if let Some(principal) = memo.get(&digest) {
+            return Ok(Some(principal));
+        }
+        // Read before the lookup: see `Memo::put`.
+        let generation = memo.generation();
+        let found = self.lookup.get(digest).await?;
+        if let Some(principal) = &found {
+            memo.put(&digest, principal, generation);
+        }
+        Ok(found)
     }
 
     /// The tokens of `user` (ids and descriptions, never the tokens).
@@ -332,109 +266,52 @@ impl Authenticator {
     }
 
     /// Drops every cached principal (after a user or policy change).
-    pub fn forget_all(&self) {
+    pub async fn forget_all(&self) {
         // Also without a cache: uncached lookups follow the fill rule.
         self.router.begin_invalidation();
-        if let Some(cache) = &self.cache {
-            cache.store.invalidate_all();
-            // After the store: see `Memo::invalidate`.
-            cache.memo.invalidate();
-        }
+        self.reads.changed(Change::Auth).await;
+        self.forget_memo();
     }
 
     /// Drops the cached principals of tokens with these digests.
     pub async fn forget(&self, digests: &[Vec<u8>]) {
         // Also without a cache: uncached lookups follow the fill rule.
         self.router.begin_invalidation();
-        let Some(cache) = &self.cache else {
-            return;
-        };
         for digest in digests {
             if let Ok(digest) = TokenDigest::try_from(digest.as_slice()) {
-                cache.store.invalidate(&digest).await;
+                self.reads.changed(Change::Token(&digest)).await;
             }
         }
-        // All of the memo, after the store (see `Memo::invalidate`): a
-        // token's change is rare next to its reads, and the memo is
-        // refilled in one cache lookup per token.
-        cache.memo.invalidate();
+        self.forget_memo();
     }
 
-    /// Applies the token cache's pending bookkeeping, before reading counts.
-    pub async fn sync_cache(&self) {
-        if let Some(cache) = &self.cache {
-            cache.store.run_pending_tasks().await;
+    /// All of the memo, after the lookup's cache (see `Memo::invalidate`):
+    /// a token's change is rare next to its reads, and the memo is
+    /// refilled in one cache lookup per token.
+    fn forget_memo(&self) {
+        if let Some(memo) = &self.memo {
+            memo.invalidate();
         }
+    }
+
+    /// The memo's hits, which the token cache's counters leave out.
+    pub fn memo_hits(&self) -> u64 {
+        self.memo.as_ref().map_or(0, |memo| memo.hits())
     }
 
     /// The token cache's counters, if the cache is on; its hits count the
     /// memo's.
     pub fn cache_stats(&self) -> Option<pgbatch::cache::CacheStats> {
-        self.cache.as_ref().map(|cache| {
-            let mut stats = cache.store.stats();
-            stats.hits += cache.memo.hits();
+        self.lookup.cache_stats().map(|mut stats| {
+            stats.hits += self.memo_hits();
             stats
         })
     }
-}
 
-impl TokenCache {
-    /// The principal of `digest` from the memo, else from the store (then
-    /// kept in the memo).
-    async fn principal(&self, digest: &TokenDigest) -> Result<Option<Arc<Principal>>, Failure> {
-        if let Some(principal) = self.memo.get(digest) {
-            return Ok(Some(principal));
-        }
-        // Read before the lookup: see `Memo::put`.
-        let generation = self.memo.generation();
-        let found = self.store.get(*digest).await?;
-        if let Some(principal) = &found {
-            self.memo.put(digest, principal, generation);
-        }
-        Ok(found)
+    /// Applies the token cache's pending bookkeeping, before reading counts.
+    pub async fn sync_cache(&self) {
+        self.lookup.sync_cache().await;
     }
-}
-
-/// The principal of `digest`, read where `router` sends a read that
-/// `needs`. A token a replica does not know is looked up again on the
-/// primary: it may be newer than the replica's replay.
-async fn find_principal(
-    router: &ReadRouter,
-    needs: Needs,
-    digest: &TokenDigest,
-) -> Result<Option<Principal>, PgError> {
-    let pools = router.pools();
-    // The pool that answered last (0: the primary), so a miss the primary
-    // itself gave is not asked again.
-    let answered = std::sync::atomic::AtomicUsize::new(0);
-    let found = router
-        .read(needs, |i| {
-            answered.store(i, std::sync::atomic::Ordering::Relaxed);
-            load_principal(&pools[i], router.statements(), digest)
-        })
-        .await?;
-    if found.is_none() && answered.load(std::sync::atomic::Ordering::Relaxed) != 0 {
-        return load_principal(router.primary(), router.statements(), digest).await;
-    }
-    Ok(found)
-}
-
-/// One round trip: the token's user and all their policies.
-async fn load_principal(
-    pool: &Pool,
-    statements: Statements,
-    digest: &TokenDigest,
-) -> Result<Option<Principal>, PgError> {
-    let mut client = crate::db::lease(pool).await?;
-    let found = sql::user_of_token(&mut client, &statements, digest).await;
-    client.settle(&found);
-    let found = found?;
-    Ok(found.map(|owner| Principal {
-        user: owner.user,
-        grants: owner.grants,
-        expires_at_ms: owner.expires_at_ms,
-        user_created_at: owner.user_created_at,
-    }))
 }
 
 /// Creates a user with read access to `read` and read-write access to
@@ -540,6 +417,7 @@ pub async fn bootstrap_admin(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::auth::Grant;
 
     fn principal(grants: &[(&str, bool, bool)]) -> Principal {
         Principal {

@@ -1,10 +1,10 @@
-//! Invalidation, in one place: which tables each cached read depends on
-//! ([`Table`], [`Invalidated`]), the changes writes report ([`Change`]),
-//! the payload the triggers of migration `V20261122000100__invalidation`
-//! send on [`CHANNEL`] ([`Invalidation`]), and how either reaches the
-//! caches ([`Caches`]). Writes report their changes through
-//! [`Reads::changed`]; `service::invalidation` only keeps the LISTEN
-//! connection alive and hands what arrives to [`Caches::apply`].
+//! What invalidation is, in one place: which tables each cached read
+//! depends on ([`Table`], [`Invalidated`]), the changes writes report
+//! ([`Change`]), and the payload the triggers of migration
+//! `V20261122000100__invalidation` send on [`CHANNEL`] ([`Invalidation`]).
+//! Writes report their changes through `Reads::changed`, which reaches
+//! every registered lookup (token lookups included); `service::invalidation`
+//! keeps the LISTEN connection alive and applies what arrives.
 //!
 //! A cached lookup whose query reads a table that no [`Change`] touches
 //! fails the registry's tests (`domain::reads`), so a read added without
@@ -13,11 +13,9 @@
 use pgbatch::pg::BatchQuery;
 use serde::Deserialize;
 
-use crate::cluster::replicas::ReadRouter;
+use crate::db::queries::auth::PrincipalQuery;
 use crate::db::queries::kv::KvQuery;
 use crate::db::queries::objects::ObjectStatQuery;
-use crate::domain::auth::Authenticator;
-use crate::domain::reads::Reads;
 use crate::model::objects::ObjectKey;
 
 /// The notification channel the triggers send on.
@@ -33,11 +31,24 @@ pub enum Table {
     Repositories,
     /// `random_read_test`.
     Kv,
+    /// `tokens`.
+    Tokens,
+    /// `users`.
+    Users,
+    /// `policies`.
+    Policies,
 }
 
 impl Table {
     /// Every table, for the tests that check lookups against their SQL.
-    pub const ALL: [Self; 3] = [Self::Objects, Self::Repositories, Self::Kv];
+    pub const ALL: [Self; 6] = [
+        Self::Objects,
+        Self::Repositories,
+        Self::Kv,
+        Self::Tokens,
+        Self::Users,
+        Self::Policies,
+    ];
 
     /// The table's name in SQL.
     pub fn name(self) -> &'static str {
@@ -45,12 +56,15 @@ impl Table {
             Self::Objects => "objects",
             Self::Repositories => "repositories",
             Self::Kv => "random_read_test",
+            Self::Tokens => "tokens",
+            Self::Users => "users",
+            Self::Policies => "policies",
         }
     }
 }
 
 /// A change that may make cached values stale, as writes and the
-/// invalidation listener report it to [`Reads::changed`].
+/// invalidation listener report it to `Reads::changed`.
 #[derive(Debug, Clone, Copy)]
 pub enum Change<'a> {
     /// One object was written or deleted.
@@ -59,6 +73,10 @@ pub enum Change<'a> {
     /// a repository created or deleted, or another instance's notice of
     /// one.
     Objects,
+    /// One token (by its SHA-256 digest) was revoked or changed.
+    Token(&'a [u8; 32]),
+    /// Tokens, users or policies changed, digests not listed.
+    Auth,
     /// Anything may have changed (a notice that could not be read).
     Everything,
 }
@@ -69,22 +87,32 @@ impl Change<'_> {
         match self {
             Self::Object(_) => table == Table::Objects,
             Self::Objects => matches!(table, Table::Objects | Table::Repositories),
+            Self::Token(_) => table == Table::Tokens,
+            Self::Auth => matches!(table, Table::Tokens | Table::Users | Table::Policies),
             Self::Everything => true,
         }
     }
 }
 
-/// What a query's cached values depend on. A bound of [`Reads`]'
-/// registry, so every lookup states it.
+/// What a query's cached values depend on. A bound of `Reads`' registry,
+/// so every lookup states it.
 pub trait Invalidated: BatchQuery {
     /// Every table the query's statements read (checked against them in
     /// the tests).
     const TABLES: &'static [Table];
 
-    /// The one cached key an object's change makes stale, if the query is
-    /// keyed by object; otherwise such a change drops the whole cache
-    /// (when the query reads [`Table::Objects`]).
-    fn object_key(_key: &ObjectKey) -> Option<Self::Key> {
+    /// Whether every read of the query, cached or not, must be no older
+    /// than the invalidations this instance has applied, and a key a
+    /// replica does not know is asked of the primary: credentials, so a
+    /// revoked token is refused at once, and a token made on another
+    /// instance a moment ago works at once. By default reads may come
+    /// from any replica within the lag bound.
+    const FRESH: bool = false;
+
+    /// The one cached key `change` makes stale, if it names one of this
+    /// query's keys; otherwise a change that touches the query's tables
+    /// drops the whole cache.
+    fn changed_key(_change: Change<'_>) -> Option<Self::Key> {
         None
     }
 }
@@ -98,8 +126,23 @@ impl Invalidated for ObjectStatQuery {
     // repository is an answer too.
     const TABLES: &'static [Table] = &[Table::Objects, Table::Repositories];
 
-    fn object_key(key: &ObjectKey) -> Option<ObjectKey> {
-        Some(key.clone())
+    fn changed_key(change: Change<'_>) -> Option<ObjectKey> {
+        match change {
+            Change::Object(key) => Some(key.clone()),
+            _ => None,
+        }
+    }
+}
+
+impl Invalidated for PrincipalQuery {
+    const TABLES: &'static [Table] = &[Table::Tokens, Table::Users, Table::Policies];
+    const FRESH: bool = true;
+
+    fn changed_key(change: Change<'_>) -> Option<[u8; 32]> {
+        match change {
+            Change::Token(digest) => Some(*digest),
+            _ => None,
+        }
     }
 }
 
@@ -156,41 +199,6 @@ impl Invalidation {
             }
             _ => Self::Unknown,
         }
-    }
-}
-
-/// The caches notifications are applied to.
-#[derive(Debug, Clone)]
-pub struct Caches {
-    /// The object-stat (and kv) lookups.
-    pub reads: Reads,
-    /// The token cache.
-    pub auth: Authenticator,
-    /// Told the primary's position after each invalidation, so cache
-    /// fills from replicas are no older.
-    pub router: ReadRouter,
-}
-
-impl Caches {
-    /// Drops from the caches what `invalidation` names.
-    pub async fn apply(&self, invalidation: Invalidation) {
-        match invalidation {
-            Invalidation::Objects(keys) => {
-                for key in &keys {
-                    self.reads.changed(Change::Object(key)).await;
-                }
-            }
-            Invalidation::AllObjects => self.reads.changed(Change::Objects).await,
-            Invalidation::Tokens(digests) => self.auth.forget(&digests).await,
-            Invalidation::AllAuth => self.auth.forget_all(),
-            Invalidation::Unknown => self.flush().await,
-        }
-    }
-
-    /// Drops everything every cache holds.
-    pub async fn flush(&self) {
-        self.reads.changed(Change::Everything).await;
-        self.auth.forget_all();
     }
 }
 

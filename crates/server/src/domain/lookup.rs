@@ -55,6 +55,9 @@ pub struct Lookup<Q: BatchQuery> {
     /// For reads at a client's position: straight to a database that has
     /// replayed it, past the cache and the batcher.
     direct: RoutedLoader<Q>,
+    /// Every read no older than the invalidations applied (credentials:
+    /// see `Invalidated::FRESH`).
+    fresh: bool,
 }
 
 /// Where a lookup's values come from: the read path it was built for.
@@ -95,6 +98,7 @@ impl<Q: BatchQuery> Clone for Lookup<Q> {
             admission_wait: self.admission_wait,
             coherence: self.coherence.clone(),
             direct: self.direct.clone(),
+            fresh: self.fresh,
         }
     }
 }
@@ -132,7 +136,27 @@ impl<Q: BatchQuery> Lookup<Q> {
         router: impl Into<ReadRouter>,
         settings: &ReadSettings,
     ) -> Result<Self, BuildError> {
-        let loader = RoutedLoader::new(router.into(), query, Needs::Any);
+        Self::with_freshness(name, query, router, settings, false)
+    }
+
+    /// As [`new`](Self::new); if `fresh`, every read, cached or not, is no
+    /// older than the invalidations this instance has applied (reads on
+    /// any path need what a cache fill needs, and reads at a position
+    /// that too), and a key a replica does not know is asked of the
+    /// primary: for credentials.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new).
+    pub fn with_freshness(
+        name: &'static str,
+        query: Q,
+        router: impl Into<ReadRouter>,
+        settings: &ReadSettings,
+        fresh: bool,
+    ) -> Result<Self, BuildError> {
+        let needs = if fresh { Needs::CacheFill } else { Needs::Any };
+        let loader = RoutedLoader::new(router.into(), query, needs).confirming_misses(fresh);
         // Every database the router reads from has a pool this size.
         let connections = loader.router().primary().status().max_size;
         let batch = settings.batch.bounded_by(connections);
@@ -143,7 +167,7 @@ impl<Q: BatchQuery> Lookup<Q> {
         };
         let source = match settings.path {
             ReadPath::Naive => Source::Naive(loader.clone()),
-            ReadPath::Batched => Source::Batched(batcher(Needs::Any)?),
+            ReadPath::Batched => Source::Batched(batcher(needs)?),
             ReadPath::Cached => {
                 let batcher = batcher(Needs::CacheFill)?;
                 Source::Cached {
@@ -170,6 +194,7 @@ impl<Q: BatchQuery> Lookup<Q> {
             admission_wait: settings.admission_wait,
             coherence: Coherence::default(),
             direct: loader,
+            fresh,
         })
     }
 
@@ -211,7 +236,7 @@ impl<Q: BatchQuery> Lookup<Q> {
     ) -> Result<Option<Q::Value>, Failure> {
         let _admitted = self.reserve(1).await?;
         if let Some(lsn) = position {
-            let direct = self.direct.needing(Needs::Position(lsn));
+            let direct = self.direct.needing(self.at(lsn));
             return self.within_deadline(direct.load_one(&key)).await;
         }
         match &self.source {
@@ -282,9 +307,15 @@ impl<Q: BatchQuery> Lookup<Q> {
             .0
             .split(reservation.0.num_permits().saturating_sub(needed));
         if let Some(lsn) = position {
-            let direct = self.direct.needing(Needs::Position(lsn));
+            let direct = self.direct.needing(self.at(lsn));
             let found = self.within_deadline(direct.load(keys.clone())).await?;
-            return Ok(keys.iter().map(|key| found.get(key).cloned()).collect());
+            return keys
+                .iter()
+                .map(|key| match found.answer(key) {
+                    Ok(value) => Ok(value.cloned()),
+                    Err(e) => Err(Failure::from(pgbatch::Error::Load(Arc::clone(e)))),
+                })
+                .collect();
         }
         match &self.source {
             Source::Naive(loader) => {
@@ -306,6 +337,18 @@ impl<Q: BatchQuery> Lookup<Q> {
             Source::Cached { cache, .. } => {
                 collect(join_all(keys.into_iter().map(|key| cache.get(key))).await)
             }
+        }
+    }
+
+    /// What a read at a client's position `lsn` needs: that position, and
+    /// for a fresh lookup what a cache fill needs too (an old or forged
+    /// position must not let a replica answer that has not replayed a
+    /// revocation this instance has applied).
+    fn at(&self, lsn: PgLsn) -> Needs {
+        if self.fresh {
+            Needs::CacheFillAt(lsn)
+        } else {
+            Needs::Position(lsn)
         }
     }
 

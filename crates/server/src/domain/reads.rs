@@ -23,6 +23,7 @@ use tokio_postgres::types::PgLsn;
 
 use crate::cluster::coherence::Coherence;
 use crate::cluster::replicas::{Needs, ReadRouter};
+use crate::db::queries::auth::PrincipalQuery;
 use crate::db::queries::kv::KvQuery;
 use crate::db::queries::objects::{self, ObjectStatQuery};
 use crate::db::queries::repositories;
@@ -33,7 +34,7 @@ use crate::domain::invalidation::{Change, Invalidated};
 use crate::domain::listing::{self, ListRequest, Listing};
 use crate::domain::lookup::Lookup;
 use crate::model::repositories::Repository;
-use crate::settings::ReadSettings;
+use crate::settings::{AuthSettings, ReadSettings};
 
 /// Every read the service does. Cheap to clone.
 #[derive(Clone)]
@@ -42,6 +43,8 @@ pub struct Reads {
     pub kv: Lookup<KvQuery>,
     /// Object stats by repository and path.
     pub object_stat: Lookup<ObjectStatQuery>,
+    /// Who a token is, by its digest (the authenticator reads through it).
+    pub principal: Lookup<PrincipalQuery>,
     router: ReadRouter,
     /// Every lookup above, for what is done to all of them.
     registered: Arc<[Box<dyn Registered>]>,
@@ -52,6 +55,7 @@ impl fmt::Debug for Reads {
         f.debug_struct("Reads")
             .field("kv", &self.kv)
             .field("object_stat", &self.object_stat)
+            .field("principal", &self.principal)
             .finish_non_exhaustive()
     }
 }
@@ -59,7 +63,7 @@ impl fmt::Debug for Reads {
 /// One lookup's name and statistics, for `/metrics`.
 #[derive(Debug, Clone)]
 pub struct LookupStats {
-    /// The lookup's name (`kv`, `object_stat`).
+    /// The lookup's name (`kv`, `object_stat`, `auth`).
     pub name: &'static str,
     /// Its batcher's, on the batched and cached paths.
     pub batcher: Option<StatsSnapshot>,
@@ -92,12 +96,9 @@ impl<Q: Invalidated> Registered for Lookup<Q> {
             if !Q::TABLES.iter().any(|t| change.touches(*t)) {
                 return;
             }
-            match change {
-                Change::Object(key) => match Q::object_key(key) {
-                    Some(key) => self.invalidate(&key).await,
-                    None => self.invalidate_all(),
-                },
-                Change::Objects | Change::Everything => self.invalidate_all(),
+            match Q::changed_key(change) {
+                Some(key) => self.invalidate(&key).await,
+                None => self.invalidate_all(),
             }
         }
         .boxed()
@@ -124,20 +125,20 @@ impl<Q: Invalidated> Registered for Lookup<Q> {
 /// What [`Reads::new`] builds lookups from, keeping each one it builds.
 struct Registry<'a> {
     router: &'a ReadRouter,
-    settings: &'a ReadSettings,
     coherence: &'a Coherence,
     lookups: Vec<Box<dyn Registered>>,
 }
 
 impl Registry<'_> {
-    /// A lookup named `name` running `query`, kept in the registry, so a
-    /// lookup is one field and one line of [`Reads::new`].
+    /// A lookup named `name` running `query` as `settings` say, kept in the
+    /// registry, so a lookup is one field and one line of [`Reads::new`].
     fn add<Q: Invalidated>(
         &mut self,
         name: &'static str,
         query: Q,
+        settings: &ReadSettings,
     ) -> Result<Lookup<Q>, BuildError> {
-        let lookup = Lookup::new(name, query, self.router.clone(), self.settings)?
+        let lookup = Lookup::with_freshness(name, query, self.router.clone(), settings, Q::FRESH)?
             .with_coherence(self.coherence.clone());
         self.lookups.push(Box::new(lookup.clone()));
         Ok(lookup)
@@ -147,7 +148,9 @@ impl Registry<'_> {
 impl Reads {
     /// The reads, on the databases `router` chooses; on the batched and
     /// cached paths, starts one batcher per lookup on the current runtime.
-    /// The caches are used only while `coherence` allows.
+    /// Tokens are looked up as `auth` says (through their own cache, or
+    /// batched with none). The caches are used only while `coherence`
+    /// allows.
     ///
     /// # Errors
     ///
@@ -155,21 +158,23 @@ impl Reads {
     pub fn new(
         router: impl Into<ReadRouter>,
         settings: &ReadSettings,
+        auth: &AuthSettings,
         coherence: &Coherence,
     ) -> Result<Self, BuildError> {
         let router = router.into();
         let mut registry = Registry {
             router: &router,
-            settings,
             coherence,
             lookups: Vec::new(),
         };
-        let kv = registry.add("kv", KvQuery)?;
-        let object_stat = registry.add("object_stat", ObjectStatQuery)?;
+        let kv = registry.add("kv", KvQuery, settings)?;
+        let object_stat = registry.add("object_stat", ObjectStatQuery, settings)?;
+        let principal = registry.add("auth", PrincipalQuery, &auth.reads(settings))?;
         let registered = registry.lookups.into();
         Ok(Self {
             kv,
             object_stat,
+            principal,
             router,
             registered,
         })
@@ -366,7 +371,13 @@ mod tests {
             path: ReadPath::Cached,
             ..ReadSettings::default()
         };
-        Reads::new(pool, &settings, &Coherence::default()).unwrap()
+        Reads::new(
+            pool,
+            &settings,
+            &AuthSettings::default(),
+            &Coherence::default(),
+        )
+        .unwrap()
     }
 
     /// The tables a statement names after `FROM` or `JOIN` (not the
@@ -435,13 +446,19 @@ mod tests {
             repository: "demo".into(),
             path: "a/b".into(),
         };
-        assert_eq!(invalidations(&reads), [("kv", 0), ("object_stat", 0)]);
+        let counts =
+            |kv, object_stat, auth| [("kv", kv), ("object_stat", object_stat), ("auth", auth)];
+        assert_eq!(invalidations(&reads), counts(0, 0, 0));
         reads.changed(Change::Object(&key)).await;
-        assert_eq!(invalidations(&reads), [("kv", 0), ("object_stat", 1)]);
+        assert_eq!(invalidations(&reads), counts(0, 1, 0));
         reads.changed(Change::Objects).await;
-        assert_eq!(invalidations(&reads), [("kv", 0), ("object_stat", 2)]);
+        assert_eq!(invalidations(&reads), counts(0, 2, 0));
+        reads.changed(Change::Token(&[7; 32])).await;
+        assert_eq!(invalidations(&reads), counts(0, 2, 1));
+        reads.changed(Change::Auth).await;
+        assert_eq!(invalidations(&reads), counts(0, 2, 2));
         reads.changed(Change::Everything).await;
-        assert_eq!(invalidations(&reads), [("kv", 1), ("object_stat", 3)]);
+        assert_eq!(invalidations(&reads), counts(1, 3, 3));
         reads.shutdown().await;
     }
 }

@@ -55,8 +55,11 @@ impl Collector for ServiceCollector {
         encode_batcher_gauges(&mut encoder, &batchers)?;
         encode_batcher_histograms(&mut encoder, &batchers)?;
         let mut caches = self.reads.cache_stats();
-        if let Some(stats) = self.auth.cache_stats() {
-            caches.push(("auth", stats));
+        // The token cache's hits count the memo's in front of it.
+        for (name, stats) in &mut caches {
+            if *name == "auth" {
+                stats.hits += self.auth.memo_hits();
+            }
         }
         encode_caches(&mut encoder, &caches)?;
         encode_coherence(&mut encoder, &self.coherence)?;

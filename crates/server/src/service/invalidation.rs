@@ -62,10 +62,47 @@ use crate::cluster::replicas::ReadRouter;
 use crate::db::queries::system;
 use crate::db::tls::Tls;
 use crate::db::Postgres;
-use crate::domain::invalidation::Invalidation;
-pub use crate::domain::invalidation::{Caches, CHANNEL};
+use crate::domain::auth::Authenticator;
+pub use crate::domain::invalidation::CHANNEL;
+use crate::domain::invalidation::{Change, Invalidation};
+use crate::domain::reads::Reads;
 use crate::settings::InvalidationSettings;
 use pgbatch::pg::{Connector, Pool};
+
+/// The caches notifications are applied to.
+#[derive(Debug, Clone)]
+pub struct Caches {
+    /// Every registered lookup (token lookups included).
+    pub reads: Reads,
+    /// The token memo in front of the token lookup.
+    pub auth: Authenticator,
+    /// Told the primary's position after each invalidation, so cache
+    /// fills from replicas are no older.
+    pub router: ReadRouter,
+}
+
+impl Caches {
+    /// Drops from the caches what `invalidation` names.
+    pub async fn apply(&self, invalidation: Invalidation) {
+        match invalidation {
+            Invalidation::Objects(keys) => {
+                for key in &keys {
+                    self.reads.changed(Change::Object(key)).await;
+                }
+            }
+            Invalidation::AllObjects => self.reads.changed(Change::Objects).await,
+            Invalidation::Tokens(digests) => self.auth.forget(&digests).await,
+            Invalidation::AllAuth => self.auth.forget_all().await,
+            Invalidation::Unknown => self.flush().await,
+        }
+    }
+
+    /// Drops everything every cache holds.
+    pub async fn flush(&self) {
+        self.reads.changed(Change::Everything).await;
+        self.auth.forget_all().await;
+    }
+}
 
 /// The channel of the listener's pings (see the module docs).
 pub const PING_CHANNEL: &str = "pgbatch_listener_ping";

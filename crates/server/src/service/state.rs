@@ -199,8 +199,8 @@ impl AppState {
             settings.read.timeout,
             coherence.clone(),
         );
-        let reads = Reads::new(router.clone(), &settings.read, &coherence)?;
-        let auth = Authenticator::new(router.clone(), &settings.auth, &coherence)?;
+        let reads = Reads::new(router.clone(), &settings.read, &settings.auth, &coherence)?;
+        let auth = Authenticator::new(&reads, &settings.auth, &coherence);
         let writes = Writes::new(
             write,
             import,

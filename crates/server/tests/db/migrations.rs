@@ -28,30 +28,50 @@ async fn a_database_with_the_seed_benchmarks_table_migrates_and_keeps_its_rows()
     db::migrate(&database.config).await.unwrap();
 }
 
-/// A database migrated before `random_read_test` became `IF NOT EXISTS`
-/// has the old checksum on record; refinery would refuse it as divergent.
+/// The checksum refinery recorded for `V20261121000000__object_metadata`
+/// as development databases made before 2026-11-22 applied it: its text
+/// was changed (to `CREATE TABLE IF NOT EXISTS random_read_test`) before
+/// any release.
+const DEVELOPMENT_CHECKSUM: &str = "4476754471378026892";
+
+/// A development database made before 2026-11-22 is refused, with an error
+/// that names the migration, and the one statement the CHANGELOG gives
+/// makes it migrate.
 #[tokio::test]
-async fn a_database_migrated_by_an_earlier_release_still_migrates() {
+async fn an_early_development_database_is_refused_and_the_documented_fix_migrates_it() {
     let database = embedded_pg::testing::database().await.unwrap();
     db::migrate(&database.config).await.unwrap();
     let client = client(&database.config).await;
-    let old_sql = include_str!("../../src/db/superseded/V20261121000000__object_metadata.sql");
-    let old = refinery::Migration::unapplied("V20261121000000__object_metadata", old_sql)
+    let current: String = client
+        .query_one(
+            "SELECT checksum FROM refinery_schema_history WHERE version = 20261121000000",
+            &[],
+        )
+        .await
         .unwrap()
-        .checksum()
-        .to_string();
-    let set = client
+        .get(0);
+    client
         .execute(
             "UPDATE refinery_schema_history SET checksum = $1 WHERE version = 20261121000000",
-            &[&old],
+            &[&DEVELOPMENT_CHECKSUM],
         )
         .await
         .unwrap();
-    assert_eq!(set, 1);
+    let err = db::migrate(&database.config).await.unwrap_err();
+    assert!(
+        format!("{err:#}").contains("is different than filesystem one"),
+        "{err:#}"
+    );
 
+    let changelog = include_str!("../../../../CHANGELOG.md");
+    assert!(changelog.contains(FIX_STATEMENT), "{FIX_STATEMENT}");
+    client
+        .batch_execute(FIX_STATEMENT)
+        .await
+        .expect("the CHANGELOG's statement runs");
     db::migrate(&database.config)
         .await
-        .expect("an earlier release's database migrates");
+        .expect("a fixed development database migrates");
     let now: String = client
         .query_one(
             "SELECT checksum FROM refinery_schema_history WHERE version = 20261121000000",
@@ -60,16 +80,9 @@ async fn a_database_migrated_by_an_earlier_release_still_migrates() {
         .await
         .unwrap()
         .get(0);
-    assert_ne!(now, old, "the new text's checksum is on record");
-
-    // Any other divergence is still refused.
-    client
-        .execute(
-            "UPDATE refinery_schema_history SET checksum = '1' WHERE version = 20261121000000",
-            &[],
-        )
-        .await
-        .unwrap();
-    let err = db::migrate(&database.config).await.unwrap_err();
-    assert!(format!("{err:#}").contains("migration"), "{err:#}");
+    assert_eq!(now, current);
 }
+
+/// The statement the CHANGELOG gives, word for word.
+const FIX_STATEMENT: &str = "UPDATE refinery_schema_history SET checksum = '11369972078624577421' \
+     WHERE version = 20261121000000 AND checksum = '4476754471378026892'";

@@ -336,7 +336,7 @@ async fn forgetting_a_token_or_all_principals_takes_effect_on_the_next_request()
     .await
     .unwrap();
     assert_eq!(status(&erin).await, StatusCode::OK, "still cached");
-    app.state.auth.forget_all();
+    app.state.auth.forget_all().await;
     assert_eq!(status(&erin).await, StatusCode::FORBIDDEN, "forgotten");
 }
 

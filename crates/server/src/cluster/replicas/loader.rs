@@ -1,6 +1,7 @@
 //! [`RoutedLoader`]: a batched query on whichever database the router
 //! chooses.
 
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
 use pgbatch::pg::{BatchQuery, PgError, PgLoader};
@@ -15,12 +16,15 @@ pub struct RoutedLoader<Q> {
     router: ReadRouter,
     loaders: Arc<[PgLoader<Q>]>,
     needs: Needs,
+    /// Keys a replica does not know are asked of the primary.
+    confirm_misses: bool,
 }
 
 impl<Q> std::fmt::Debug for RoutedLoader<Q> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RoutedLoader")
             .field("needs", &self.needs)
+            .field("confirm_misses", &self.confirm_misses)
             .field("pools", &self.loaders.len())
             .finish_non_exhaustive()
     }
@@ -32,6 +36,7 @@ impl<Q> Clone for RoutedLoader<Q> {
             router: self.router.clone(),
             loaders: Arc::clone(&self.loaders),
             needs: self.needs,
+            confirm_misses: self.confirm_misses,
         }
     }
 }
@@ -57,7 +62,17 @@ impl<Q: BatchQuery> RoutedLoader<Q> {
             router,
             loaders,
             needs,
+            confirm_misses: false,
         }
+    }
+
+    /// This loader, asking the primary for the keys a replica does not
+    /// know if `confirm`: a key may be newer than the replica's replay (a
+    /// token made on another instance a moment ago).
+    #[must_use]
+    pub fn confirming_misses(mut self, confirm: bool) -> Self {
+        self.confirm_misses = confirm;
+        self
     }
 
     /// Where this loader's reads go.
@@ -85,9 +100,18 @@ impl<Q: BatchQuery> RoutedLoader<Q> {
     ///
     /// As [`PgLoader::load_one`] on the primary.
     pub async fn load_one(&self, key: &Q::Key) -> Result<Option<Q::Value>, PgError> {
-        self.router
-            .read(self.needs, |i| self.loaders[i].load_one(key))
-            .await
+        let answered = AtomicUsize::new(0);
+        let found = self
+            .router
+            .read(self.needs, |i| {
+                answered.store(i, Relaxed);
+                self.loaders[i].load_one(key)
+            })
+            .await?;
+        if found.is_none() && self.confirm_misses && answered.load(Relaxed) != 0 {
+            return self.loaders[0].load_one(key).await;
+        }
+        Ok(found)
     }
 }
 
@@ -100,9 +124,25 @@ impl<Q: BatchQuery> Loader<Q::Key, Q::Value> for RoutedLoader<Q> {
         if !self.router.has_replicas() {
             return Loader::load(&self.loaders[0], keys).await;
         }
-        self.router
-            .read(self.needs, |i| Loader::load(&self.loaders[i], keys.clone()))
-            .await
+        let answered = AtomicUsize::new(0);
+        let mut loaded = self
+            .router
+            .read(self.needs, |i| {
+                answered.store(i, Relaxed);
+                Loader::load(&self.loaders[i], keys.clone())
+            })
+            .await?;
+        if self.confirm_misses && answered.load(Relaxed) != 0 {
+            let missing: Vec<Q::Key> = keys
+                .into_iter()
+                .filter(|k| matches!(loaded.answer(k), Ok(None)))
+                .collect();
+            if !missing.is_empty() {
+                let again = Loader::load(&self.loaders[0], missing).await?;
+                loaded.extend(again.into_values());
+            }
+        }
+        Ok(loaded)
     }
 
     fn is_absent(&self, value: &Q::Value) -> bool {

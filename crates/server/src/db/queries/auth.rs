@@ -1,69 +1,74 @@
 //! The `users`, `policies` and `tokens` tables.
 
-use std::sync::LazyLock;
+use std::sync::Arc;
 
-use pgbatch::pg::{Sql, Statements};
+use pgbatch::pg::{BatchQuery, Params};
 use tokio_postgres::types::Type;
-use tokio_postgres::GenericClient;
+use tokio_postgres::{GenericClient, Row};
 
-use crate::model::auth::{Grant, TokenInfo};
+use crate::model::auth::{Grant, Principal, TokenInfo};
 
-/// Who a token is: its user, their policies, and when it expires.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokenOwner {
-    /// The user's name.
-    pub user: String,
-    /// All their policies.
-    pub grants: Vec<Grant>,
-    /// When the token stops working, in Unix milliseconds; `None`: never.
-    pub expires_at_ms: Option<i64>,
-    /// When the user was created, in Unix seconds.
-    pub user_created_at: i64,
-}
+/// Principals by token digest: one statement for a batch of digests, each
+/// token's user and all their policies in one row (the policies as
+/// arrays, in repository order). An expired token is answered with its
+/// expiry, so the caller can say so.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PrincipalQuery;
 
-/// One round trip, the statement sent as `statements` say: the owner of the
-/// token whose SHA-256 digest is `digest`; `None` if no token has that
-/// digest. An expired token is
-/// returned with its expiry, so the caller can say so.
-///
-/// # Errors
-///
-/// When the statement fails.
-pub async fn user_of_token(
-    client: &mut deadpool_postgres::ClientWrapper,
-    statements: &Statements,
-    digest: &[u8],
-) -> Result<Option<TokenOwner>, tokio_postgres::Error> {
-    static USER_OF_TOKEN: LazyLock<Sql> = LazyLock::new(|| {
-        Sql::new(
-            "SELECT u.name, p.repository, p.can_read, p.can_write, \
-                    (extract(epoch FROM t.expires_at) * 1000)::int8, \
-                    extract(epoch FROM u.created_at)::int8 \
-             FROM tokens t JOIN users u ON u.id = t.user_id \
-             LEFT JOIN policies p ON p.user_id = u.id \
-             WHERE t.digest = $1",
-        )
-    });
-    let rows = statements.query(client, &USER_OF_TOKEN, &[&digest]).await?;
-    let Some(first) = rows.first() else {
-        return Ok(None);
-    };
-    let mut grants = Vec::new();
-    for row in &rows {
-        if let Some(repository) = row.try_get::<_, Option<String>>(1)? {
-            grants.push(Grant {
-                repository,
-                read: row.try_get(2)?,
-                write: row.try_get(3)?,
-            });
-        }
+impl BatchQuery for PrincipalQuery {
+    /// A token's SHA-256 digest.
+    type Key = [u8; 32];
+    type Value = Arc<Principal>;
+
+    fn batch_sql(&self) -> &str {
+        "SELECT t.digest, u.name, \
+                coalesce(array_agg(p.repository ORDER BY p.repository) \
+                         FILTER (WHERE p.repository IS NOT NULL), '{}'), \
+                coalesce(array_agg(p.can_read ORDER BY p.repository) \
+                         FILTER (WHERE p.repository IS NOT NULL), '{}'), \
+                coalesce(array_agg(p.can_write ORDER BY p.repository) \
+                         FILTER (WHERE p.repository IS NOT NULL), '{}'), \
+                (extract(epoch FROM t.expires_at) * 1000)::int8, \
+                extract(epoch FROM u.created_at)::int8 \
+         FROM tokens t JOIN users u ON u.id = t.user_id \
+         LEFT JOIN policies p ON p.user_id = u.id \
+         WHERE t.digest = ANY($1::bytea[]) \
+         GROUP BY t.digest, u.name, t.expires_at, u.created_at"
     }
-    Ok(Some(TokenOwner {
-        user: first.try_get(0)?,
-        grants,
-        expires_at_ms: first.try_get(4)?,
-        user_created_at: first.try_get(5)?,
-    }))
+
+    fn batch_params<'a>(&self, digests: &'a [[u8; 32]]) -> Params<'a> {
+        let digests: Vec<&'a [u8]> = digests.iter().map(<[u8; 32]>::as_slice).collect();
+        vec![Box::new(digests)]
+    }
+
+    fn map_row(&self, row: &Row) -> Result<([u8; 32], Arc<Principal>), tokio_postgres::Error> {
+        let digest: &[u8] = row.try_get(0)?;
+        // The table's check keeps every digest at 32 bytes; a row that broke
+        // it would answer no key.
+        let digest = <[u8; 32]>::try_from(digest).unwrap_or_default();
+        let repositories: Vec<String> = row.try_get(2)?;
+        let reads: Vec<bool> = row.try_get(3)?;
+        let writes: Vec<bool> = row.try_get(4)?;
+        let grants = repositories
+            .into_iter()
+            .zip(reads)
+            .zip(writes)
+            .map(|((repository, read), write)| Grant {
+                repository,
+                read,
+                write,
+            })
+            .collect();
+        Ok((
+            digest,
+            Arc::new(Principal {
+                user: row.try_get(1)?,
+                grants,
+                expires_at_ms: row.try_get(5)?,
+                user_created_at: row.try_get(6)?,
+            }),
+        ))
+    }
 }
 
 /// Whether any user exists.

@@ -3,11 +3,9 @@
 //! runs, and the plain statements of writes, authentication and set-up.
 //! What they answer with, where the service hands it out, is `model`'s
 //! (`ObjectStats`, `Repository`, `TokenInfo`, ...); a row only the
-//! database sees (`ObjectRow`, `TokenOwner`) is defined here.
+//! database sees (`ObjectRow`) is defined here.
 //! Elsewhere only what cannot live here: the migrations themselves
-//! (`migrations/`, and `db/superseded/` for a changed one's old text),
-//! `db`'s two statements on refinery's own history table, and the
-//! listener's `LISTEN`.
+//! (`migrations/`) and the listener's `LISTEN`.
 
 pub mod auth;
 pub mod kv;

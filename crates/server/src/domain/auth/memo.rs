@@ -3,7 +3,7 @@
 //!
 //! Every authenticated request asks the token cache, and moka's lookup
 //! with its bookkeeping of each read was about 4% of the no-database
-//! route's CPU (BENCHMARKS.md section 5). Steady traffic presents the
+//! route's CPU (BENCHMARKS.md, "Over HTTP"). Steady traffic presents the
 //! same few tokens over and over; a slot here is a read lock and a
 //! compare. moka keeps no such front itself, and a crate for it would be
 //! a second cache; this is 64 slots.
