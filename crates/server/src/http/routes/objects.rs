@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{FromRequestParts, RawQuery, State};
-use axum::http::request::Parts;
+use axum::body::HttpBody;
+use axum::extract::{FromRequest, RawQuery, Request, State};
 use axum::http::StatusCode;
 use axum::Json;
 use pgbatch::pg::Written;
@@ -93,19 +93,37 @@ pub(crate) struct StatResponse {
     results: Vec<StatResult>,
 }
 
-/// Room for the most paths a `POST .../objects/stat` may hold, reserved
-/// before its body is read. Under overload, refusing then costs next to
-/// nothing; parsing a thousand paths first would let the refused requests
-/// take the CPU that the admitted ones need.
-pub(crate) struct StatRoom(Reservation);
+/// A `POST .../objects/stat` body, read once room for the most paths it
+/// can hold is reserved. Under overload, refusing before the body is read
+/// costs next to nothing; parsing a thousand paths first would let the
+/// refused requests take the CPU that the admitted ones need.
+pub(crate) struct StatBody {
+    room: Reservation,
+    request: StatRequest,
+}
 
-impl FromRequestParts<AppState> for StatRoom {
+impl FromRequest<AppState> for StatBody {
     type Rejection = AppError;
 
-    async fn from_request_parts(_: &mut Parts, state: &AppState) -> Result<Self, AppError> {
-        let most = state.settings.limits.max_stat_paths;
-        Ok(Self(state.reads.object_stat.reserve(most).await?))
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, AppError> {
+        // The length a client sent (`Content-Length`), or the size of a
+        // body built in process; none for a chunked one.
+        let length = req.body().size_hint().upper();
+        let most = most_paths(length, state.settings.limits.max_stat_paths);
+        let room = state.reads.object_stat.reserve(most).await?;
+        let JsonBody(request) = JsonBody::from_request(req, state).await?;
+        Ok(Self { room, request })
     }
+}
+
+/// The most paths a body of `length` bytes can hold, at most `limit`:
+/// each path takes 3 bytes at the least (`"",`), so a small request does
+/// not hold room for a thousand paths while it runs. Without a length,
+/// `limit`.
+fn most_paths(length: Option<u64>, limit: usize) -> usize {
+    length.map_or(limit, |n| {
+        usize::try_from(n / 3 + 1).map_or(limit, |paths| paths.min(limit))
+    })
 }
 
 /// `POST /api/v1/repositories/{repo}/objects/stat` with `{"paths": [...]}`.
@@ -132,9 +150,8 @@ impl FromRequestParts<AppState> for StatRoom {
 pub(crate) async fn stat_many(
     State(state): State<AppState>,
     ReadableRepository(repository): ReadableRepository,
-    StatRoom(room): StatRoom,
     ReadPosition(position): ReadPosition,
-    JsonBody(request): JsonBody<StatRequest>,
+    StatBody { room, request }: StatBody,
 ) -> Result<Json<StatResponse>, AppError> {
     input::stat_paths(&request.paths, state.settings.limits.max_stat_paths)?;
     let keys = request
@@ -283,4 +300,22 @@ pub(crate) async fn import(
         skipped: c.skipped,
         superseded: c.superseded,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::most_paths;
+
+    #[test]
+    fn the_room_reserved_covers_every_path_a_body_of_that_length_can_hold() {
+        for n in [1usize, 2, 5, 100, 999, 1000] {
+            // The shortest body of n paths: empty strings, no spaces.
+            let body = serde_json::json!({ "paths": vec![""; n] }).to_string();
+            let room = most_paths(Some(body.len() as u64), 1000);
+            assert!(room >= n, "{n} paths in {} bytes, room {room}", body.len());
+        }
+        assert_eq!(most_paths(Some(200), 1000), 67, "a small body, little room");
+        assert_eq!(most_paths(Some(1 << 40), 1000), 1000);
+        assert_eq!(most_paths(None, 1000), 1000, "chunked: the limit");
+    }
 }
