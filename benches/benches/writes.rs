@@ -298,7 +298,7 @@ fn main() {
         if args.part != Part::Upserts {
             let copy_ratio = inserts(&mut client, n).await;
             verdicts.push(format!(
-                "target: COPY at least 25x one by one (issue 14; issue 5 asked 15x): {} ({copy_ratio:.1}x)",
+                "target: COPY at least 25x one by one: {} ({copy_ratio:.1}x)",
                 verdict(copy_ratio >= 25.0)
             ));
         }

@@ -1,4 +1,4 @@
-//! The strongest fair baseline of issue 43: the eager batcher an engineer
+//! The strongest fair baseline of the engine: the eager batcher an engineer
 //! writes by hand in a hundred lines, with a fixed set of connections and
 //! a cap on the batch, which `autotune --only baseline` sweeps to find its
 //! best setting. If pgbatch's defaults cannot beat that setting, the

@@ -1,4 +1,4 @@
-//! Cross-instance cache invalidation, measured (issue: scale-out): two
+//! Cross-instance cache invalidation, measured: two
 //! server instances on one database, both on the cached read path.
 //!
 //! 1. Invalidation delay: instance A caches an object, instance B writes

@@ -489,7 +489,7 @@ fn print_table(results: &[Outcome], args: &Args) {
     };
     let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
     println!();
-    // Issue 24: the authenticated no-database route against the bare one.
+    // The authenticated no-database route against the bare one.
     if let Some(bare) = results.iter().find(|o| o.path == BARE) {
         let got = ceiling / bare.result.per_sec();
         if !got.is_nan() {
@@ -500,7 +500,7 @@ fn print_table(results: &[Outcome], args: &Args) {
             );
         }
     }
-    // Issue 24's goals: batched and hot keys against the no-database
+    // The goals: batched and hot keys against the no-database
     // route, uniform keys through the cache against batched.
     for (path, goal) in [("cached, hot keys", 0.9), ("batched", 0.75)] {
         let Some(got) = share_of(path).filter(|g| !g.is_nan()) else {

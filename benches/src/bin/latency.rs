@@ -231,7 +231,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The `lookup` path's table and the cache's target (issue 4: a hit at
+/// The `lookup` path's table and the cache's target (a hit at
 /// least 1,000x faster than an uncached lookup), judged at the round trips
 /// of a real network (0.5 ms or more added).
 fn print_lookups(lookups: &[LookupOutcome]) {

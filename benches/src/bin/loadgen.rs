@@ -37,7 +37,7 @@ use server::settings::BatchSettings;
 /// The allocator the server binary uses: these runs measure the server's
 /// lookups (its statements, its loader), and with glibc's malloc a sixth
 /// of this process's CPU went to allocating, on cores it shares with
-/// Postgres (BENCHMARKS.md §2).
+/// Postgres (BENCHMARKS.md, "How close to the database's limit").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -394,7 +394,7 @@ fn print_table(results: &[Outcome], ceiling: f64, args: &Args) {
     if let Some(batched) = best("batched") {
         print_batched_verdicts(batched, ceiling, naive, best("pipelined"));
     }
-    // Issue 14: a miss about as cheap as the batched load it wraps, against
+    // The target: a miss about as cheap as the batched load it wraps, against
     // the eager batcher at the cached runs' max batch (64).
     let eager_64 = at("batched", args.initiators)
         .find(|o| o.policy == "eager" && o.max_batch == Some(64))

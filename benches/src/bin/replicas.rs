@@ -1,4 +1,4 @@
-//! Several instances and a read replica (issue: scale-out), measured, and
+//! Several instances and a read replica, measured, and
 //! the local deployment they run on.
 //!
 //! It starts a primary (with the service's schema and demo objects) and a

@@ -92,7 +92,7 @@
 //! in flight cycle through every connection of the pool, each a server
 //! process with cold caches. `pgbatch::pg`'s pools hand out the connection
 //! returned last, which on a CPU-bound server read 1.13x the throughput at
-//! the same limit (BENCHMARKS.md §2.1). With sqlx, keep `max_connections`
+//! the same limit (BENCHMARKS.md, "The engine against a hand-written batcher"). With sqlx, keep `max_connections`
 //! close to what the batcher needs: a few above its limit on a nearby
 //! database, more only where the round trip is long.
 //!

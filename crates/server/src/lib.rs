@@ -74,7 +74,7 @@ pub fn app(state: AppState) -> Router {
         .fallback(fallback::no_route)
         .method_not_allowed_fallback(fallback::wrong_method)
         // One `layer` call for both: axum wraps each layer it is given in
-        // a boxed route that every request clones (BENCHMARKS.md §5),
+        // a boxed route that every request clones (BENCHMARKS.md, "Over HTTP"),
         // while a `ServiceBuilder` nests them unboxed.
         .layer(
             ServiceBuilder::new()

@@ -16,7 +16,7 @@ use server::{app, AppState};
 /// mimalloc instead of glibc's malloc: per request, the server allocates
 /// and frees many small buffers across threads (hyper, tokio-postgres,
 /// JSON), and glibc spent 10-17% of the server's CPU on it
-/// (BENCHMARKS.md §5).
+/// (BENCHMARKS.md, "Over HTTP").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

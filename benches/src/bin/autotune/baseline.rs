@@ -185,7 +185,7 @@ pub(super) async fn baseline(args: &Args, db: &Database) -> anyhow::Result<()> {
         &[
             ("defaults / minimal best, per round", Align::Left),
             ("median (range)", Align::Right),
-            ("target (issue 43)", Align::Left),
+            ("target", Align::Left),
             ("verdict", Align::Left),
         ],
         [

@@ -21,7 +21,7 @@
 //!   the best median is drawn dashed beside the phase, and the table gives
 //!   what the phase settled at over it.
 //! - `baseline` (only when named, and in `--smoke`): the strongest fair
-//!   baseline of issue 43, the eager batcher an engineer writes by hand
+//!   baseline of the engine, the eager batcher an engineer writes by hand
 //!   (`benches::minimal`: fixed connections, a batch cap). Each setting of
 //!   `--baseline-connections` by `--baseline-caps` runs once, at
 //!   `--baseline-initiators` against the database direct; the best by
@@ -67,7 +67,7 @@ mod timeline;
 /// The allocator the server binary uses: these runs measure the server's
 /// lookups (its statements, its loader), and with glibc's malloc a sixth
 /// of this process's CPU went to allocating, on cores it shares with
-/// Postgres (BENCHMARKS.md §2).
+/// Postgres (BENCHMARKS.md, "How close to the database's limit").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

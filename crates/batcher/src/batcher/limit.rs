@@ -133,7 +133,7 @@ const PROBE_EVERY_MAX: u32 = 48;
 /// Weight of a new window in a limit's smoothed score.
 const SMOOTHING: f64 = 0.3;
 /// Home's noise before any window measured it (natural log): a shared
-/// machine's 50 ms windows stray by 4-10% (BENCHMARKS §2), and a first
+/// machine's 50 ms windows stray by 4-10% (BENCHMARKS.md, "How close to the database's limit"), and a first
 /// probe judged against no noise at all wins on luck.
 const NOISE_PRIOR: f64 = 0.05;
 /// Weight of a new window in home's noise estimate.
@@ -534,7 +534,7 @@ impl AutoLimit {
             // what the loads take), which is why more loads otherwise
             // carry the burden of proof. Without this, on requests of a
             // thousand keys each the noise of their bursts held the limit
-            // at 2 where 16 loads served 1.4x as much (BENCHMARKS §7).
+            // at 2 where 16 loads served 1.4x as much (BENCHMARKS.md, "Under overload").
             Direction::Up => {
                 x > home * (1.0 + MARGIN.max(self.noise.exp_m1()))
                     || (x > home * (1.0 + MARGIN)

@@ -6,7 +6,7 @@
 //! sender writes (the semaphore's permits, the tail index, the block's
 //! ready bits, the receiver's waker), and in the in-memory profile of 300
 //! callers the channel was the batcher's largest cost (13.8% of all
-//! samples, BENCHMARKS.md §1). Here a push is one short lock (one line
+//! samples, BENCHMARKS.md, "The batcher alone, in memory"). Here a push is one short lock (one line
 //! that both cores write, where Tokio's send wrote four), and wakes the
 //! worker only if it has registered to be woken since it last took. The
 //! worker takes a whole burst by swapping buffers, so neither side

@@ -188,7 +188,7 @@ where
         // limit keeps a few warm server processes busy instead of cycling
         // through all of them: first-in-first-out read 0.75 of a
         // hand-written batcher's throughput at the same limit, this 0.85
-        // (BENCHMARKS §2.1). The ones at the bottom may stay idle for long:
+        // (BENCHMARKS.md, "The engine against a hand-written batcher"). The ones at the bottom may stay idle for long:
         // one the server closed meanwhile (`idle_session_timeout`) is
         // found closed by the `Fast` recycle check and replaced, one a
         // middlebox dropped silently by the keepalives, and `pre_recycle`

@@ -196,7 +196,7 @@ async fn an_exhausted_pool_times_out_with_a_typed_error() {
 /// The pool hands out the connection used last: a batcher at its limit
 /// keeps reusing a few warm server processes instead of cycling through
 /// the whole pool, which on a CPU-bound server read 0.75 of a hand-written
-/// batcher's throughput with first-in-first-out (BENCHMARKS §2.1).
+/// batcher's throughput with first-in-first-out (BENCHMARKS.md, "The engine against a hand-written batcher").
 #[tokio::test]
 async fn the_pool_hands_out_the_connection_returned_last() {
     let db = embedded_pg::testing::database().await.unwrap();

@@ -7,7 +7,7 @@
 //! One middleware rather than one layer per step: axum boxes each layer
 //! it is given as a route of its own, and every request clones each of
 //! those boxes, and everything inside it, once per layer above it
-//! (BENCHMARKS.md §5, the no-database route's profile).
+//! (BENCHMARKS.md, "Over HTTP", the no-database route's profile).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -71,7 +71,7 @@ impl Guard {
 ///
 /// A hand-written [`Service`] rather than `axum::middleware::from_fn`,
 /// which also boxes the route it wraps again as `Next` on every request
-/// (BENCHMARKS.md §5).
+/// (BENCHMARKS.md, "Over HTTP").
 #[derive(Debug, Clone)]
 pub struct GuardLayer(Arc<Guard>);
 

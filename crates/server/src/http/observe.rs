@@ -7,7 +7,7 @@
 //! every request clones, `Trace` wraps and re-boxes every response body
 //! to watch its frames, and the metrics' labels were allocated per
 //! request. Together they took about a third of the no-database route's
-//! CPU (BENCHMARKS.md §5). What each did is kept:
+//! CPU (BENCHMARKS.md, "Over HTTP"). What each did is kept:
 //!
 //! - the id: the client's `x-request-id` if it sent one, else a random
 //!   UUID, set on the request for the handler and on every response, a
@@ -49,7 +49,7 @@ const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static(REQUEST_ID);
 /// service, so an allocation and a copy of everything below it), boxes it
 /// again as `Next`, and boxes its future. Routes are always ready, so this
 /// one calls the route it wraps directly and returns an unboxed future
-/// (BENCHMARKS.md §5).
+/// (BENCHMARKS.md, "Over HTTP").
 #[derive(Debug, Clone)]
 pub struct ObserveLayer {
     metrics: Arc<HttpMetrics>,
@@ -216,7 +216,7 @@ where
 /// A request id as tower-http's `MakeRequestUuid` makes them (a random
 /// UUID, version 4), from the thread's random generator: `MakeRequestUuid`
 /// asks the kernel for 16 bytes per request, a system call that took about
-/// 2% of the server's CPU on the no-database route (BENCHMARKS.md §5).
+/// 2% of the server's CPU on the no-database route (BENCHMARKS.md, "Over HTTP").
 fn random_id() -> HeaderValue {
     // One `u128` draws 16 bytes of the generator's stream; an array of 16
     // `u8`s would draw 4 bytes for each.

@@ -20,7 +20,7 @@
 //!   This is what hyper's own `header_read_timeout` does, but hyper 1.12
 //!   (`poll_read_head` in `src/proto/h1/conn.rs`) allocates, registers
 //!   and cancels a new timer for every request, a few percent of the
-//!   no-database route's throughput (BENCHMARKS.md §5). Here each
+//!   no-database route's throughput (BENCHMARKS.md, "Over HTTP"). Here each
 //!   connection has one timer, which only moves when it fires: the
 //!   connection records when it started waiting (one clock read per
 //!   response), and the timer, on firing, closes the connection or sets

@@ -2,7 +2,7 @@
 //! (RFC 3339 in UTC with microseconds: `2026-11-25T09:40:00.123456Z`), with
 //! the date and time of day made once per second and thread: made for
 //! every line, through `fmt` and a conversion to the calendar, they took
-//! 1.7% of the server's CPU on the no-database route (BENCHMARKS.md §5).
+//! 1.7% of the server's CPU on the no-database route (BENCHMARKS.md, "Over HTTP").
 
 use std::cell::RefCell;
 use std::fmt::{self, Write as _};

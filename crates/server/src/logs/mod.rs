@@ -5,7 +5,7 @@
 //! it a `write` to standard error under its lock: with the lock contended
 //! between the runtime's workers, that took 12% of the server's CPU on
 //! the no-database route, which read 68k requests per second with logs on
-//! against 90k with them off (BENCHMARKS.md §5); and once standard error
+//! against 90k with them off (BENCHMARKS.md, "Over HTTP"); and once standard error
 //! was a full pipe nobody read, every request hung. Here a request hands
 //! its line to a bounded queue and goes on; the writer thread takes every
 //! line waiting and writes them in blocks of up to 64 KiB: at once after

@@ -7,7 +7,7 @@
 //! character by character through its escaping of terminal
 //! controls; together with its timestamp that was 7% of the server's CPU
 //! on the no-database route, and formatting the `request` span's fields
-//! when it is made 3% (BENCHMARKS.md §5). [`TextFields`] writes the common
+//! when it is made 3% (BENCHMARKS.md, "Over HTTP"). [`TextFields`] writes the common
 //! cases (plain strings, integers, latencies) whole and leaves the rest to
 //! the same `Debug` output; [`TextLines`] writes the line around them.
 //! A unit test holds both to the upstream format's output, byte for byte.

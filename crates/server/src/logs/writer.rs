@@ -52,7 +52,7 @@ impl Write for &Queue {
 /// How long the writer thread lets lines gather after writing while they
 /// keep coming. Blocked on the queue instead, it was woken for every few
 /// lines, and spun and yielded each time before sleeping again: 2% of the
-/// server's CPU on the no-database route (BENCHMARKS.md §5). A sleeping
+/// server's CPU on the no-database route (BENCHMARKS.md, "Over HTTP"). A sleeping
 /// writer is not woken by the lines queued meanwhile; after a quiet spell
 /// it blocks on the queue, so an idle server has no timer running.
 const GATHER: Duration = Duration::from_millis(2);
