@@ -194,7 +194,7 @@ pub fn server_app(
 }
 
 /// Where the server in a benchmark's process logs: its `served` line per
-/// request costs CPU (BENCHMARKS.md §5), so a benchmark that serves HTTP
+/// request costs CPU (BENCHMARKS.md, "Over HTTP"), so a benchmark that serves HTTP
 /// logs as `pgbatch-server` does, only not onto the terminal.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServerLogArgs {
@@ -294,6 +294,43 @@ impl RunReport {
             self.max(),
         ]
         .map(|d| format!("{:.2}", ms(d)))
+    }
+}
+
+/// One run of a read contender, as the tools comparing contenders over
+/// interleaved rounds tabulate it.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadSample {
+    /// Reads per second.
+    pub per_sec: f64,
+    /// Median latency of a read, in milliseconds.
+    pub p50_ms: f64,
+    /// 99th percentile latency of a read, in milliseconds.
+    pub p99_ms: f64,
+    /// Keys per load (per statement, for contenders without a batcher).
+    pub mean_batch: f64,
+    /// CPU per read over the measured run, in µs, of this process: the
+    /// batcher, the pool, the driver, the callers.
+    pub client_us: f64,
+    /// The same of Postgres's processes (`NaN` when they could not be
+    /// read).
+    pub postgres_us: f64,
+}
+
+impl ReadSample {
+    /// The figures of `run`, whose loads took `mean_batch` keys each and
+    /// which used `cpu`.
+    pub fn new(run: &RunReport, mean_batch: f64, cpu: &cpu::CpuUse) -> Self {
+        Self {
+            per_sec: run.per_sec(),
+            p50_ms: ms(run.quantile(0.5)),
+            p99_ms: ms(run.quantile(0.99)),
+            mean_batch,
+            client_us: cpu::CpuUse::per_request_us(cpu.server, run.requests),
+            postgres_us: cpu
+                .postgres
+                .map_or(f64::NAN, |pg| cpu::CpuUse::per_request_us(pg, run.requests)),
+        }
     }
 }
 

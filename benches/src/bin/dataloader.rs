@@ -34,11 +34,11 @@ use std::time::Duration;
 use async_graphql::dataloader::{DataLoader, Loader as DataLoaderLoader};
 use benches::reads::{key, TableArgs};
 use benches::rounds::{median, spread, WarmRoundArgs};
-use benches::{closed_loop_warm, print_markdown, Align, RunReport};
+use benches::{closed_loop_warm, print_markdown, Align, ReadSample};
 use clap::Parser;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use benches::cpu::{CpuSnapshot, CpuUse};
+use benches::cpu::CpuSnapshot;
 use pgbatch::pg::{self, PgError, PgLoader, PoolOptions};
 use pgbatch::{Batcher, Concurrency};
 use server::db::queries::kv::KvQuery;
@@ -122,35 +122,6 @@ enum Contender {
     DataLoader(DlSetting),
 }
 
-/// One run's figures.
-#[derive(Debug, Clone, Copy)]
-struct Sample {
-    per_sec: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-    /// Keys per load over the warm-up and the run.
-    mean_batch: f64,
-    /// CPU per read over the measured run, in µs: this process (the
-    /// batcher, the pool, the driver, the callers) and Postgres.
-    client_us: f64,
-    postgres_us: f64,
-}
-
-impl Sample {
-    fn new(r: &RunReport, mean_batch: f64, cpu: &CpuUse) -> Self {
-        Self {
-            per_sec: r.per_sec(),
-            p50_ms: benches::ms(r.quantile(0.5)),
-            p99_ms: benches::ms(r.quantile(0.99)),
-            mean_batch,
-            client_us: CpuUse::per_request_us(cpu.server, r.requests),
-            postgres_us: cpu
-                .postgres
-                .map_or(f64::NAN, |pg| CpuUse::per_request_us(pg, r.requests)),
-        }
-    }
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
@@ -173,7 +144,7 @@ async fn run(
     loader: &PgLoader<KvQuery>,
     who: Contender,
     seconds: f64,
-) -> Sample {
+) -> ReadSample {
     let (warmup, run) = (
         Duration::from_secs_f64(args.runs.warmup),
         Duration::from_secs_f64(seconds),
@@ -237,7 +208,7 @@ async fn run(
         }
     };
     let cpu = CpuSnapshot::take(db.cluster.as_ref()).since(&before);
-    Sample::new(&report, mean_batch, &cpu)
+    ReadSample::new(&report, mean_batch, &cpu)
 }
 
 async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
@@ -347,7 +318,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
             Contender::PgbatchFixed(best_fixed),
         ),
     ];
-    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); contenders.len()];
+    let mut samples: Vec<Vec<ReadSample>> = vec![Vec::new(); contenders.len()];
     for round in 0..args.runs.rounds {
         // Each round in another order, so no contender always runs first.
         for i in 0..contenders.len() {
@@ -363,7 +334,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
         args.runs.rounds,
         best.describe()
     );
-    let ratio = |who: usize, of: usize, f: fn(&Sample) -> f64| -> String {
+    let ratio = |who: usize, of: usize, f: fn(&ReadSample) -> f64| -> String {
         let v: Vec<f64> = samples[who]
             .iter()
             .zip(&samples[of])
@@ -388,7 +359,8 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
             let per_sec: Vec<f64> = samples[i].iter().map(|s| s.per_sec).collect();
             let p50: Vec<f64> = samples[i].iter().map(|s| s.p50_ms).collect();
             let p99: Vec<f64> = samples[i].iter().map(|s| s.p99_ms).collect();
-            let column = |f: fn(&Sample) -> f64| -> Vec<f64> { samples[i].iter().map(f).collect() };
+            let column =
+                |f: fn(&ReadSample) -> f64| -> Vec<f64> { samples[i].iter().map(f).collect() };
             vec![
                 (*name).to_owned(),
                 spread(&per_sec, 0),

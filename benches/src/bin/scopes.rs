@@ -18,7 +18,10 @@
 //!   auth (one loader per request, so nothing is shared), with no delay
 //!   (its best for one key: the default 1 ms delay only adds latency);
 //! - pgbatch unscoped (one shared batcher as the pool's login role, which
-//!   bypasses the policy): what scoping costs, at one scope.
+//!   bypasses the policy): what scoping costs, at one scope;
+//! - at one scope only, pgbatch scoped as the login role (the scope's
+//!   transaction and setting without its role, so the policy is bypassed):
+//!   how that cost splits between the transaction and the policy.
 //!
 //! Interleaved rounds per scope count; medians with their spread; ratios
 //! per round against one transaction per request and, at one scope,
@@ -35,10 +38,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_graphql::dataloader::{DataLoader, Loader as DataLoaderLoader};
-use benches::cpu::{CpuSnapshot, CpuUse};
+use benches::cpu::CpuSnapshot;
 use benches::reads::{key, TableArgs};
 use benches::rounds::{median, spread, WarmRoundArgs};
-use benches::{closed_loop_warm, print_markdown, Align, RunReport};
+use benches::{closed_loop_warm, print_markdown, Align, ReadSample, RunReport};
 use clap::Parser;
 use pgbatch::pg::{self, Lease, PgError, PgLoader, PoolOptions, Scope, Sql, Statements};
 use pgbatch::{Batcher, ScopedLoader};
@@ -77,6 +80,7 @@ enum Contender {
     TransactionPerRequest,
     DataLoaderPerRequest,
     Unscoped,
+    ScopedAsLogin,
 }
 
 impl Contender {
@@ -86,44 +90,52 @@ impl Contender {
             Contender::TransactionPerRequest => "one transaction per request",
             Contender::DataLoaderPerRequest => "DataLoader per request",
             Contender::Unscoped => "pgbatch unscoped (bypasses the policy)",
+            Contender::ScopedAsLogin => "pgbatch scoped as the login role (bypasses the policy)",
         }
     }
 }
 
-/// One run's figures.
-#[derive(Debug, Clone, Copy)]
-struct Sample {
-    per_sec: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-    /// Keys per load (per statement, for the per-request contenders).
-    mean_batch: f64,
-    client_us: f64,
-    postgres_us: f64,
-}
-
 /// The requests' scopes and which key each may read.
-struct Scopes(Vec<Scope>);
+struct Scopes {
+    /// Each tenant's scope: the role and its setting.
+    as_role: Vec<Scope>,
+    /// The same settings without the role.
+    as_login: Vec<Scope>,
+}
 
 impl Scopes {
     fn new(count: u64) -> anyhow::Result<Self> {
-        (0..count)
-            .map(|t| {
-                Ok(Scope::builder()
-                    .label(format!("tenant {t}"))
-                    .role(ROLE)
-                    .setting("app.tenant", t.to_string())
-                    .build()?)
-            })
-            .collect::<anyhow::Result<_>>()
-            .map(Self)
+        let scopes = |role: bool| {
+            (0..count)
+                .map(|t| {
+                    let builder = Scope::builder().label(format!("tenant {t}"));
+                    let builder = if role { builder.role(ROLE) } else { builder };
+                    Ok(builder.setting("app.tenant", t.to_string()).build()?)
+                })
+                .collect::<anyhow::Result<Vec<_>>>()
+        };
+        Ok(Self {
+            as_role: scopes(true)?,
+            as_login: scopes(false)?,
+        })
     }
 
     /// For the random draw `k` of `rows`: its request's scope, and a key
     /// that scope may see (a row whose number ends in the scope's
     /// tenant), near `k`.
     fn request(&self, k: u64, rows: u64) -> (&Scope, String) {
-        let count = self.0.len() as u64;
+        let (i, key) = self.draw(k, rows);
+        (&self.as_role[i], key)
+    }
+
+    /// As [`request`](Self::request), with the scope without its role.
+    fn request_as_login(&self, k: u64, rows: u64) -> (&Scope, String) {
+        let (i, key) = self.draw(k, rows);
+        (&self.as_login[i], key)
+    }
+
+    fn draw(&self, k: u64, rows: u64) -> (usize, String) {
+        let count = self.as_role.len() as u64;
         let thousand = k / 1000;
         let tenant = thousand % count;
         let mut row = thousand * 1000 + tenant;
@@ -131,7 +143,7 @@ impl Scopes {
             row = 1000 + tenant;
         }
         // `key(k)` names row k + 1.
-        (&self.0[tenant as usize], key(row - 1))
+        (tenant as usize, key(row - 1))
     }
 }
 
@@ -207,7 +219,7 @@ async fn run(
     pool: &pg::Pool,
     scopes: &Arc<Scopes>,
     who: Contender,
-) -> Sample {
+) -> ReadSample {
     let (warmup, seconds) = (
         Duration::from_secs_f64(args.runs.warmup),
         Duration::from_secs_f64(args.runs.seconds),
@@ -220,7 +232,7 @@ async fn run(
     let loader = PgLoader::new(pool.clone(), KvQuery);
     let loads = Arc::new(AtomicU64::new(0));
     let (report, before, batcher_loads): (RunReport, _, Option<f64>) = match who {
-        Contender::Scoped => {
+        Contender::Scoped | Contender::ScopedAsLogin => {
             let batcher: Batcher<String, String, Scope> =
                 Batcher::builder().build_scoped(loader).expect("defaults");
             let (b, scopes) = (batcher.clone(), Arc::clone(scopes));
@@ -228,7 +240,11 @@ async fn run(
                 closed_loop_warm(args.callers, warmup, seconds, rows, move |k| {
                     let (b, scopes) = (b.clone(), Arc::clone(&scopes));
                     async move {
-                        let (scope, key) = scopes.request(k, rows);
+                        let (scope, key) = if who == Contender::Scoped {
+                            scopes.request(k, rows)
+                        } else {
+                            scopes.request_as_login(k, rows)
+                        };
                         match b.load_as(scope, key).await {
                             Ok(Some(_)) => {}
                             other => panic!("scoped read: {other:?}"),
@@ -306,16 +322,7 @@ async fn run(
         }
     };
     let cpu = CpuSnapshot::take(db.cluster.as_ref()).since(&before);
-    Sample {
-        per_sec: report.per_sec(),
-        p50_ms: benches::ms(report.quantile(0.5)),
-        p99_ms: benches::ms(report.quantile(0.99)),
-        mean_batch: batcher_loads.unwrap_or(f64::NAN),
-        client_us: CpuUse::per_request_us(cpu.server, report.requests),
-        postgres_us: cpu
-            .postgres
-            .map_or(f64::NAN, |pg| CpuUse::per_request_us(pg, report.requests)),
-    }
+    ReadSample::new(&report, batcher_loads.unwrap_or(f64::NAN), &cpu)
 }
 
 async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
@@ -334,23 +341,27 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
         args.runs.warmup,
         args.runs.rounds
     );
-    let contenders = [
-        Contender::Scoped,
-        Contender::TransactionPerRequest,
-        Contender::DataLoaderPerRequest,
-        Contender::Unscoped,
-    ];
     let mut table = Vec::new();
     for &count in &args.scopes {
+        // Ratios below are against the second and fourth.
+        let mut contenders = vec![
+            Contender::Scoped,
+            Contender::TransactionPerRequest,
+            Contender::DataLoaderPerRequest,
+            Contender::Unscoped,
+        ];
+        if count == 1 {
+            contenders.push(Contender::ScopedAsLogin);
+        }
         let scopes = Arc::new(Scopes::new(count)?);
-        let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); contenders.len()];
+        let mut samples: Vec<Vec<ReadSample>> = vec![Vec::new(); contenders.len()];
         for round in 0..args.runs.rounds {
             for i in 0..contenders.len() {
                 let c = (i + round) % contenders.len();
                 samples[c].push(run(args, db, &pool, &scopes, contenders[c]).await);
             }
         }
-        let ratio = |who: usize, of: usize, f: fn(&Sample) -> f64| -> String {
+        let ratio = |who: usize, of: usize, f: fn(&ReadSample) -> f64| -> String {
             let v: Vec<f64> = samples[who]
                 .iter()
                 .zip(&samples[of])
@@ -359,7 +370,8 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
             spread(&v, 2)
         };
         for (i, who) in contenders.iter().enumerate() {
-            let column = |f: fn(&Sample) -> f64| -> Vec<f64> { samples[i].iter().map(f).collect() };
+            let column =
+                |f: fn(&ReadSample) -> f64| -> Vec<f64> { samples[i].iter().map(f).collect() };
             table.push(vec![
                 count.to_string(),
                 who.name().to_owned(),
@@ -414,6 +426,9 @@ mod tests {
             let row: u64 = key.parse().unwrap();
             assert_eq!(row % 1000, tenant, "k {k}");
             assert!((1..=10_000_000).contains(&row));
+            let (login, same) = scopes.request_as_login(k, 10_000_000);
+            assert_eq!((login.label(), login.role()), (scope.label(), None));
+            assert_eq!(same, key);
         }
     }
 }

@@ -323,17 +323,18 @@ async fn nothing_of_a_scope_survives<D: Driver>() {
     let login = rls.auth_role.clone();
     let (probe, batcher) = D::open(&rls.auth, 1, false, Sql::Notes, Batcher::builder()).await;
     let ctx = D::NAME;
-    assert!(is_clean(&probe.session().await, &login), "{ctx}: fresh");
+    let clean = async |when: &str| {
+        let session = probe.session().await;
+        assert!(is_clean(&session, &login), "{ctx}: {when}: {session:?}");
+    };
+    clean("fresh").await;
 
     // After a success.
     assert_eq!(
         batcher.load_as(&rls.tenant(3), 13).await.unwrap(),
         view(3, 13)
     );
-    assert!(
-        is_clean(&probe.session().await, &login),
-        "{ctx}: after a success"
-    );
+    clean("after a success").await;
 
     // After a statement that failed (the strict policy's cast).
     let bad = rls.scope(&rls.tenant_role, "not-a-number");
@@ -343,10 +344,7 @@ async fn nothing_of_a_scope_survives<D: Driver>() {
         "{ctx}: {err}"
     );
     assert!(!err.is_retryable(), "{ctx}: {err}");
-    assert!(
-        is_clean(&probe.session().await, &login),
-        "{ctx}: after a failed statement"
-    );
+    clean("after a failed statement").await;
 
     // After a role the database refused.
     let stranger = rls.scope(&rls.stranger_role, "3");
@@ -355,10 +353,7 @@ async fn nothing_of_a_scope_survives<D: Driver>() {
         err.to_string().contains("permission denied"),
         "{ctx}: {err}"
     );
-    assert!(
-        is_clean(&probe.session().await, &login),
-        "{ctx}: after a refused role"
-    );
+    clean("after a refused role").await;
 
     // After a killed connection: the load runs again on a new one.
     kill_sessions_of(&rls.admin, &login).await;
@@ -366,10 +361,7 @@ async fn nothing_of_a_scope_survives<D: Driver>() {
         batcher.load_as(&rls.tenant(4), 14).await.unwrap(),
         view(4, 14)
     );
-    assert!(
-        is_clean(&probe.session().await, &login),
-        "{ctx}: after a kill"
-    );
+    clean("after a kill").await;
 }
 
 /// Ends every session of `role` in the database.
