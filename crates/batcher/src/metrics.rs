@@ -403,6 +403,7 @@ mod tests {
         let snapshotter = recorder.snapshotter();
         let cache = ::metrics::with_local_recorder(&recorder, || {
             crate::cache::Cache::builder()
+                .admission(crate::cache::Admission::Always)
                 .name("objects")
                 .build(|k: u64| async move { Ok(Some(k)) })
                 .unwrap()

@@ -85,7 +85,7 @@ impl<K, V> Default for CacheBuilder<K, V> {
             time_to_live: Duration::from_secs(20),
             jitter: Duration::from_secs(3),
             negative_ttl: None,
-            admission: Admission::Always,
+            admission: Admission::default(),
             shared_when: None,
             _types: PhantomData,
         }
@@ -138,9 +138,9 @@ where
         self
     }
 
-    /// Which loaded values are stored. Default [`Admission::Always`];
-    /// [`Admission::SecondMiss`] for lookups spread over many more keys
-    /// than the cache holds.
+    /// Which loaded values are stored. Default
+    /// [`Admission::SecondMiss`]: a key's value from its second miss on;
+    /// [`Admission::Always`] where a key's first repeat must be a hit.
     pub fn admission(mut self, admission: Admission) -> Self {
         self.admission = admission;
         self

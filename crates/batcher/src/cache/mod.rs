@@ -30,8 +30,8 @@
 //!   epoch is still current.
 //! - **Bounded.** Capacity by entry count or by weight, with moka's
 //!   TinyLFU eviction.
-//! - **Admission.** With [`Admission::SecondMiss`], a key's value is
-//!   stored from its second miss on, so keys read once (but for the
+//! - **Admission.** By default ([`Admission::SecondMiss`]) a key's value
+//!   is stored from its second miss on, so keys read once (but for the
 //!   doorkeeper's few false positives) never reach moka.
 //!
 //! # Modules

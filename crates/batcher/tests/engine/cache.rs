@@ -101,10 +101,14 @@ impl Loads {
 /// through `loads`: which load an answer came from.
 fn numbering_cache(via: Via, loads: &Arc<Loads>) -> Cache<u64, usize> {
     let loads = Arc::clone(loads);
-    build_via(via, Cache::builder(), move |_k: u64| {
-        let loads = Arc::clone(&loads);
-        async move { Ok(Some(loads.pass().await)) }
-    })
+    build_via(
+        via,
+        Cache::builder().admission(Admission::Always),
+        move |_k: u64| {
+            let loads = Arc::clone(&loads);
+            async move { Ok(Some(loads.pass().await)) }
+        },
+    )
 }
 
 /// `cache.get(key)` in a task of its own.
@@ -117,7 +121,7 @@ fn spawn_get<V: Clone + Send + Sync + 'static>(
 }
 
 fn counting_cache(via: Via, loads: &Arc<Loads>) -> Cache<u64, String> {
-    counting_cache_with(via, loads, Cache::builder())
+    counting_cache_with(via, loads, Cache::builder().admission(Admission::Always))
 }
 
 /// A cache built by `builder` whose loads of a key go through `loads`.
@@ -210,6 +214,7 @@ async fn a_thousand_gets_over_a_hundred_keys_through_a_batcher_make_few_batches(
         .build(loader.clone())
         .unwrap();
     let cache = Cache::builder()
+        .admission(Admission::Always)
         .build_with_batcher(batcher.clone())
         .unwrap();
 
@@ -275,7 +280,7 @@ fn failing_first(
 #[tokio::test]
 async fn errors_are_not_cached() {
     for via in VIAS {
-        let (cache, calls) = failing_first(via, 1, Cache::builder());
+        let (cache, calls) = failing_first(via, 1, Cache::builder().admission(Admission::Always));
         let err = cache.get(1).await.unwrap_err();
         assert!(says(&err, "database down"), "{via:?}: {err:?}");
         assert_eq!(cache.get(1).await.unwrap(), Some(value_of(1)));
@@ -297,17 +302,21 @@ enum Panic {
 /// normally after.
 fn first_call_panics(via: Via, at: Panic) -> Cache<u64, String> {
     let calls = AtomicUsize::new(0);
-    build_via(via, Cache::builder(), move |k: u64| {
-        let first = calls.fetch_add(1, SeqCst) == 0;
-        assert!(
-            !(first && at == Panic::BeforeFuture),
-            "the first call panics before making its future"
-        );
-        async move {
-            assert!(!first, "first load panics on purpose");
-            Ok(Some(value_of(k)))
-        }
-    })
+    build_via(
+        via,
+        Cache::builder().admission(Admission::Always),
+        move |k: u64| {
+            let first = calls.fetch_add(1, SeqCst) == 0;
+            assert!(
+                !(first && at == Panic::BeforeFuture),
+                "the first call panics before making its future"
+            );
+            async move {
+                assert!(!first, "first load panics on purpose");
+                Ok(Some(value_of(k)))
+            }
+        },
+    )
 }
 
 #[tokio::test]
@@ -333,7 +342,9 @@ async fn not_found_cached_with_negative_ttl(via: Via) {
     let calls = Arc::new(AtomicUsize::new(0));
     let build = |negative: Option<Duration>| {
         let calls = Arc::clone(&calls);
-        let mut b = Cache::<u64, String>::builder().jitter(Duration::ZERO);
+        let mut b = Cache::<u64, String>::builder()
+            .admission(Admission::Always)
+            .jitter(Duration::ZERO);
         if let Some(ttl) = negative {
             b = b.negative_ttl(ttl);
         }
@@ -369,6 +380,7 @@ async fn entries_expire_spread_over_the_jitter() {
         Via::Flights,
         &loads,
         Cache::builder()
+            .admission(Admission::Always)
             .time_to_live(Duration::from_millis(200))
             .jitter(Duration::from_millis(2000)),
     );
@@ -439,7 +451,13 @@ async fn invalidation_wins(via: Via) {
 #[tokio::test]
 async fn capacity_is_bounded_by_count_or_by_weight() {
     let loads = Arc::new(Loads::default());
-    let by_count = counting_cache_with(Via::Batcher, &loads, Cache::builder().max_capacity(100));
+    let by_count = counting_cache_with(
+        Via::Batcher,
+        &loads,
+        Cache::builder()
+            .admission(Admission::Always)
+            .max_capacity(100),
+    );
     for k in 0..1000 {
         by_count.get(k).await.unwrap();
     }
@@ -490,7 +508,7 @@ async fn a_lone_callers_abandoned_load_still_fills_the_cache() {
 }
 
 #[tokio::test]
-async fn with_second_miss_admission_a_key_is_stored_from_its_second_miss() {
+async fn by_default_a_key_is_stored_from_its_second_miss() {
     for via in VIAS {
         second_miss_admission(via).await;
     }
@@ -501,9 +519,8 @@ async fn second_miss_admission(via: Via) {
     let cache = counting_cache_with(
         via,
         &loads,
-        Cache::builder()
-            .admission(Admission::SecondMiss)
-            .negative_ttl(Duration::from_secs(60)),
+        // The default admission: second miss.
+        Cache::builder().negative_ttl(Duration::from_secs(60)),
     );
     assert_eq!(cache.get(5).await.unwrap(), Some(value_of(5)));
     assert_eq!(cache.get(5).await.unwrap(), Some(value_of(5)));
@@ -609,9 +626,11 @@ async fn a_second_cache_over_the_same_batcher_still_coalesces_and_fills() {
     let loader = TestLoader::new();
     let batcher: Batcher<u64, String> = Batcher::builder().build(loader.clone()).unwrap();
     let first = Cache::builder()
+        .admission(Admission::Always)
         .build_with_batcher(batcher.clone())
         .unwrap();
     let second = Cache::builder()
+        .admission(Admission::Always)
         .build_with_batcher(batcher.clone())
         .unwrap();
     for cache in [&first, &second] {
@@ -631,7 +650,10 @@ async fn a_dropped_cache_lets_its_batchers_worker_stop() {
         .build_pair(TestLoader::new())
         .unwrap();
     let worker = tokio::spawn(worker.run());
-    let cache = Cache::builder().build_with_batcher(batcher).unwrap();
+    let cache = Cache::builder()
+        .admission(Admission::Always)
+        .build_with_batcher(batcher)
+        .unwrap();
     assert_eq!(cache.get(1).await.unwrap(), Some(value_of(1)));
     drop(cache);
     tokio::time::timeout(Duration::from_secs(10), worker)
@@ -648,6 +670,7 @@ async fn concurrent_misses_over_a_batcher_load_each_key_once_and_fill() {
         .build(loader.clone())
         .unwrap();
     let cache = Cache::builder()
+        .admission(Admission::Always)
         .build_with_batcher(batcher.clone())
         .unwrap();
     gets_over_keys(&cache, &loader, 400, 40).await;
@@ -693,6 +716,7 @@ async fn a_plain_load_beside_a_running_miss_leaves_it_joinable() {
     let loader = TestLoader::gated();
     let batcher: Batcher<u64, String> = Batcher::builder().build(loader.clone()).unwrap();
     let cache = Cache::builder()
+        .admission(Admission::Always)
         .build_with_batcher(batcher.clone())
         .unwrap();
     let miss = spawn_get(&cache, 5);
@@ -749,7 +773,9 @@ async fn an_insert_is_stored_whatever_the_admission() {
 async fn get_if_present_answers_from_the_cache_and_never_loads() {
     for via in VIAS {
         let loads = Arc::new(Loads::default());
-        let builder = Cache::builder().negative_ttl(Duration::from_secs(60));
+        let builder = Cache::builder()
+            .admission(Admission::Always)
+            .negative_ttl(Duration::from_secs(60));
         let counted = Arc::clone(&loads);
         let cache = build_via(via, builder, move |k: u64| {
             let loads = Arc::clone(&counted);
@@ -790,7 +816,10 @@ async fn get_many_answers_hits_from_the_cache_and_sends_the_misses_as_one_load()
             }
         }))
         .unwrap();
-    let cache = Cache::builder().build_with_batcher(batcher).unwrap();
+    let cache = Cache::builder()
+        .admission(Admission::Always)
+        .build_with_batcher(batcher)
+        .unwrap();
     for k in 1..=5 {
         cache.insert(k, format!("primed {k}")).await;
     }
@@ -874,7 +903,10 @@ async fn a_burst_of_misses_loads_each_key_once_though_misses_wait_behind_loads()
             }
         }))
         .unwrap();
-    let cache = Cache::builder().build_with_batcher(batcher).unwrap();
+    let cache = Cache::builder()
+        .admission(Admission::Always)
+        .build_with_batcher(batcher)
+        .unwrap();
     let gets: Vec<_> = (0..400u64)
         .map(|i| {
             let cache = cache.clone();
@@ -891,4 +923,38 @@ async fn a_burst_of_misses_loads_each_key_once_though_misses_wait_behind_loads()
     loaded.dedup();
     assert_eq!(loaded.len(), 100);
     assert_eq!(all, 100, "each key loaded once");
+}
+
+/// A caller looping over hits lets the thread's other tasks run: moka
+/// answers a hit at once, so without the cache spending tokio's budget the
+/// loop would hold its thread until it ended. On one thread, a task that
+/// only counts runs while another does 10,000 hits, over both sources.
+#[tokio::test(flavor = "current_thread")]
+async fn a_caller_looping_over_hits_lets_other_tasks_run() {
+    for via in [Via::Batcher, Via::Flights] {
+        let loads = Arc::new(Loads::default());
+        let cache = counting_cache(via, &loads);
+        cache.get(1).await.unwrap();
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let counter = {
+            let ticks = Arc::clone(&ticks);
+            tokio::spawn(async move {
+                loop {
+                    ticks.fetch_add(1, SeqCst);
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        tokio::task::yield_now().await;
+        let before = ticks.load(SeqCst);
+        for _ in 0..10_000 {
+            assert_eq!(cache.get(1).await.unwrap(), Some(value_of(1)));
+        }
+        let during = ticks.load(SeqCst) - before;
+        counter.abort();
+        assert!(
+            during >= 10,
+            "{via:?}: the other task ran {during} times during 10,000 hits"
+        );
+    }
 }

@@ -280,7 +280,7 @@ async fn a_key_the_loader_fails_fails_alone() {
 
 #[cfg(feature = "cache")]
 mod cache {
-    use pgbatch::cache::Cache;
+    use pgbatch::cache::{Admission, Cache};
 
     use super::*;
 
@@ -288,7 +288,10 @@ mod cache {
     async fn a_value_read_as_one_scope_is_never_served_to_another() {
         let views = Views::default();
         let b: Batcher<u64, String, u32> = Batcher::builder().build_scoped(views.clone()).unwrap();
-        let cache = Cache::builder().build_with_batcher(b).unwrap();
+        let cache = Cache::builder()
+            .admission(Admission::Always)
+            .build_with_batcher(b)
+            .unwrap();
         assert_eq!(cache.get_as(&1, 7).await.unwrap(), Some(seen(1, 7)));
         assert_eq!(cache.get_as(&2, 7).await.unwrap(), Some(seen(2, 7)));
         assert_eq!(cache.get_as(&6, 7).await.unwrap(), None, "hidden");
@@ -305,7 +308,10 @@ mod cache {
     async fn invalidating_a_key_drops_every_scopes_copy() {
         let views = Views::default();
         let b: Batcher<u64, String, u32> = Batcher::builder().build_scoped(views.clone()).unwrap();
-        let cache = Cache::builder().build_with_batcher(b).unwrap();
+        let cache = Cache::builder()
+            .admission(Admission::Always)
+            .build_with_batcher(b)
+            .unwrap();
         for scope in 1..=4 {
             cache.get_as(&scope, 11).await.unwrap();
         }
@@ -340,6 +346,7 @@ mod cache {
         let views = Views::default();
         let b: Batcher<u64, String, u32> = Batcher::builder().build_scoped(views.clone()).unwrap();
         let cache = Cache::builder()
+            .admission(Admission::Always)
             .negative_ttl(Duration::from_secs(60))
             .shared_when(|v: &String| v.ends_with("row 1"))
             .build_with_batcher(b)
@@ -367,6 +374,7 @@ mod cache {
             .build(Picky)
             .unwrap();
         let cache = Cache::builder()
+            .admission(Admission::Always)
             .negative_ttl(Duration::from_secs(60))
             .build_with_batcher(b)
             .unwrap();
@@ -386,6 +394,7 @@ mod cache {
         let loads = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&loads);
         let cache: Cache<u64, String, u32> = Cache::builder()
+            .admission(Admission::Always)
             .build_scoped(move |scope: u32, key: u64| {
                 counted.fetch_add(1, SeqCst);
                 async move { Ok((!hidden(scope, key)).then(|| seen(scope, key))) }

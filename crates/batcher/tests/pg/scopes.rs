@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use embedded_pg::pgbouncer::{PgBouncer, PoolMode};
-use pgbatch::cache::Cache;
+use pgbatch::cache::{Admission, Cache};
 use pgbatch::db::Scope;
 use pgbatch::{Batcher, BatcherBuilder, Concurrency, Error};
 use proptest::prelude::*;
@@ -512,6 +512,7 @@ async fn the_cache_keeps_tenants_apart<D: Driver>() {
     let rls = rls_database().await;
     let (_, batcher) = D::open(&rls.auth, 4, false, Sql::Notes, Batcher::builder()).await;
     let cache = Cache::builder()
+        .admission(Admission::Always)
         .negative_ttl(Duration::from_secs(60))
         .build_with_batcher(batcher.clone())
         .unwrap();
@@ -637,6 +638,7 @@ async fn wrong_answers<D: Driver>(
     let (_, batcher) = D::open(&rls.auth, 4, false, Sql::Notes, builder).await;
     let cache = cached.then(|| {
         Cache::builder()
+            .admission(Admission::Always)
             .build_with_batcher(batcher.clone())
             .unwrap()
     });
