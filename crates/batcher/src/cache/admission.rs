@@ -19,9 +19,9 @@ use fastbloom::AtomicBloomFilter;
 /// The default is [`SecondMiss`](Self::SecondMiss), chosen by measurement
 /// (BENCHMARKS.md, "Which values the cache stores"): 300 callers reading
 /// uniformly random keys through a cache of 1,000,000 entries in front of
-/// the batcher read 1.22-1.28x faster with it than with
+/// the batcher read 1.15-1.53x faster with it than with
 /// [`Always`](Self::Always) over 10,000,000 keys, which do not fit, and
-/// 0.97-1.07x over 100,000 keys, which do (both admit every key after
+/// 0.92-1.08x over 100,000 keys, which do (both admit every key after
 /// its second miss; `Always` after its first).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -30,9 +30,10 @@ pub enum Admission {
     /// a hit. Under lookups spread over many more keys than the cache
     /// holds, each miss then pays a store and an eviction for a value
     /// read once, and the cache reads slower than the batcher alone.
-    /// Choose it where a key's second read must be a hit: a value read
-    /// twice in quick succession and never again (a token checked by two
-    /// requests of one page, say).
+    /// Choose it where a key's second read must be a hit: a key asked for
+    /// again within one request (a GraphQL query whose books share
+    /// authors, as in the `graphql` example), or a value read twice in
+    /// quick succession and never again.
     Always,
     /// Store a key's value only from its second miss within a window of
     /// about `max_capacity` first misses (the default); the first miss is
