@@ -152,6 +152,11 @@ async fn main() -> anyhow::Result<()> {
         }
         args.statement_rounds = 1;
     }
+    // Checked before any run, not after minutes of them.
+    let rows = args.table.rows;
+    if let Some(keys) = args.cached_keys.iter().find(|k| !(1..=rows).contains(*k)) {
+        anyhow::bail!("--cached-keys {keys}: between 1 and the table's {rows} rows");
+    }
     let run = Duration::from_secs_f64(args.seconds);
     args.table
         .with_table(|o| o, async |db| measure(&args, db, run).await)
@@ -248,10 +253,6 @@ async fn measure(args: &Args, db: &Database, run: Duration) -> anyhow::Result<()
             args.cached_keys.clone()
         };
         for keys in spaces {
-            anyhow::ensure!(
-                (1..=rows).contains(&keys),
-                "--cached-keys {keys}: between 1 and the table's {rows} rows"
-            );
             let space = if keys == rows {
                 String::new()
             } else {
