@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::support::{value_of, TestLoader};
+use crate::support::{storing_every_value, value_of, TestLoader};
 use pgbatch::cache::{Admission, Cache, CacheBuilder};
 use pgbatch::{loader_fn, Batcher, Error};
 use tokio::sync::Semaphore;
@@ -101,14 +101,10 @@ impl Loads {
 /// through `loads`: which load an answer came from.
 fn numbering_cache(via: Via, loads: &Arc<Loads>) -> Cache<u64, usize> {
     let loads = Arc::clone(loads);
-    build_via(
-        via,
-        Cache::builder().admission(Admission::Always),
-        move |_k: u64| {
-            let loads = Arc::clone(&loads);
-            async move { Ok(Some(loads.pass().await)) }
-        },
-    )
+    build_via(via, storing_every_value(), move |_k: u64| {
+        let loads = Arc::clone(&loads);
+        async move { Ok(Some(loads.pass().await)) }
+    })
 }
 
 /// `cache.get(key)` in a task of its own.
@@ -121,7 +117,7 @@ fn spawn_get<V: Clone + Send + Sync + 'static>(
 }
 
 fn counting_cache(via: Via, loads: &Arc<Loads>) -> Cache<u64, String> {
-    counting_cache_with(via, loads, Cache::builder().admission(Admission::Always))
+    counting_cache_with(via, loads, storing_every_value())
 }
 
 /// A cache built by `builder` whose loads of a key go through `loads`.
@@ -213,8 +209,7 @@ async fn a_thousand_gets_over_a_hundred_keys_through_a_batcher_make_few_batches(
         .direct_when_idle(false)
         .build(loader.clone())
         .unwrap();
-    let cache = Cache::builder()
-        .admission(Admission::Always)
+    let cache = storing_every_value()
         .build_with_batcher(batcher.clone())
         .unwrap();
 
@@ -280,7 +275,7 @@ fn failing_first(
 #[tokio::test]
 async fn errors_are_not_cached() {
     for via in VIAS {
-        let (cache, calls) = failing_first(via, 1, Cache::builder().admission(Admission::Always));
+        let (cache, calls) = failing_first(via, 1, storing_every_value());
         let err = cache.get(1).await.unwrap_err();
         assert!(says(&err, "database down"), "{via:?}: {err:?}");
         assert_eq!(cache.get(1).await.unwrap(), Some(value_of(1)));
@@ -302,21 +297,17 @@ enum Panic {
 /// normally after.
 fn first_call_panics(via: Via, at: Panic) -> Cache<u64, String> {
     let calls = AtomicUsize::new(0);
-    build_via(
-        via,
-        Cache::builder().admission(Admission::Always),
-        move |k: u64| {
-            let first = calls.fetch_add(1, SeqCst) == 0;
-            assert!(
-                !(first && at == Panic::BeforeFuture),
-                "the first call panics before making its future"
-            );
-            async move {
-                assert!(!first, "first load panics on purpose");
-                Ok(Some(value_of(k)))
-            }
-        },
-    )
+    build_via(via, storing_every_value(), move |k: u64| {
+        let first = calls.fetch_add(1, SeqCst) == 0;
+        assert!(
+            !(first && at == Panic::BeforeFuture),
+            "the first call panics before making its future"
+        );
+        async move {
+            assert!(!first, "first load panics on purpose");
+            Ok(Some(value_of(k)))
+        }
+    })
 }
 
 #[tokio::test]
@@ -342,9 +333,7 @@ async fn not_found_cached_with_negative_ttl(via: Via) {
     let calls = Arc::new(AtomicUsize::new(0));
     let build = |negative: Option<Duration>| {
         let calls = Arc::clone(&calls);
-        let mut b = Cache::<u64, String>::builder()
-            .admission(Admission::Always)
-            .jitter(Duration::ZERO);
+        let mut b = storing_every_value::<u64, String>().jitter(Duration::ZERO);
         if let Some(ttl) = negative {
             b = b.negative_ttl(ttl);
         }
@@ -379,8 +368,7 @@ async fn entries_expire_spread_over_the_jitter() {
     let cache: Cache<u64, String> = counting_cache_with(
         Via::Flights,
         &loads,
-        Cache::builder()
-            .admission(Admission::Always)
+        storing_every_value()
             .time_to_live(Duration::from_millis(200))
             .jitter(Duration::from_millis(2000)),
     );
@@ -454,9 +442,7 @@ async fn capacity_is_bounded_by_count_or_by_weight() {
     let by_count = counting_cache_with(
         Via::Batcher,
         &loads,
-        Cache::builder()
-            .admission(Admission::Always)
-            .max_capacity(100),
+        storing_every_value().max_capacity(100),
     );
     for k in 0..1000 {
         by_count.get(k).await.unwrap();
@@ -625,12 +611,10 @@ async fn a_lookup_after_an_invalidation_does_not_join_the_load_before_it() {
 async fn a_second_cache_over_the_same_batcher_still_coalesces_and_fills() {
     let loader = TestLoader::new();
     let batcher: Batcher<u64, String> = Batcher::builder().build(loader.clone()).unwrap();
-    let first = Cache::builder()
-        .admission(Admission::Always)
+    let first = storing_every_value()
         .build_with_batcher(batcher.clone())
         .unwrap();
-    let second = Cache::builder()
-        .admission(Admission::Always)
+    let second = storing_every_value()
         .build_with_batcher(batcher.clone())
         .unwrap();
     for cache in [&first, &second] {
@@ -650,10 +634,7 @@ async fn a_dropped_cache_lets_its_batchers_worker_stop() {
         .build_pair(TestLoader::new())
         .unwrap();
     let worker = tokio::spawn(worker.run());
-    let cache = Cache::builder()
-        .admission(Admission::Always)
-        .build_with_batcher(batcher)
-        .unwrap();
+    let cache = storing_every_value().build_with_batcher(batcher).unwrap();
     assert_eq!(cache.get(1).await.unwrap(), Some(value_of(1)));
     drop(cache);
     tokio::time::timeout(Duration::from_secs(10), worker)
@@ -669,8 +650,7 @@ async fn concurrent_misses_over_a_batcher_load_each_key_once_and_fill() {
         .max_batch_size(8)
         .build(loader.clone())
         .unwrap();
-    let cache = Cache::builder()
-        .admission(Admission::Always)
+    let cache = storing_every_value()
         .build_with_batcher(batcher.clone())
         .unwrap();
     gets_over_keys(&cache, &loader, 400, 40).await;
@@ -715,8 +695,7 @@ async fn invalidating_everything_wins_over_a_load_already_running() {
 async fn a_plain_load_beside_a_running_miss_leaves_it_joinable() {
     let loader = TestLoader::gated();
     let batcher: Batcher<u64, String> = Batcher::builder().build(loader.clone()).unwrap();
-    let cache = Cache::builder()
-        .admission(Admission::Always)
+    let cache = storing_every_value()
         .build_with_batcher(batcher.clone())
         .unwrap();
     let miss = spawn_get(&cache, 5);
@@ -773,9 +752,7 @@ async fn an_insert_is_stored_whatever_the_admission() {
 async fn get_if_present_answers_from_the_cache_and_never_loads() {
     for via in VIAS {
         let loads = Arc::new(Loads::default());
-        let builder = Cache::builder()
-            .admission(Admission::Always)
-            .negative_ttl(Duration::from_secs(60));
+        let builder = storing_every_value().negative_ttl(Duration::from_secs(60));
         let counted = Arc::clone(&loads);
         let cache = build_via(via, builder, move |k: u64| {
             let loads = Arc::clone(&counted);
@@ -816,10 +793,7 @@ async fn get_many_answers_hits_from_the_cache_and_sends_the_misses_as_one_load()
             }
         }))
         .unwrap();
-    let cache = Cache::builder()
-        .admission(Admission::Always)
-        .build_with_batcher(batcher)
-        .unwrap();
+    let cache = storing_every_value().build_with_batcher(batcher).unwrap();
     for k in 1..=5 {
         cache.insert(k, format!("primed {k}")).await;
     }
@@ -903,10 +877,7 @@ async fn a_burst_of_misses_loads_each_key_once_though_misses_wait_behind_loads()
             }
         }))
         .unwrap();
-    let cache = Cache::builder()
-        .admission(Admission::Always)
-        .build_with_batcher(batcher)
-        .unwrap();
+    let cache = storing_every_value().build_with_batcher(batcher).unwrap();
     let gets: Vec<_> = (0..400u64)
         .map(|i| {
             let cache = cache.clone();

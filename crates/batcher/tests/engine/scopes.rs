@@ -280,7 +280,8 @@ async fn a_key_the_loader_fails_fails_alone() {
 
 #[cfg(feature = "cache")]
 mod cache {
-    use pgbatch::cache::{Admission, Cache};
+    use crate::support::storing_every_value;
+    use pgbatch::cache::Cache;
 
     use super::*;
 
@@ -288,10 +289,7 @@ mod cache {
     async fn a_value_read_as_one_scope_is_never_served_to_another() {
         let views = Views::default();
         let b: Batcher<u64, String, u32> = Batcher::builder().build_scoped(views.clone()).unwrap();
-        let cache = Cache::builder()
-            .admission(Admission::Always)
-            .build_with_batcher(b)
-            .unwrap();
+        let cache = storing_every_value().build_with_batcher(b).unwrap();
         assert_eq!(cache.get_as(&1, 7).await.unwrap(), Some(seen(1, 7)));
         assert_eq!(cache.get_as(&2, 7).await.unwrap(), Some(seen(2, 7)));
         assert_eq!(cache.get_as(&6, 7).await.unwrap(), None, "hidden");
@@ -308,10 +306,7 @@ mod cache {
     async fn invalidating_a_key_drops_every_scopes_copy() {
         let views = Views::default();
         let b: Batcher<u64, String, u32> = Batcher::builder().build_scoped(views.clone()).unwrap();
-        let cache = Cache::builder()
-            .admission(Admission::Always)
-            .build_with_batcher(b)
-            .unwrap();
+        let cache = storing_every_value().build_with_batcher(b).unwrap();
         for scope in 1..=4 {
             cache.get_as(&scope, 11).await.unwrap();
         }
@@ -345,8 +340,7 @@ mod cache {
     async fn values_marked_shared_are_served_to_every_scope_but_not_found_never_is() {
         let views = Views::default();
         let b: Batcher<u64, String, u32> = Batcher::builder().build_scoped(views.clone()).unwrap();
-        let cache = Cache::builder()
-            .admission(Admission::Always)
+        let cache = storing_every_value()
             .negative_ttl(Duration::from_secs(60))
             .shared_when(|v: &String| v.ends_with("row 1"))
             .build_with_batcher(b)
@@ -373,8 +367,7 @@ mod cache {
             .max_batch_size(2)
             .build(Picky)
             .unwrap();
-        let cache = Cache::builder()
-            .admission(Admission::Always)
+        let cache = storing_every_value()
             .negative_ttl(Duration::from_secs(60))
             .build_with_batcher(b)
             .unwrap();
@@ -393,8 +386,7 @@ mod cache {
     async fn a_scoped_cache_over_any_loader_keeps_scopes_apart() {
         let loads = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&loads);
-        let cache: Cache<u64, String, u32> = Cache::builder()
-            .admission(Admission::Always)
+        let cache: Cache<u64, String, u32> = storing_every_value()
             .build_scoped(move |scope: u32, key: u64| {
                 counted.fetch_add(1, SeqCst);
                 async move { Ok((!hidden(scope, key)).then(|| seen(scope, key))) }

@@ -122,3 +122,15 @@ pub async fn settle() {
         tokio::task::yield_now().await;
     }
 }
+
+/// A cache builder that stores every loaded value (`Admission::Always`),
+/// so a key's first repeat is a hit: for tests of what a stored value
+/// does. The default, second-miss admission, has tests of its own.
+#[cfg(feature = "cache")]
+pub fn storing_every_value<K, V>() -> pgbatch::cache::CacheBuilder<K, V>
+where
+    K: Clone + Eq + std::hash::Hash + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    pgbatch::cache::Cache::builder().admission(pgbatch::cache::Admission::Always)
+}
