@@ -1,6 +1,7 @@
 //! [`RoutedLoader`]: a batched query on whichever database the router
 //! chooses.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -100,18 +101,31 @@ impl<Q: BatchQuery> RoutedLoader<Q> {
     ///
     /// As [`PgLoader::load_one`] on the primary.
     pub async fn load_one(&self, key: &Q::Key) -> Result<Option<Q::Value>, PgError> {
-        let answered = AtomicUsize::new(0);
-        let found = self
-            .router
-            .read(self.needs, |i| {
-                answered.store(i, Relaxed);
-                self.loaders[i].load_one(key)
-            })
-            .await?;
-        if found.is_none() && self.confirm_misses && answered.load(Relaxed) != 0 {
+        let (found, from_replica) = self.read(|i| self.loaders[i].load_one(key)).await?;
+        if found.is_none() && self.confirm_misses && from_replica {
             return self.loaders[0].load_one(key).await;
         }
         Ok(found)
+    }
+
+    /// `attempt` on the pool the router chooses for this loader's reads,
+    /// and whether a replica gave the answer (so that a key it did not
+    /// know may be asked of the primary, and one the primary did not know
+    /// is not asked twice).
+    async fn read<T, F, Fut>(&self, attempt: F) -> Result<(T, bool), PgError>
+    where
+        F: Fn(usize) -> Fut,
+        Fut: Future<Output = Result<T, PgError>>,
+    {
+        let answered = AtomicUsize::new(0);
+        let value = self
+            .router
+            .read(self.needs, |i| {
+                answered.store(i, Relaxed);
+                attempt(i)
+            })
+            .await?;
+        Ok((value, answered.load(Relaxed) != 0))
     }
 }
 
@@ -124,15 +138,10 @@ impl<Q: BatchQuery> Loader<Q::Key, Q::Value> for RoutedLoader<Q> {
         if !self.router.has_replicas() {
             return Loader::load(&self.loaders[0], keys).await;
         }
-        let answered = AtomicUsize::new(0);
-        let mut loaded = self
-            .router
-            .read(self.needs, |i| {
-                answered.store(i, Relaxed);
-                Loader::load(&self.loaders[i], keys.clone())
-            })
+        let (mut loaded, from_replica) = self
+            .read(|i| Loader::load(&self.loaders[i], keys.clone()))
             .await?;
-        if self.confirm_misses && answered.load(Relaxed) != 0 {
+        if self.confirm_misses && from_replica {
             let missing: Vec<Q::Key> = keys
                 .into_iter()
                 .filter(|k| matches!(loaded.answer(k), Ok(None)))
