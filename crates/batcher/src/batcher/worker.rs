@@ -245,8 +245,12 @@ where
     fn new(worker: Worker<K, V, S>) -> Self {
         let c = &worker.shared.config;
         let auto_limit = c.concurrency.is_auto().then(|| {
-            AutoLimit::new(policy::min_auto_limit(c), c.max_loads(), Instant::now())
-                .with_batch_cap(c.max_batch_size)
+            AutoLimit::new(
+                policy::min_auto_limit(c),
+                c.max_loads(),
+                c.max_batch_size,
+                Instant::now(),
+            )
         });
         Self {
             auto_limit,
