@@ -250,26 +250,31 @@ where
     where
         I: IntoIterator<Item = K>,
     {
-        self.load_all(scope, keys.into_iter().map(|key| (key, None)))
-            .await
+        self.load_all(
+            scope,
+            keys.into_iter().map(|key| (key, None)),
+            Instant::now(),
+        )
+        .await
     }
 
     /// An observer's [`load_as`](Self::load_as) (a cache miss): `stamp` is
     /// the observer's for `key` when the caller asked (see
-    /// [`super::observer`]). Always through the worker, which alone knows
-    /// which loads are running, so concurrent requests of a key share one
-    /// load.
+    /// [`super::observer`]), and `asked_at` when it looked for the key and
+    /// missed: what a load stored since, the worker may answer from.
+    /// Always through the worker, which alone knows which loads are
+    /// running, so concurrent requests of a key share one load.
     #[cfg(feature = "cache")]
     pub(crate) async fn load_stamped(
         &self,
         scope: &S,
         key: K,
         stamp: Stamp,
+        asked_at: Instant,
     ) -> Result<Option<V>, Error> {
-        let now = Instant::now();
-        let deadline = self.inner.shared.config.deadline(now);
+        let deadline = self.inner.shared.config.deadline(asked_at);
         let rx = self
-            .enqueue(scope.clone(), key, now, deadline, Some(stamp))
+            .enqueue(scope.clone(), key, asked_at, deadline, Some(stamp))
             .await?;
         self.wait(rx, deadline).await
     }
@@ -282,16 +287,19 @@ where
     }
 
     /// An observer's [`load_many_as`](Self::load_many_as), each key with
-    /// its stamp (see [`load_stamped`](Self::load_stamped)).
+    /// its stamp, all asked at `asked_at` (see
+    /// [`load_stamped`](Self::load_stamped)).
     #[cfg(feature = "cache")]
     pub(crate) async fn load_many_stamped(
         &self,
         scope: &S,
         keys: Vec<(K, Stamp)>,
+        asked_at: Instant,
     ) -> Vec<Result<Option<V>, Error>> {
         self.load_all(
             scope,
             keys.into_iter().map(|(key, stamp)| (key, Some(stamp))),
+            asked_at,
         )
         .await
     }
@@ -301,8 +309,8 @@ where
         &self,
         scope: &S,
         keys: impl Iterator<Item = (K, Option<Stamp>)>,
+        now: Instant,
     ) -> Vec<Result<Option<V>, Error>> {
-        let now = Instant::now();
         let deadline = self.inner.shared.config.deadline(now);
         let mut queued = Vec::with_capacity(keys.size_hint().0);
         for (key, stamp) in keys {

@@ -15,6 +15,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, Weak};
 
 use moka::ops::compute::Op;
+use tokio::time::Instant;
 
 use super::admission::Doorkeeper;
 use super::epochs::Epochs;
@@ -165,13 +166,16 @@ where
     ///   and fills the cache.
     pub async fn get_as(&self, scope: &S, key: K) -> Result<Option<V>, Error> {
         let inner = &self.inner;
+        // Before the look: a load that stores the key after it, but
+        // before the miss reaches the worker, must count as since.
+        let asked_at = Instant::now();
         if let Some(cached) = self.lookup(scope, &key).await {
             inner.counters.hits.fetch_add(1, Relaxed);
             return Ok(cached.into_option());
         }
         if let Source::Batcher(batcher) = &inner.source {
             let stamp = inner.epochs.stamp(inner.epochs.hash(&key));
-            return batcher.load_stamped(scope, key, stamp).await;
+            return batcher.load_stamped(scope, key, stamp, asked_at).await;
         }
         flights::load(&self.inner, scope, key).await
     }
@@ -209,6 +213,8 @@ where
         I: IntoIterator<Item = K>,
     {
         let inner = &self.inner;
+        // Before the looks, as in `get_as`.
+        let asked_at = Instant::now();
         let keys = keys.into_iter();
         let mut answers: Vec<Option<Answer<V>>> = Vec::with_capacity(keys.size_hint().0);
         let mut misses: Vec<(usize, K)> = Vec::new();
@@ -230,7 +236,7 @@ where
                     .iter()
                     .map(|(_, key)| (key.clone(), inner.epochs.stamp(inner.epochs.hash(key))))
                     .collect();
-                batcher.load_many_stamped(scope, stamped).await
+                batcher.load_many_stamped(scope, stamped, asked_at).await
             }
             Source::Load(_) => {
                 futures_util::future::join_all(
