@@ -13,7 +13,8 @@
 #   ./scripts/bench.sh            # everything
 #   ./scripts/bench.sh loadgen    # only the named parts: criterion, loadgen,
 #                                 # autotune, latency, http, randomread, pooler,
-#                                 # dataloader, scopes, coherence, replicas
+#                                 # dataloader, openloop, scopes, coherence,
+#                                 # replicas
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # PostgreSQL 18 unless PGBATCH_PG_VERSION says otherwise (15 is Debian's).
@@ -33,7 +34,7 @@ fi
 ./scripts/ensure-pgbouncer.sh
 
 parts=("$@")
-[[ ${#parts[@]} -gt 0 ]] || parts=(criterion loadgen autotune latency http randomread pooler dataloader scopes coherence replicas)
+[[ ${#parts[@]} -gt 0 ]] || parts=(criterion loadgen autotune latency http randomread pooler dataloader openloop scopes coherence replicas)
 cargo build --release -p benches --bins
 for part in "${parts[@]}"; do
     echo "=== $part" >&2
@@ -43,6 +44,7 @@ for part in "${parts[@]}"; do
     autotune) ./target/release/autotune ;;
     pooler) ./target/release/pooler ;;
     dataloader) ./target/release/dataloader ;;
+    openloop) ./target/release/openloop ;;
     scopes) ./target/release/scopes ;;
     randomread) ./target/release/randomread ;;
     latency) ./target/release/latency ;;
@@ -50,7 +52,7 @@ for part in "${parts[@]}"; do
     coherence) ./target/release/coherence ;;
     replicas) ./target/release/replicas ;;
     *)
-        echo "unknown part '$part' (criterion, loadgen, autotune, latency, http, randomread, pooler, dataloader, scopes, coherence, replicas)" >&2
+        echo "unknown part '$part' (criterion, loadgen, autotune, latency, http, randomread, pooler, dataloader, openloop, scopes, coherence, replicas)" >&2
         exit 2
         ;;
     esac

@@ -15,9 +15,11 @@ use hdrhistogram::Histogram;
 use pgbatch::{Loaded, Loader};
 
 pub mod cpu;
+pub mod dataloader;
 pub mod delay_proxy;
 /// A hand-written eager batcher: the baseline pgbatch's defaults must beat.
 pub mod minimal;
+pub mod open_loop;
 pub mod reads;
 pub mod rounds;
 

@@ -27,19 +27,16 @@
 //! cargo run --release -p benches --bin dataloader -- --smoke   # seconds, for CI
 //! ```
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_graphql::dataloader::{DataLoader, Loader as DataLoaderLoader};
+use benches::cpu::CpuSnapshot;
+use benches::dataloader::DlSetting;
 use benches::reads::{key, TableArgs};
 use benches::rounds::{median, spread, WarmRoundArgs};
 use benches::{closed_loop_warm, print_markdown, Align, ReadSample};
 use clap::Parser;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-
-use benches::cpu::CpuSnapshot;
-use pgbatch::pg::{self, PgError, PgLoader, PoolOptions};
+use pgbatch::pg::{self, PgLoader, PoolOptions};
 use pgbatch::{Batcher, Concurrency};
 use server::db::queries::kv::KvQuery;
 use server::db::Database;
@@ -64,52 +61,6 @@ struct Args {
     /// Connections in the pool both batchers share.
     #[arg(long, default_value_t = 16)]
     pool_size: usize,
-}
-
-/// The `PgLoader` as a `DataLoader`'s loader: the same statements on the
-/// same pool, counting loads and keys. Its error must be `Clone`, so it is
-/// shared.
-struct SameLoader {
-    loader: PgLoader<KvQuery>,
-    loads: Arc<AtomicU64>,
-    keys: Arc<AtomicU64>,
-}
-
-impl DataLoaderLoader<String> for SameLoader {
-    type Value = String;
-    type Error = Arc<PgError>;
-
-    async fn load(&self, keys: &[String]) -> Result<HashMap<String, String>, Arc<PgError>> {
-        self.loads.fetch_add(1, Relaxed);
-        self.keys.fetch_add(keys.len() as u64, Relaxed);
-        pgbatch::Loader::load(&self.loader, keys.to_vec())
-            .await
-            .map(pgbatch::Loaded::into_values)
-            .map_err(Arc::new)
-    }
-}
-
-/// A `DataLoader` setting.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct DlSetting {
-    delay: Duration,
-    max_batch: usize,
-}
-
-impl DlSetting {
-    /// `DataLoader::new`'s own.
-    const DEFAULT: Self = Self {
-        delay: Duration::from_millis(1),
-        max_batch: 1000,
-    };
-
-    fn describe(self) -> String {
-        format!(
-            "delay {} µs, batches ≤ {}",
-            self.delay.as_micros(),
-            self.max_batch
-        )
-    }
 }
 
 /// One of the contenders of a round.
@@ -181,17 +132,8 @@ async fn run(
             (report, mean, before)
         }
         Contender::DataLoader(setting) => {
-            let (loads, keys) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-            let same = SameLoader {
-                loader: loader.clone(),
-                loads: Arc::clone(&loads),
-                keys: Arc::clone(&keys),
-            };
-            let dl = Arc::new(
-                DataLoader::new(same, tokio::spawn)
-                    .delay(setting.delay)
-                    .max_batch_size(setting.max_batch),
-            );
+            let (dl, counts) = setting.build(loader);
+            let dl = Arc::new(dl);
             let (report, before) = tokio::join!(
                 closed_loop_warm(args.resolvers, warmup, run, rows, move |k| {
                     let dl = Arc::clone(&dl);
@@ -203,8 +145,7 @@ async fn run(
                 }),
                 cpu_at_start
             );
-            let mean = keys.load(Relaxed) as f64 / loads.load(Relaxed).max(1) as f64;
-            (report, mean, before)
+            (report, counts.mean_batch(), before)
         }
     };
     let cpu = CpuSnapshot::take(db.cluster.as_ref()).since(&before);
