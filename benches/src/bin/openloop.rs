@@ -204,6 +204,7 @@ impl Sample {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
+    benches::log_from_env();
     let mut args = Args::parse();
     args.table.apply_smoke("openloop");
     if args.table.smoke {
