@@ -3,8 +3,8 @@
 //! one before it, or by the generator, counts that wait, so coordinated
 //! omission is corrected (as wrk2 does).
 //!
-//! The generator is a thread of its own that wakes every [`TICK`] and hands
-//! the requests due by then to the runtime. tokio's timer wakes at
+//! The generator is a thread of its own that wakes every 200 µs (`TICK`)
+//! and hands the requests due by then to the runtime. tokio's timer wakes at
 //! millisecond granularity, which would release every millisecond's
 //! requests in one burst and add up to a millisecond to each measurement;
 //! waking for each request instead (every 12 µs at 80,000 a second) cost
@@ -44,7 +44,7 @@ pub struct OpenLoopReport {
     /// Latency of the answered requests from their intended start, in
     /// nanoseconds.
     pub latency: Histogram<u64>,
-    /// In flight reached [`MAX_IN_FLIGHT`]: the rate was past what the
+    /// In flight reached 50,000 requests: the rate was past what the
     /// contender serves, and the run stopped early.
     pub fell_behind: bool,
 }
