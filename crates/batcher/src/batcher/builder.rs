@@ -111,9 +111,9 @@ where
     /// wait for the pool. It starts at the square root of `max` (4 of 16),
     /// and moves a step at a time towards whatever serves callers fastest,
     /// measured over windows of at least 50 ms and 64 loads: tens of
-    /// milliseconds next to a database, longer across a slow network. It never goes below 2 while callers
-    /// may load directly ([`direct_when_idle`](Self::direct_when_idle)),
-    /// nor above `max`. [`Batcher::stats`]'s `concurrency_limit` shows
+    /// milliseconds next to a database, longer across a slow network. It
+    /// never goes below 2 while callers may load directly
+    /// ([`direct_when_idle`](Self::direct_when_idle)), nor above `max`. [`Batcher::stats`]'s `concurrency_limit` shows
     /// where it stands.
     ///
     /// [`Concurrency::Fixed`] keeps the limit where you put it: for a loader
