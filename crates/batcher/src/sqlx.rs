@@ -20,8 +20,11 @@
 //! `single_sql`, `map_row`, `is_absent`, `UpsertQuery`, `Writer`,
 //! `Written`, `RowError`, `StatementMode`, `classify`, `DbErrorKind`,
 //! `copy::import`), so code moves between the two drivers by changing how
-//! keys and rows are bound and rows read. The types are this module's own,
-//! though: `pgbatch::sqlx::Written` is not `pgbatch::pg::Written`. Where
+//! keys and rows are bound and rows read. The driver-neutral types
+//! (`Written`, `WriteRequest`, `StatementMode`, `DbErrorKind`, `Scope`) are
+//! the same in both; the rest are this module's own:
+//! `pgbatch::sqlx::BatchQuery` is not `pgbatch::pg::BatchQuery`, and
+//! `RowError` carries sqlx's error. Where
 //! the drivers differ, so do the names: statements are sent as a
 //! [`StatementMode`] given to `with_statement_mode` (`pg` takes a
 //! `Statements`, which also carries a statement timeout), and the loader
