@@ -3,8 +3,6 @@
 //! COPY (the temporary table, and the one statement that moves its rows
 //! into the real table). Each driver only streams the rows.
 
-use std::fmt;
-
 use super::classify::Classify;
 use super::sqlstate::DbErrorKind;
 use crate::error::Chain;
@@ -55,10 +53,11 @@ impl ImportCounts {
 /// driver's error `D`. Nothing of an import was committed; a copy inside a
 /// transaction of yours leaves that transaction failed, to be rolled back.
 /// Its `Display` names the cause.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ImportError<E: std::error::Error + 'static, D: std::error::Error + 'static> {
     /// The source could not produce row `row` (numbered from 1).
+    #[error("input row {row} is invalid: {}", Chain(.error))]
     Source {
         /// The row's number, from 1.
         row: u64,
@@ -66,36 +65,15 @@ pub enum ImportError<E: std::error::Error + 'static, D: std::error::Error + 'sta
         error: E,
     },
     /// With [`ConflictPolicy::Fail`]: a row's key already exists.
+    #[error("a row's key already exists: {}", Chain(.0))]
     Conflict(D),
     /// The database refused a row: a constraint, a value its column's type
     /// cannot hold, or (in CSV) a row with too many or too few values.
+    #[error("the database refused a row: {}", Chain(.0))]
     Rejected(D),
     /// The database failed.
+    #[error("the database failed during the import: {}", Chain(.0))]
     Db(D),
-}
-
-impl<E, D> fmt::Display for ImportError<E, D>
-where
-    E: std::error::Error + 'static,
-    D: std::error::Error + 'static,
-{
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ImportError::Source { row, error } => {
-                write!(f, "input row {row} is invalid: {}", Chain(error))
-            }
-            ImportError::Conflict(e) => write!(f, "a row's key already exists: {}", Chain(e)),
-            ImportError::Rejected(e) => write!(f, "the database refused a row: {}", Chain(e)),
-            ImportError::Db(e) => write!(f, "the database failed during the import: {}", Chain(e)),
-        }
-    }
-}
-
-impl<E, D> std::error::Error for ImportError<E, D>
-where
-    E: std::error::Error + 'static,
-    D: std::error::Error + 'static,
-{
 }
 
 impl<E, D> ImportError<E, D>
@@ -280,6 +258,32 @@ pub(crate) fn merge_sql(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_failure_names_its_cause_in_its_text() {
+        type E = ImportError<std::io::Error, std::io::Error>;
+        let io = std::io::Error::other;
+        let source = E::Source {
+            row: 3,
+            error: io("bad date"),
+        };
+        assert_eq!(source.to_string(), "input row 3 is invalid: bad date");
+        assert!(std::error::Error::source(&source).is_none());
+        let texts = [
+            (E::Conflict(io("dup")), "a row's key already exists: dup"),
+            (
+                E::Rejected(io("too long")),
+                "the database refused a row: too long",
+            ),
+            (
+                E::Db(io("gone")),
+                "the database failed during the import: gone",
+            ),
+        ];
+        for (error, text) in texts {
+            assert_eq!(error.to_string(), text);
+        }
+    }
 
     #[test]
     fn names_are_quoted_identifiers() {

@@ -273,6 +273,7 @@ const TCP_USER_TIMEOUT: Duration = Duration::from_secs(8);
 /// 1 s, 3 probes) and an 8 s `TCP_USER_TIMEOUT`, unless the config sets
 /// its own, so the kernel drops a connection to a host that lost power or
 /// network even while it is idle in a pool.
+#[derive(Clone)]
 pub struct Connector<T> {
     config: Config,
     attrs: TargetSessionAttrs,
@@ -320,18 +321,6 @@ impl Hosts {
             landed: AtomicUsize::new(0),
             cutoff: AtomicU64::new(0),
         })
-    }
-}
-
-impl<T: Clone> Clone for Connector<T> {
-    fn clone(&self) -> Self {
-        Self {
-            config: self.config.clone(),
-            attrs: self.attrs,
-            tls: self.tls.clone(),
-            host_timeout: self.host_timeout,
-            hosts: Arc::clone(&self.hosts),
-        }
     }
 }
 
