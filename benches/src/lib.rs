@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use pgbatch::{Loaded, Loader};
 
+pub mod contender;
 pub mod cpu;
 pub mod dataloader;
 pub mod delay_proxy;

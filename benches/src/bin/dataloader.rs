@@ -30,6 +30,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use benches::contender::{Contender, Reader};
 use benches::cpu::CpuSnapshot;
 use benches::dataloader::DlSetting;
 use benches::reads::{key, TableArgs};
@@ -37,7 +38,6 @@ use benches::rounds::{median, spread, WarmRoundArgs};
 use benches::{closed_loop_warm, print_markdown, Align, ReadSample};
 use clap::Parser;
 use pgbatch::pg::{self, PgLoader, PoolOptions};
-use pgbatch::{Batcher, Concurrency};
 use server::db::queries::kv::KvQuery;
 use server::db::Database;
 
@@ -61,16 +61,6 @@ struct Args {
     /// Connections in the pool both batchers share.
     #[arg(long, default_value_t = 16)]
     pool_size: usize,
-}
-
-/// One of the contenders of a round.
-#[derive(Debug, Clone, Copy)]
-enum Contender {
-    /// `Batcher::new`: every default.
-    Pgbatch,
-    /// The defaults but a fixed number of loads at once.
-    PgbatchFixed(usize),
-    DataLoader(DlSetting),
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -100,54 +90,33 @@ async fn run(
         Duration::from_secs_f64(args.runs.warmup),
         Duration::from_secs_f64(seconds),
     );
-    let rows = args.table.rows;
     // The CPU of the measured window: taken as the warm-up ends.
     let cpu_at_start = async {
         tokio::time::sleep(warmup).await;
         CpuSnapshot::take(db.cluster.as_ref())
     };
-    let (report, mean_batch, before) = match who {
-        Contender::Pgbatch | Contender::PgbatchFixed(_) => {
-            let batcher: Batcher<String, String> = match who {
-                Contender::PgbatchFixed(n) => Batcher::builder()
-                    .concurrency(Concurrency::Fixed(n))
-                    .build(loader.clone())
-                    .expect("a valid fixed limit"),
-                _ => Batcher::new(loader.clone()),
-            };
-            let reader = batcher.clone();
-            let (report, before) = tokio::join!(
-                closed_loop_warm(args.resolvers, warmup, run, rows, move |k| {
-                    let batcher = reader.clone();
-                    async move {
-                        if let Err(e) = batcher.load(key(k)).await {
-                            panic!("pgbatch read failed: {e}");
-                        }
-                    }
-                }),
-                cpu_at_start
-            );
-            let mean = batcher.stats().batch_size.mean().unwrap_or(f64::NAN);
-            batcher.shutdown().await;
-            (report, mean, before)
-        }
-        Contender::DataLoader(setting) => {
-            let (dl, counts) = setting.build(loader);
-            let dl = Arc::new(dl);
-            let (report, before) = tokio::join!(
-                closed_loop_warm(args.resolvers, warmup, run, rows, move |k| {
-                    let dl = Arc::clone(&dl);
-                    async move {
-                        if let Err(e) = dl.load_one(key(k)).await {
-                            panic!("DataLoader read failed: {e}");
-                        }
-                    }
-                }),
-                cpu_at_start
-            );
-            (report, counts.mean_batch(), before)
-        }
-    };
+    let reader = Arc::new(
+        Reader::start(who, db, loader)
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e:#}", who.describe())),
+    );
+    let r = Arc::clone(&reader);
+    let (report, before) = tokio::join!(
+        closed_loop_warm(args.resolvers, warmup, run, args.table.rows, move |k| {
+            let r = Arc::clone(&r);
+            async move {
+                if let Err(e) = r.get(key(k)).await {
+                    panic!("{}: a read failed: {e}", who.describe());
+                }
+            }
+        }),
+        cpu_at_start
+    );
+    let mean_batch = reader.mean_batch();
+    Arc::into_inner(reader)
+        .expect("the reader is still shared after its run")
+        .stop()
+        .await;
     let cpu = CpuSnapshot::take(db.cluster.as_ref()).since(&before);
     ReadSample::new(&report, mean_batch, &cpu)
 }
@@ -211,14 +180,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
         .into_iter()
         .filter(|&n| n <= args.pool_size)
     {
-        let s = run(
-            args,
-            db,
-            &loader,
-            Contender::PgbatchFixed(n),
-            args.sweep_seconds,
-        )
-        .await;
+        let s = run(args, db, &loader, Contender::Fixed(n), args.sweep_seconds).await;
         fixed.push((n, s));
     }
     println!(
@@ -248,16 +210,13 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     println!();
 
     let contenders = [
-        ("pgbatch, defaults", Contender::Pgbatch),
+        ("pgbatch, defaults", Contender::Defaults),
         (
             "DataLoader, defaults",
             Contender::DataLoader(DlSetting::DEFAULT),
         ),
         ("DataLoader, best of sweep", Contender::DataLoader(best)),
-        (
-            "pgbatch, best fixed limit",
-            Contender::PgbatchFixed(best_fixed),
-        ),
+        ("pgbatch, best fixed limit", Contender::Fixed(best_fixed)),
     ];
     let mut samples: Vec<Vec<ReadSample>> = vec![Vec::new(); contenders.len()];
     for round in 0..args.runs.rounds {

@@ -34,17 +34,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use async_graphql::dataloader::DataLoader;
+use benches::contender::{Contender, Reader};
 use benches::cpu::{CpuSnapshot, CpuUse};
-use benches::dataloader::{DlSetting, LoadCounts, SameLoader};
-use benches::minimal::MinimalBatcher;
+use benches::dataloader::DlSetting;
 use benches::open_loop::{open_loop, OpenLoopReport};
 use benches::reads::{key, TableArgs};
 use benches::rounds::{median, WarmRoundArgs};
 use benches::{closed_loop_warm, print_markdown, Align};
 use clap::Parser;
 use pgbatch::pg::{self, PgLoader, PoolOptions};
-use pgbatch::Batcher;
 use server::db::queries::kv::KvQuery;
 use server::db::Database;
 
@@ -98,74 +96,6 @@ struct Args {
 enum RatesOf {
     Own,
     Defaults,
-}
-
-/// A read path under test.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Contender {
-    /// `Batcher::new`: every default.
-    Defaults,
-    Minimal {
-        connections: usize,
-    },
-    DataLoader(DlSetting),
-    OnePerRead,
-}
-
-/// A contender, started.
-enum Reader {
-    Pgbatch(Batcher<String, String>),
-    Minimal(MinimalBatcher),
-    DataLoader(DataLoader<SameLoader>, LoadCounts),
-    OnePerRead(PgLoader<KvQuery>),
-}
-
-impl Reader {
-    async fn start(
-        who: Contender,
-        db: &Database,
-        loader: &PgLoader<KvQuery>,
-    ) -> anyhow::Result<Self> {
-        Ok(match who {
-            Contender::Defaults => Self::Pgbatch(Batcher::new(loader.clone())),
-            Contender::Minimal { connections } => {
-                Self::Minimal(MinimalBatcher::start(&db.config, connections, 64).await?)
-            }
-            Contender::DataLoader(setting) => {
-                let (dl, counts) = setting.build(loader);
-                Self::DataLoader(dl, counts)
-            }
-            Contender::OnePerRead => Self::OnePerRead(loader.clone()),
-        })
-    }
-
-    /// Reads `key`; whether it succeeded.
-    async fn get(&self, key: String) -> bool {
-        match self {
-            Self::Pgbatch(b) => b.load(key).await.is_ok(),
-            Self::Minimal(m) => m.get(key).await.is_ok(),
-            Self::DataLoader(dl, _) => dl.load_one(key).await.is_ok(),
-            Self::OnePerRead(loader) => pgbatch::Loader::load(loader, vec![key]).await.is_ok(),
-        }
-    }
-
-    /// Keys per statement so far.
-    fn mean_batch(&self) -> f64 {
-        match self {
-            Self::Pgbatch(b) => b.stats().batch_size.mean().unwrap_or(f64::NAN),
-            Self::Minimal(m) => m.mean_batch(),
-            Self::DataLoader(_, counts) => counts.mean_batch(),
-            Self::OnePerRead(_) => 1.0,
-        }
-    }
-
-    async fn stop(self) {
-        match self {
-            Self::Pgbatch(b) => b.shutdown().await,
-            Self::Minimal(m) => m.shutdown().await,
-            Self::DataLoader(..) | Self::OnePerRead(_) => {}
-        }
-    }
 }
 
 /// One open-loop run's figures.
@@ -242,7 +172,11 @@ async fn capacity(
         args.table.rows,
         move |k| {
             let r = Arc::clone(&r);
-            async move { assert!(r.get(key(k)).await, "{who:?}: a read failed") }
+            async move {
+                if let Err(e) = r.get(key(k)).await {
+                    panic!("{}: a read failed: {e}", who.describe());
+                }
+            }
         },
     )
     .await;
@@ -277,7 +211,7 @@ async fn open(
             args.table.rows,
             move |k| {
                 let r = Arc::clone(&r);
-                async move { r.get(key(k)).await }
+                async move { r.get(key(k)).await.is_ok() }
             },
         ),
         cpu_at_start
@@ -301,24 +235,12 @@ async fn best_of(
     let mut best: Option<(Contender, f64)> = None;
     for who in settings {
         let per_sec = capacity(args, db, loader, who).await?;
-        println!("capacity of {}: {per_sec:.0} reads/s", describe(who));
+        println!("capacity of {}: {per_sec:.0} reads/s", who.describe());
         if best.is_none_or(|(_, b)| per_sec > b) {
             best = Some((who, per_sec));
         }
     }
     best.context("no setting to try")
-}
-
-fn describe(who: Contender) -> String {
-    match who {
-        Contender::Defaults => "pgbatch, defaults".to_owned(),
-        Contender::Minimal { connections } => {
-            format!("minimal batcher, {connections} connections, batches ≤ 64")
-        }
-        Contender::DataLoader(s) if s == DlSetting::DEFAULT => "DataLoader, defaults".to_owned(),
-        Contender::DataLoader(s) => format!("DataLoader, {}", s.describe()),
-        Contender::OnePerRead => "one statement per read".to_owned(),
-    }
 }
 
 async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
@@ -428,7 +350,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
                 };
                 vec![
                     format!("{load}%"),
-                    format!("{}{behind}", describe(*who)),
+                    format!("{}{behind}", who.describe()),
                     format!("{cap:.0}"),
                     cell(v, |s| s.offered, 0),
                     cell(v, |s| s.per_sec, 0),
@@ -468,7 +390,7 @@ fn verdict(args: &Args, contenders: &[(Contender, f64)], samples: &[Vec<Vec<Samp
             ] {
                 let ratio = med(ours, f) / med(&samples[l][c], f);
                 if ratio > 1.0 {
-                    missed.push(format!("{what} {ratio:.2}x {} at {load}%", describe(*who)));
+                    missed.push(format!("{what} {ratio:.2}x {} at {load}%", who.describe()));
                 }
             }
         }
@@ -501,7 +423,7 @@ fn append_csv(
                     args.table.rows,
                     args.runs.seconds,
                     args.rates_of,
-                    describe(*who),
+                    who.describe(),
                     s.offered,
                     s.per_sec,
                     s.p50_ms,
@@ -579,7 +501,7 @@ fn plot(
             chart
                 .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
                 .map_err(|e| err(&e))?
-                .label(describe(contenders[c].0))
+                .label(contenders[c].0.describe())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
             chart
                 .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
