@@ -113,8 +113,8 @@ where
     /// measured over windows of at least 50 ms and 64 loads: tens of
     /// milliseconds next to a database, longer across a slow network. It
     /// never goes below 2 while callers may load directly
-    /// ([`direct_when_idle`](Self::direct_when_idle)), nor above `max`. [`Batcher::stats`]'s `concurrency_limit` shows
-    /// where it stands.
+    /// ([`direct_when_idle`](Self::direct_when_idle)), nor above `max`.
+    /// [`Batcher::stats`]'s `concurrency_limit` shows where it stands.
     ///
     /// [`Concurrency::Fixed`] keeps the limit where you put it: for a loader
     /// whose best concurrency you have measured, or that must never run
