@@ -109,14 +109,9 @@ impl Error {
         match self {
             Error::Overloaded => true,
             Error::Load(e) => {
-                let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&**e);
-                while let Some(e) = source {
-                    if let Some(retryable) = retryable_db_error(e) {
-                        return retryable;
-                    }
-                    source = e.source();
-                }
-                false
+                std::iter::successors(Some(&**e as &dyn std::error::Error), |e| e.source())
+                    .find_map(retryable_db_error)
+                    .unwrap_or(false)
             }
             _ => false,
         }

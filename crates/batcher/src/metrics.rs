@@ -85,7 +85,7 @@
 //! # }
 //! ```
 
-use ::metrics::{describe_counter, describe_gauge, describe_histogram, Gauge, Unit};
+use ::metrics::Gauge;
 
 /// Nanoseconds to seconds, the unit durations are reported in.
 pub(crate) const SECONDS_PER_NANO: f64 = 1e-9;
@@ -102,146 +102,23 @@ pub(crate) struct Gauges {
     pub(crate) scopes: Gauge,
 }
 
-pub(crate) fn describe_batcher() {
-    for (name, what) in [
-        (
-            "pgbatch_batcher_requests_total",
-            "Keys asked for, duplicates included.",
-        ),
-        ("pgbatch_batcher_loads_total", "Loads started."),
-        (
-            "pgbatch_batcher_shed_total",
-            "Requests refused because the queue was full.",
-        ),
-        (
-            "pgbatch_batcher_timeouts_total",
-            "Requests whose deadline passed.",
-        ),
-        (
-            "pgbatch_batcher_abandoned_total",
-            "Requests whose caller left before their load.",
-        ),
-        (
-            "pgbatch_batcher_deduplicated_total",
-            "Requests merged into a key already in the load.",
-        ),
-        (
-            "pgbatch_batcher_joined_in_flight_total",
-            "Requests joined to a running load of their key.",
-        ),
-        ("pgbatch_batcher_keys_found_total", "Keys a load returned."),
-        (
-            "pgbatch_batcher_keys_not_found_total",
-            "Keys a load did not return.",
-        ),
-        (
-            "pgbatch_batcher_failed_loads_total",
-            "Loads that returned an error.",
-        ),
-        (
-            "pgbatch_batcher_panicked_loads_total",
-            "Loads whose loader panicked.",
-        ),
-        (
-            "pgbatch_batcher_timed_out_loads_total",
-            "Loads abandoned at the load timeout.",
-        ),
-        (
-            "pgbatch_batcher_failed_keys_total",
-            "Distinct keys of failed, panicked and timed-out loads.",
-        ),
-    ] {
-        describe_counter!(name, Unit::Count, what);
-    }
-    describe_histogram!(
-        "pgbatch_batcher_load_keys",
-        Unit::Count,
-        "Distinct keys per load."
-    );
-    describe_histogram!(
-        "pgbatch_batcher_load_duration_seconds",
-        Unit::Seconds,
-        "A load's time."
-    );
-    describe_histogram!(
-        "pgbatch_batcher_queue_wait_seconds",
-        Unit::Seconds,
-        "A request's wait from enqueue to its load's start."
-    );
-    describe_gauge!(
-        "pgbatch_batcher_loads_in_flight",
-        Unit::Count,
-        "Loads running."
-    );
-    describe_gauge!(
-        "pgbatch_batcher_concurrency_limit",
-        Unit::Count,
-        "Loads allowed at once: the automatic limit where it stands, or the fixed one."
-    );
-    describe_gauge!(
-        "pgbatch_batcher_load_duration_least_seconds",
-        Unit::Seconds,
-        "The automatic limit's least mean load time of a measurement window since the world last changed."
-    );
-    describe_gauge!(
-        "pgbatch_batcher_load_duration_recent_seconds",
-        Unit::Seconds,
-        "The automatic limit's last measurement window's mean load time."
-    );
-    describe_gauge!(
-        "pgbatch_batcher_pending_keys",
-        Unit::Count,
-        "Keys gathered for the next load."
-    );
-    describe_gauge!(
-        "pgbatch_batcher_queued_requests",
-        Unit::Count,
-        "Requests not yet taken by the worker."
-    );
-    describe_gauge!(
-        "pgbatch_batcher_scopes",
-        Unit::Count,
-        "Scopes with keys waiting or loads running."
-    );
+/// Describes each counter and hands its handle to its count, so that a
+/// name is written once, beside its help text (rustfmt would spread a
+/// table of such triples over five lines each).
+macro_rules! export_counters {
+    ($label:expr; $($count:expr => $name:literal, $what:literal;)+) => {$(
+        ::metrics::describe_counter!($name, ::metrics::Unit::Count, $what);
+        $count.export(::metrics::counter!($name, $label));
+    )+};
 }
-
-#[cfg(feature = "cache")]
-pub(crate) fn describe_cache() {
-    for (name, what) in [
-        (
-            "pgbatch_cache_hits_total",
-            "Lookups answered from the cache.",
-        ),
-        ("pgbatch_cache_misses_total", "Lookups that started a load."),
-        (
-            "pgbatch_cache_coalesced_total",
-            "Lookups that joined another's load.",
-        ),
-        ("pgbatch_cache_fills_total", "Loaded values stored."),
-        (
-            "pgbatch_cache_not_admitted_total",
-            "Loaded values turned away by second-miss admission.",
-        ),
-        ("pgbatch_cache_load_errors_total", "Loads that failed."),
-        (
-            "pgbatch_cache_evictions_total",
-            "Entries evicted for capacity.",
-        ),
-        ("pgbatch_cache_expirations_total", "Entries expired."),
-        (
-            "pgbatch_cache_invalidations_total",
-            "invalidate and invalidate_all calls.",
-        ),
-    ] {
-        describe_counter!(name, Unit::Count, what);
-    }
-}
+pub(crate) use export_counters;
 
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
     use std::convert::Infallible;
 
+    use ::metrics::Unit;
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
     use metrics_util::{CompositeKey, MetricKind};
 
@@ -275,8 +152,6 @@ mod tests {
             .unwrap_or_else(|| panic!("{name} {label:?} was not reported"))
     }
 
-    use super::Unit;
-
     #[tokio::test]
     async fn a_batchers_loads_keys_and_limit_are_reported_under_its_name() {
         let recorder = DebuggingRecorder::new();
@@ -300,23 +175,18 @@ mod tests {
         let stats = batcher.stats();
         let reported = snapshotter.snapshot().into_vec();
         let label = ("batcher", "users");
-        let counter = |name| value(&reported, MetricKind::Counter, name, label);
-        assert_eq!(
-            counter("pgbatch_batcher_requests_total"),
-            &DebugValue::Counter(10)
-        );
-        assert_eq!(
-            counter("pgbatch_batcher_loads_total"),
-            &DebugValue::Counter(stats.batches)
-        );
-        assert_eq!(
-            counter("pgbatch_batcher_keys_found_total"),
-            &DebugValue::Counter(5)
-        );
-        assert_eq!(
-            counter("pgbatch_batcher_keys_not_found_total"),
-            &DebugValue::Counter(5)
-        );
+        for (name, want) in [
+            ("pgbatch_batcher_requests_total", 10),
+            ("pgbatch_batcher_loads_total", stats.batches),
+            ("pgbatch_batcher_keys_found_total", 5),
+            ("pgbatch_batcher_keys_not_found_total", 5),
+        ] {
+            assert_eq!(
+                value(&reported, MetricKind::Counter, name, label),
+                &DebugValue::Counter(want),
+                "{name}"
+            );
+        }
         let DebugValue::Histogram(keys) = value(
             &reported,
             MetricKind::Histogram,
@@ -353,6 +223,15 @@ mod tests {
             .find(|(key, ..)| key.key().name() == "pgbatch_batcher_load_duration_seconds")
             .expect("load durations reported");
         assert_eq!(described.1, Some(Unit::Seconds));
+        let described = reported
+            .iter()
+            .find(|(key, ..)| key.key().name() == "pgbatch_batcher_requests_total")
+            .expect("requests reported");
+        assert_eq!(described.1, Some(Unit::Count));
+        assert_eq!(
+            described.2.as_deref(),
+            Some("Keys asked for, duplicates included.")
+        );
     }
 
     /// The module docs' advice: with buckets set, the Prometheus exporter

@@ -326,56 +326,97 @@ impl Stats {
     /// `batcher="name"` (names in [`crate::metrics`]).
     #[cfg(feature = "metrics")]
     pub(crate) fn export(&self, name: &str) {
-        use crate::metrics::{describe_batcher, Gauges, SECONDS_PER_NANO};
-        use ::metrics::{counter, gauge, histogram};
+        use crate::metrics::{export_counters, Gauges, SECONDS_PER_NANO};
+        use ::metrics::{describe_gauge, describe_histogram, gauge, histogram, Unit};
 
-        describe_batcher();
         let label = [("batcher", name.to_owned())];
-        let counters: [(&'static str, &Count); 13] = [
-            ("pgbatch_batcher_requests_total", &self.requests),
-            ("pgbatch_batcher_loads_total", &self.batches),
-            ("pgbatch_batcher_shed_total", &self.overloaded),
-            ("pgbatch_batcher_timeouts_total", &self.timed_out),
-            ("pgbatch_batcher_abandoned_total", &self.abandoned),
-            ("pgbatch_batcher_deduplicated_total", &self.deduplicated),
-            (
-                "pgbatch_batcher_joined_in_flight_total",
-                &self.joined_in_flight,
+        export_counters!(&label;
+            self.requests => "pgbatch_batcher_requests_total", "Keys asked for, duplicates included.";
+            self.batches => "pgbatch_batcher_loads_total", "Loads started.";
+            self.overloaded => "pgbatch_batcher_shed_total",
+                "Requests refused because the queue was full.";
+            self.timed_out => "pgbatch_batcher_timeouts_total", "Requests whose deadline passed.";
+            self.abandoned => "pgbatch_batcher_abandoned_total",
+                "Requests whose caller left before their load.";
+            self.deduplicated => "pgbatch_batcher_deduplicated_total",
+                "Requests merged into a key already in the load.";
+            self.joined_in_flight => "pgbatch_batcher_joined_in_flight_total",
+                "Requests joined to a running load of their key.";
+            self.found => "pgbatch_batcher_keys_found_total", "Keys a load returned.";
+            self.not_found => "pgbatch_batcher_keys_not_found_total", "Keys a load did not return.";
+            self.failed_batches => "pgbatch_batcher_failed_loads_total",
+                "Loads that returned an error.";
+            self.panicked_batches => "pgbatch_batcher_panicked_loads_total",
+                "Loads whose loader panicked.";
+            self.timed_out_batches => "pgbatch_batcher_timed_out_loads_total",
+                "Loads abandoned at the load timeout.";
+            self.failed_keys => "pgbatch_batcher_failed_keys_total",
+                "Distinct keys of failed, panicked and timed-out loads.";
+        );
+        let histogram = |name: &'static str, unit, what: &'static str| {
+            describe_histogram!(name, unit, what);
+            histogram!(name, &label)
+        };
+        self.batch_size.export(
+            histogram(
+                "pgbatch_batcher_load_keys",
+                Unit::Count,
+                "Distinct keys per load.",
             ),
-            ("pgbatch_batcher_keys_found_total", &self.found),
-            ("pgbatch_batcher_keys_not_found_total", &self.not_found),
-            ("pgbatch_batcher_failed_loads_total", &self.failed_batches),
-            (
-                "pgbatch_batcher_panicked_loads_total",
-                &self.panicked_batches,
-            ),
-            (
-                "pgbatch_batcher_timed_out_loads_total",
-                &self.timed_out_batches,
-            ),
-            ("pgbatch_batcher_failed_keys_total", &self.failed_keys),
-        ];
-        for (name, count) in counters {
-            count.export(counter!(name, &label));
-        }
-        self.batch_size
-            .export(histogram!("pgbatch_batcher_load_keys", &label), 1.0);
+            1.0,
+        );
         self.load_duration.export(
-            histogram!("pgbatch_batcher_load_duration_seconds", &label),
+            histogram(
+                "pgbatch_batcher_load_duration_seconds",
+                Unit::Seconds,
+                "A load's time.",
+            ),
             SECONDS_PER_NANO,
         );
         self.queue_wait.export(
-            histogram!("pgbatch_batcher_queue_wait_seconds", &label),
+            histogram(
+                "pgbatch_batcher_queue_wait_seconds",
+                Unit::Seconds,
+                "A request's wait from enqueue to its load's start.",
+            ),
             SECONDS_PER_NANO,
         );
+        let gauge = |name: &'static str, unit, what: &'static str| {
+            describe_gauge!(name, unit, what);
+            gauge!(name, &label)
+        };
         let _ = self.gauges.set(Gauges {
-            in_flight: gauge!("pgbatch_batcher_loads_in_flight", &label),
-            limit: gauge!("pgbatch_batcher_concurrency_limit", &label),
-            load_least: gauge!("pgbatch_batcher_load_duration_least_seconds", &label),
-            load_recent: gauge!("pgbatch_batcher_load_duration_recent_seconds", &label),
-            pending: gauge!("pgbatch_batcher_pending_keys", &label),
-            queued: gauge!("pgbatch_batcher_queued_requests", &label),
-            scopes: gauge!("pgbatch_batcher_scopes", &label),
+            in_flight: gauge("pgbatch_batcher_loads_in_flight", Unit::Count, "Loads running."),
+            limit: gauge(
+                "pgbatch_batcher_concurrency_limit",
+                Unit::Count,
+                "Loads allowed at once: the automatic limit where it stands, or the fixed one.",
+            ),
+            load_least: gauge(
+                "pgbatch_batcher_load_duration_least_seconds",
+                Unit::Seconds,
+                "The automatic limit's least mean load time of a measurement window since the world last changed.",
+            ),
+            load_recent: gauge(
+                "pgbatch_batcher_load_duration_recent_seconds",
+                Unit::Seconds,
+                "The automatic limit's last measurement window's mean load time.",
+            ),
+            pending: gauge(
+                "pgbatch_batcher_pending_keys",
+                Unit::Count,
+                "Keys gathered for the next load.",
+            ),
+            queued: gauge(
+                "pgbatch_batcher_queued_requests",
+                Unit::Count,
+                "Requests not yet taken by the worker.",
+            ),
+            scopes: gauge(
+                "pgbatch_batcher_scopes",
+                Unit::Count,
+                "Scopes with keys waiting or loads running.",
+            ),
         });
     }
 

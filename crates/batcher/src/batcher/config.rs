@@ -138,11 +138,6 @@ pub(crate) struct Config {
 }
 
 impl Config {
-    /// The most loads that may ever run at once.
-    pub(crate) fn max_loads(&self) -> usize {
-        self.concurrency.max()
-    }
-
     /// When a request made at `from` times out. A timeout too large to add
     /// is no deadline at all.
     pub(crate) fn deadline(&self, from: Instant) -> Option<Instant> {

@@ -1,6 +1,7 @@
 //! The caller-facing handle of a batcher.
 
 use std::fmt;
+use std::future::Future;
 use std::hash::Hash;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -397,10 +398,7 @@ where
         )
         .instrument(span.clone());
         let started = Instant::now();
-        let outcome = match deadline {
-            Some(d) => timeout_at(d, load).await.map_err(|_| self.timed_out())?,
-            None => load.await,
-        };
+        let outcome = self.within(deadline, load).await?;
         Stats::record_duration(&stats.load_duration, started.elapsed());
         let _enter = span.enter();
         let answer = outcome.settle(stats, 1)?.take(&key);
@@ -413,9 +411,20 @@ where
         answer.map_err(Error::Load)
     }
 
-    fn timed_out(&self) -> Error {
-        Stats::incr(&self.inner.shared.stats.timed_out, 1);
-        Error::Timeout(self.inner.shared.config.timeout.unwrap_or_default())
+    /// `work`'s output, or the caller's timeout (counted) once `deadline`
+    /// passes.
+    async fn within<T>(
+        &self,
+        deadline: Option<Instant>,
+        work: impl Future<Output = T>,
+    ) -> Result<T, Error> {
+        let Some(deadline) = deadline else {
+            return Ok(work.await);
+        };
+        timeout_at(deadline, work).await.map_err(|_| {
+            Stats::incr(&self.inner.shared.stats.timed_out, 1);
+            Error::Timeout(self.inner.shared.config.timeout.unwrap_or_default())
+        })
     }
 
     async fn enqueue(
@@ -443,15 +452,10 @@ where
                 }
                 PushError::Closed(_) => Error::Closed,
             })?,
-            Overflow::Wait => {
-                let sent = match deadline {
-                    Some(d) => timeout_at(d, self.inner.tx.push(msg))
-                        .await
-                        .map_err(|_| self.timed_out())?,
-                    None => self.inner.tx.push(msg).await,
-                };
-                sent.map_err(|_| Error::Closed)?;
-            }
+            Overflow::Wait => self
+                .within(deadline, self.inner.tx.push(msg))
+                .await?
+                .map_err(|_| Error::Closed)?,
         }
         Ok(rx)
     }
@@ -462,12 +466,8 @@ where
         // itself; a worker not yet run cannot, so the caller keeps its own.
         let worker_times_out =
             policy::worker_enforces_deadlines(&shared.config) && shared.is_worker_running();
-        let reply: Result<Reply<V>, _> = match deadline {
-            Some(d) if !worker_times_out => {
-                timeout_at(d, rx).await.map_err(|_| self.timed_out())?
-            }
-            _ => rx.await,
-        };
+        let deadline = deadline.filter(|_| !worker_times_out);
+        let reply: Result<Reply<V>, _> = self.within(deadline, rx).await?;
         // The worker dropped our sender without answering: it is gone.
         reply.unwrap_or(Err(Error::Closed))
     }

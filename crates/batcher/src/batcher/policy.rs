@@ -69,7 +69,7 @@ pub(crate) fn allows_direct_loads(config: &Config) -> bool {
         // With one slot, a direct load could leave the worker holding keys
         // with no load of its own to wake it (the automatic limit keeps at
         // least two for this reason; see `min_auto_limit`).
-        && config.max_loads() > 1
+        && config.concurrency.max() > 1
 }
 
 /// Whether the worker answers [`Error::Timeout`](crate::Error::Timeout) for
@@ -107,7 +107,7 @@ pub(crate) fn min_auto_limit(config: &Config) -> usize {
 pub(crate) fn held_limit(config: &Config) -> usize {
     config
         .max_batch_size
-        .saturating_mul(config.max_loads().saturating_add(1))
+        .saturating_mul(config.concurrency.max().saturating_add(1))
         .saturating_add(config.channel_capacity)
 }
 

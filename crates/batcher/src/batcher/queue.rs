@@ -53,14 +53,29 @@ pub(crate) struct Sender<T> {
 impl<T> Sender<T> {
     /// Queues `item` if there is room, waking the worker if it sleeps.
     pub(crate) fn try_push(&self, item: T) -> Result<(), PushError<T>> {
-        self.queue.try_push(item)
+        // A waiting queue counts its places in permits, which a push
+        // without one would leave unbalanced.
+        debug_assert!(self.queue.space.is_none(), "a waiting queue takes `push`");
+        let state = self.queue.lock();
+        if state.items.len() >= self.queue.capacity && !self.is_closed() {
+            return Err(PushError::Full(item));
+        }
+        self.queue.append(state, item)
     }
 
     /// Queues `item`, first waiting for a place if the queue is full (for
     /// a queue made `waiting`; otherwise as [`try_push`](Self::try_push)).
     /// Cancel safe: dropped while waiting, it has queued nothing.
     pub(crate) async fn push(&self, item: T) -> Result<(), PushError<T>> {
-        self.queue.push(item).await
+        let Some(space) = &self.queue.space else {
+            return self.try_push(item);
+        };
+        match space.acquire().await {
+            // The place is given back when the worker takes the item.
+            Ok(permit) => permit.forget(),
+            Err(_) => return Err(PushError::Closed(item)), // closed meanwhile
+        }
+        self.queue.append(self.queue.lock(), item)
     }
 
     /// Whether pushes are refused: the worker closed the queue or is gone.
@@ -70,7 +85,7 @@ impl<T> Sender<T> {
 
     /// How many items wait to be taken.
     pub(crate) fn len(&self) -> usize {
-        self.queue.len()
+        self.queue.lock().items.len()
     }
 
     /// Whether nothing waits to be taken.
@@ -80,8 +95,17 @@ impl<T> Sender<T> {
 }
 
 impl<T> Drop for Sender<T> {
+    /// The last handle is gone: the worker finishes once the queue is
+    /// empty.
     fn drop(&mut self) {
-        self.queue.senders_gone();
+        let worker = {
+            let mut state = self.queue.lock();
+            state.senders_gone = true;
+            state.worker.take()
+        };
+        if let Some(worker) = worker {
+            worker.wake();
+        }
     }
 }
 
@@ -102,19 +126,29 @@ impl<T> Receiver<T> {
 
     /// Refuses further pushes; what is queued can still be taken.
     pub(crate) fn close(&self) {
-        self.queue.close();
+        {
+            let _state = self.queue.lock();
+            self.queue.closed.store(true, SeqCst);
+        }
+        if let Some(space) = &self.queue.space {
+            space.close();
+        }
     }
 
     /// How many items wait to be taken.
     #[cfg(feature = "metrics")]
     pub(crate) fn len(&self) -> usize {
-        self.queue.len()
+        self.queue.lock().items.len()
     }
 }
 
 impl<T> Drop for Receiver<T> {
+    /// The worker is gone: closes the queue and drops what it holds, so
+    /// every queued caller sees its reply sender dropped.
     fn drop(&mut self) {
-        self.queue.abandon();
+        self.close();
+        let items = mem::take(&mut self.queue.lock().items);
+        drop(items); // outside the lock: dropping a sender wakes its caller
     }
 }
 
@@ -171,29 +205,6 @@ impl<T> Queue<T> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn try_push(&self, item: T) -> Result<(), PushError<T>> {
-        // A waiting queue counts its places in permits, which a push
-        // without one would leave unbalanced.
-        debug_assert!(self.space.is_none(), "a waiting queue takes `push`");
-        let state = self.lock();
-        if state.items.len() >= self.capacity && !self.is_closed() {
-            return Err(PushError::Full(item));
-        }
-        self.append(state, item)
-    }
-
-    async fn push(&self, item: T) -> Result<(), PushError<T>> {
-        let Some(space) = &self.space else {
-            return self.try_push(item);
-        };
-        match space.acquire().await {
-            // The place is given back when the worker takes the item.
-            Ok(permit) => permit.forget(),
-            Err(_) => return Err(PushError::Closed(item)), // closed meanwhile
-        }
-        self.append(self.lock(), item)
-    }
-
     /// Queues `item` unless the queue is closed, and wakes the worker if it
     /// sleeps, after the lock is released.
     fn append(&self, mut state: MutexGuard<'_, State<T>>, item: T) -> Result<(), PushError<T>> {
@@ -242,43 +253,8 @@ impl<T> Queue<T> {
         Poll::Ready(taken)
     }
 
-    fn close(&self) {
-        {
-            let _state = self.lock();
-            self.closed.store(true, SeqCst);
-        }
-        if let Some(space) = &self.space {
-            space.close();
-        }
-    }
-
-    /// The last handle is gone: the worker finishes once the queue is
-    /// empty.
-    fn senders_gone(&self) {
-        let worker = {
-            let mut state = self.lock();
-            state.senders_gone = true;
-            state.worker.take()
-        };
-        if let Some(worker) = worker {
-            worker.wake();
-        }
-    }
-
-    /// The worker is gone: closes the queue and drops what it holds, so
-    /// every queued caller sees its reply sender dropped.
-    fn abandon(&self) {
-        self.close();
-        let items = mem::take(&mut self.lock().items);
-        drop(items); // outside the lock: dropping a sender wakes its caller
-    }
-
     fn is_closed(&self) -> bool {
         self.closed.load(SeqCst)
-    }
-
-    fn len(&self) -> usize {
-        self.lock().items.len()
     }
 }
 

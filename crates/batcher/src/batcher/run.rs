@@ -42,32 +42,22 @@ pub(crate) trait ErasedLoader<S, K, V>: Send + Sync {
 /// The shared, erased loader.
 pub(crate) type LoadFn<S, K, V> = Arc<dyn ErasedLoader<S, K, V>>;
 
-/// A plain [`Loader`], as the loader of the one scope `()`.
+/// A plain [`Loader`], as the scoped loader of the one scope `()`.
 struct Unscoped<L>(L);
 
-impl<K, V, L> ErasedLoader<(), K, V> for Arc<Unscoped<L>>
-where
-    K: Send + 'static,
-    V: Send + 'static,
-    L: Loader<K, V>,
-{
-    fn start(&self, (): (), keys: Vec<K>) -> Load<K, V> {
-        let loader = Arc::clone(self);
-        Box::pin(async move {
-            loader
-                .0
-                .load(keys)
-                .await
-                .map_err(|e| Arc::new(e) as SharedError)
-        })
+impl<K, V, L: Loader<K, V>> ScopedLoader<(), K, V> for Unscoped<L> {
+    type Error = L::Error;
+
+    fn load(
+        &self,
+        (): &(),
+        keys: Vec<K>,
+    ) -> impl Future<Output = Result<Loaded<K, V>, L::Error>> + Send {
+        self.0.load(keys)
     }
 
-    fn found(&self, value: Option<&V>) -> bool {
-        value.is_some_and(|v| !self.0.is_absent(v))
-    }
-
-    fn label<'s>(&self, (): &'s ()) -> Option<Cow<'s, str>> {
-        None
+    fn is_absent(&self, value: &V) -> bool {
+        self.0.is_absent(value)
     }
 }
 
@@ -108,7 +98,7 @@ where
     V: Send + 'static,
     L: Loader<K, V>,
 {
-    Arc::new(Arc::new(Unscoped(loader)))
+    scoped_load_fn(Unscoped(loader))
 }
 
 /// Erases a scoped `loader`'s type.

@@ -247,7 +247,7 @@ where
         let auto_limit = c.concurrency.is_auto().then(|| {
             AutoLimit::new(
                 policy::min_auto_limit(c),
-                c.max_loads(),
+                c.concurrency.max(),
                 c.max_batch_size,
                 Instant::now(),
             )

@@ -18,21 +18,9 @@ use std::sync::Arc;
 use futures_util::future::Shared as SharedFuture;
 use futures_util::FutureExt as _;
 
-use super::shared::{
-    put_if_current, Answer, BoxFuture, Flight, FlightState, Inner, MissFn, Source,
-};
+use super::shared::{put_if_current, Answer, BoxFuture, Flight, FlightState, Inner, Source};
 use super::slot::Held;
 use crate::Error;
-
-impl<K, V, S> Inner<K, V, S> {
-    fn load_fn(&self) -> &MissFn<S, K, V> {
-        match &self.source {
-            Source::Load(load) => load,
-            // Only flights call it, and only `Source::Load` starts them.
-            Source::Batcher(_) => unreachable!("a batcher's cache has no flights"),
-        }
-    }
-}
 
 /// A miss of `key` as `scope` over a plain loader: joins the flight of
 /// its key in its scope, or starts one, and waits for the flight's answer.
@@ -188,7 +176,11 @@ where
     V: Clone + Send + Sync + 'static,
     S: Clone + Eq + Send + Sync + 'static,
 {
-    let result = (inner.load_fn())(scope.clone(), key.clone()).await;
+    // Only `Source::Load` starts flights.
+    let Source::Load(load) = &inner.source else {
+        unreachable!("a batcher's cache has no flights")
+    };
+    let result = load(scope.clone(), key.clone()).await;
     if result.is_err() {
         inner.counters.load_errors.fetch_add(1, Relaxed);
     }

@@ -169,9 +169,8 @@ where
         // Before the look: a load that stores the key after it, but
         // before the miss reaches the worker, must count as since.
         let asked_at = Instant::now();
-        if let Some(cached) = self.lookup(scope, &key).await {
-            inner.counters.hits.fetch_add(1, Relaxed);
-            return Ok(cached.into_option());
+        if let Some(found) = self.lookup(scope, &key).await {
+            return Ok(found);
         }
         if let Source::Batcher(batcher) = &inner.source {
             let stamp = inner.epochs.stamp(inner.epochs.hash(&key));
@@ -180,7 +179,8 @@ where
         flights::load(&self.inner, scope, key).await
     }
 
-    /// What the store holds for `key` that `scope` may be served.
+    /// What the store holds for `key` that `scope` may be served (`Some(None)`:
+    /// "not found"), counted as a hit.
     ///
     /// A hit spends a unit of the task's tokio budget: moka answers at
     /// once, so a caller looping over hits never reached a point where
@@ -190,10 +190,11 @@ where
     /// budget, such a caller yields every 128 hits. A miss spends none of
     /// it here: a GraphQL query's burst of misses, polled in one pass,
     /// still reaches the batcher together instead of in several loads.
-    async fn lookup(&self, scope: &S, key: &K) -> Option<Cached<V>> {
+    async fn lookup(&self, scope: &S, key: &K) -> Option<Option<V>> {
         let found = self.inner.store.get(key).await?.find(scope)?;
+        self.inner.counters.hits.fetch_add(1, Relaxed);
         tokio::task::coop::consume_budget().await;
-        Some(found)
+        Some(found.into_option())
     }
 
     /// The values for `keys` as `scope` sees them, one result per key in
@@ -220,10 +221,7 @@ where
         let mut misses: Vec<(usize, K)> = Vec::new();
         for key in keys {
             match self.lookup(scope, &key).await {
-                Some(cached) => {
-                    inner.counters.hits.fetch_add(1, Relaxed);
-                    answers.push(Some(Ok(cached.into_option())));
-                }
+                Some(found) => answers.push(Some(Ok(found))),
                 None => {
                     misses.push((answers.len(), key));
                     answers.push(None);
@@ -263,9 +261,7 @@ where
     /// `Some(Some(value))`. A find counts as a hit; nothing else is
     /// counted.
     pub async fn get_if_present_as(&self, scope: &S, key: &K) -> Option<Option<V>> {
-        let cached = self.lookup(scope, key).await?;
-        self.inner.counters.hits.fetch_add(1, Relaxed);
-        Some(cached.into_option())
+        self.lookup(scope, key).await
     }
 
     /// Puts `value` for `key`, as `scope` sees it: primes the cache with a

@@ -112,21 +112,20 @@ impl Counters {
     /// `cache="name"` (see [`crate::metrics`]).
     #[cfg(feature = "metrics")]
     pub(super) fn export(&self, name: &str) {
-        crate::metrics::describe_cache();
         let label = [("cache", name.to_owned())];
-        for (name, count) in [
-            ("pgbatch_cache_hits_total", &self.hits),
-            ("pgbatch_cache_misses_total", &self.misses),
-            ("pgbatch_cache_coalesced_total", &self.coalesced),
-            ("pgbatch_cache_fills_total", &self.fills),
-            ("pgbatch_cache_load_errors_total", &self.load_errors),
-            ("pgbatch_cache_not_admitted_total", &self.not_admitted),
-            ("pgbatch_cache_evictions_total", &self.evictions),
-            ("pgbatch_cache_expirations_total", &self.expirations),
-            ("pgbatch_cache_invalidations_total", &self.invalidations),
-        ] {
-            count.export(::metrics::counter!(name, &label));
-        }
+        crate::metrics::export_counters!(&label;
+            self.hits => "pgbatch_cache_hits_total", "Lookups answered from the cache.";
+            self.misses => "pgbatch_cache_misses_total", "Lookups that started a load.";
+            self.coalesced => "pgbatch_cache_coalesced_total", "Lookups that joined another's load.";
+            self.fills => "pgbatch_cache_fills_total", "Loaded values stored.";
+            self.load_errors => "pgbatch_cache_load_errors_total", "Loads that failed.";
+            self.not_admitted => "pgbatch_cache_not_admitted_total",
+                "Loaded values turned away by second-miss admission.";
+            self.evictions => "pgbatch_cache_evictions_total", "Entries evicted for capacity.";
+            self.expirations => "pgbatch_cache_expirations_total", "Entries expired.";
+            self.invalidations => "pgbatch_cache_invalidations_total",
+                "invalidate and invalidate_all calls.";
+        );
     }
 }
 

@@ -219,7 +219,7 @@ impl ScopeBuilder {
         }
         let mut statements = Vec::new();
         if let Some(role) = &self.role {
-            statements.push(format!("SET LOCAL ROLE {}", quote_ident(role)));
+            statements.push(format!("SET LOCAL ROLE {}", super::import::ident(role)));
         }
         if !settings.is_empty() {
             let calls: Vec<String> = settings
@@ -262,11 +262,6 @@ fn is_setting_name(name: &str) -> bool {
         .iter()
         .any(|r| name.eq_ignore_ascii_case(r));
     well_formed && !reserved
-}
-
-/// `name` as a quoted identifier: any name, read as itself.
-fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 /// `text` as an escape string literal (`E'...'`), read as itself whatever

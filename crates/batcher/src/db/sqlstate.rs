@@ -3,25 +3,6 @@
 //! errors into the same [`DbErrorKind`]s, so code acting on a kind works
 //! with either.
 
-/// SQLSTATE class 22: a value the column cannot hold.
-const DATA_EXCEPTION_CLASS: &str = "22";
-/// SQLSTATE class 08: connection exceptions.
-const CONNECTION_EXCEPTION_CLASS: &str = "08";
-/// SQLSTATE class 23: a constraint the row breaks.
-const INTEGRITY_CONSTRAINT_VIOLATION_CLASS: &str = "23";
-/// admin_shutdown, crash_shutdown, cannot_connect_now,
-/// read_only_sql_transaction.
-const UNAVAILABLE_CODES: [&str; 4] = ["57P01", "57P02", "57P03", "25006"];
-/// serialization_failure, deadlock_detected.
-const CONFLICT_CODES: [&str; 2] = ["40001", "40P01"];
-const UNIQUE_VIOLATION: &str = "23505";
-const FOREIGN_KEY_VIOLATION: &str = "23503";
-const QUERY_CANCELED: &str = "57014";
-const INVALID_SQL_STATEMENT_NAME: &str = "26000";
-const DUPLICATE_PREPARED_STATEMENT: &str = "42P05";
-const PROTOCOL_VIOLATION: &str = "08P01";
-const TOO_MANY_CONNECTIONS: &str = "53300";
-
 /// What kind of failure a database error is, as far as a caller can act on
 /// it: from `pg::classify` (tokio-postgres) or `sqlx::classify`.
 ///
@@ -82,30 +63,24 @@ pub enum DbErrorKind {
 impl DbErrorKind {
     /// The kind of a report with SQLSTATE `code` and `message`.
     pub(crate) fn of_code(code: &str, message: &str) -> Self {
-        if code == UNIQUE_VIOLATION {
-            Self::UniqueViolation
-        } else if code == FOREIGN_KEY_VIOLATION {
-            Self::ForeignKeyViolation
-        } else if code == QUERY_CANCELED {
-            Self::StatementTimeout
-        } else if code == INVALID_SQL_STATEMENT_NAME
-            || code == DUPLICATE_PREPARED_STATEMENT
-            || (code == PROTOCOL_VIOLATION && message.contains("unsupported startup parameter"))
-        {
-            Self::SessionStateLost
-        } else if code.starts_with(CONNECTION_EXCEPTION_CLASS) || UNAVAILABLE_CODES.contains(&code)
-        {
-            Self::Unavailable
-        } else if CONFLICT_CODES.contains(&code) {
-            Self::Conflict
-        } else if code == TOO_MANY_CONNECTIONS {
-            Self::TooManyConnections
-        } else if code.starts_with(DATA_EXCEPTION_CLASS)
-            || code.starts_with(INTEGRITY_CONSTRAINT_VIOLATION_CLASS)
-        {
-            Self::OtherRowFault
-        } else {
-            Self::Other
+        match code {
+            "23505" => Self::UniqueViolation,
+            "23503" => Self::ForeignKeyViolation,
+            "57014" => Self::StatementTimeout, // query_canceled
+            // invalid_sql_statement_name, duplicate_prepared_statement
+            "26000" | "42P05" => Self::SessionStateLost,
+            // A pooler refusing a startup parameter it does not pass on.
+            "08P01" if message.contains("unsupported startup parameter") => Self::SessionStateLost,
+            // admin_shutdown, crash_shutdown, cannot_connect_now,
+            // read_only_sql_transaction; and class 08, connection exceptions.
+            "57P01" | "57P02" | "57P03" | "25006" => Self::Unavailable,
+            _ if code.starts_with("08") => Self::Unavailable,
+            "40001" | "40P01" => Self::Conflict, // serialization_failure, deadlock_detected
+            "53300" => Self::TooManyConnections,
+            // Classes 22 (a value the column cannot hold) and 23 (a
+            // constraint the row breaks).
+            _ if code.starts_with("22") || code.starts_with("23") => Self::OtherRowFault,
+            _ => Self::Other,
         }
     }
 

@@ -94,6 +94,17 @@ pub type WriteResult<E> = Result<Written, Arc<RowError<E>>>;
 /// Per key of a written batch: inserted (rather than updated), or refused.
 pub(crate) type Outcomes<K, E> = HashMap<K, Result<bool, Arc<RowError<E>>>>;
 
+/// The rows a batch's statement returned, each read by `map` into its key
+/// and whether it was inserted.
+pub(crate) fn returned<R, K: Eq + Hash, E, M>(
+    rows: &[R],
+    map: impl Fn(&R) -> Result<(K, bool), M>,
+) -> Result<Outcomes<K, E>, M> {
+    rows.iter()
+        .map(|r| map(r).map(|(key, inserted)| (key, Ok(inserted))))
+        .collect()
+}
+
 /// What a driver's writer does with a planned batch: rows with distinct
 /// keys, in key order, written in one transaction, each answered with
 /// whether it was inserted, or why it was refused.

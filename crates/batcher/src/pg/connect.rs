@@ -204,26 +204,23 @@ fn take_parameter(s: &str, key: &str) -> (String, Option<String>) {
 /// `from`: where it starts and ends, its key, and its value unquoted.
 fn next_pair(s: &str, from: usize) -> Option<(usize, usize, &str, String)> {
     let bytes = s.as_bytes();
-    let mut i = from;
-    while i < bytes.len() && bytes[i].is_ascii_whitespace() {
-        i += 1;
-    }
-    if i >= bytes.len() {
+    // The index of the first byte from `i` on that `stop` says ends a run.
+    let run_to = |mut i: usize, stop: fn(u8) -> bool| {
+        while i < bytes.len() && !stop(bytes[i]) {
+            i += 1;
+        }
+        i
+    };
+    let not_space = |b: u8| !b.is_ascii_whitespace();
+    let start = run_to(from, not_space);
+    if start >= bytes.len() {
         return None;
     }
-    let start = i;
-    while i < bytes.len() && bytes[i] != b'=' && !bytes[i].is_ascii_whitespace() {
-        i += 1;
-    }
+    let mut i = run_to(start, |b| b == b'=' || b.is_ascii_whitespace());
     let key = &s[start..i];
-    while i < bytes.len() && bytes[i].is_ascii_whitespace() {
-        i += 1;
-    }
+    i = run_to(i, not_space);
     if i < bytes.len() && bytes[i] == b'=' {
-        i += 1;
-    }
-    while i < bytes.len() && bytes[i].is_ascii_whitespace() {
-        i += 1;
+        i = run_to(i + 1, not_space);
     }
     let mut value = String::new();
     if i < bytes.len() && bytes[i] == b'\'' {
@@ -239,9 +236,7 @@ fn next_pair(s: &str, from: usize) -> Option<(usize, usize, &str, String)> {
         i = (i + 1).min(bytes.len());
     } else {
         let value_start = i;
-        while i < bytes.len() && !bytes[i].is_ascii_whitespace() {
-            i += 1;
-        }
+        i = run_to(i, |b| b.is_ascii_whitespace());
         value.push_str(&s[value_start..i]);
     }
     Some((start, i, key, value))

@@ -306,23 +306,17 @@ impl<Q: BatchQuery> PgLoader<Q> {
         params: &[&(dyn ToSql + Sync)],
         scope: Option<&Scope>,
     ) -> Result<Vec<Row>, PgError> {
-        again_if_lost("reading", true, || self.run_once(sql, params, scope)).await
-    }
-
-    async fn run_once(
-        &self,
-        sql: &Sql,
-        params: &[&(dyn ToSql + Sync)],
-        scope: Option<&Scope>,
-    ) -> Result<Vec<Row>, PgError> {
-        let mut lease = super::Lease::get(&self.pool).await?;
-        let rows = self
-            .query
-            .statements
-            .query_as(&mut lease, sql, params, scope)
-            .await;
-        lease.settle(&rows);
-        Ok(rows?)
+        again_if_lost("reading", true, || async {
+            let mut lease = super::Lease::get(&self.pool).await?;
+            let rows = self
+                .query
+                .statements
+                .query_as(&mut lease, sql, params, scope)
+                .await;
+            lease.settle(&rows);
+            Ok(rows?)
+        })
+        .await
     }
 
     /// Runs the batch statement for `keys` (the single-key one for one

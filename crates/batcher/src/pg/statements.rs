@@ -270,9 +270,7 @@ impl Statements {
             }
         }
     }
-}
 
-impl Statements {
     /// Runs `sql`, which returns exactly one row, with `params` in `tx`.
     pub(crate) async fn query_one_in(
         &self,

@@ -120,16 +120,6 @@ impl<Q: UpsertQuery> PgWriter<Q> {
         }
     }
 
-    async fn upsert_once(
-        &self,
-        rows: &[Q::Row],
-    ) -> Result<Outcomes<Q::Key, tokio_postgres::Error>, PgError> {
-        let mut lease = super::Lease::get(&self.pool).await?;
-        let written = self.upsert_on(&mut lease, rows).await;
-        lease.settle(&written);
-        written
-    }
-
     async fn upsert_on(
         &self,
         client: &mut deadpool_postgres::ClientWrapper,
@@ -144,11 +134,7 @@ impl<Q: UpsertQuery> PgWriter<Q> {
             .await
         {
             Ok(returned) => {
-                let mut out = HashMap::with_capacity(rows.len());
-                for r in &returned {
-                    let (key, inserted) = self.query.map_returned(r)?;
-                    out.insert(key, Ok(inserted));
-                }
+                let out = db::returned(&returned, |r| self.query.map_returned(r))?;
                 tx.commit().await?;
                 Ok(out)
             }
@@ -213,8 +199,11 @@ impl<Q: UpsertQuery> Upsert for PgWriter<Q> {
     }
 
     async fn upsert(&self, rows: &[Q::Row]) -> Result<Outcomes<Q::Key, Self::RowFault>, PgError> {
-        again_if_lost("writing the batch", self.query.is_idempotent(), || {
-            self.upsert_once(rows)
+        again_if_lost("writing the batch", self.query.is_idempotent(), || async {
+            let mut lease = super::Lease::get(&self.pool).await?;
+            let written = self.upsert_on(&mut lease, rows).await;
+            lease.settle(&written);
+            written
         })
         .await
     }

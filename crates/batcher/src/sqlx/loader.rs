@@ -241,36 +241,31 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
         keys: &[Q::Key],
         scope: Option<&Scope>,
     ) -> Result<Vec<PgRow>, ::sqlx::Error> {
-        again_if_lost("reading", true, || self.fetch_once(keys, scope)).await
-    }
-
-    async fn fetch_once(
-        &self,
-        keys: &[Q::Key],
-        scope: Option<&Scope>,
-    ) -> Result<Vec<PgRow>, ::sqlx::Error> {
         // `Executor::fetch_all` returns a boxed `Send` future, so the
         // loader's future is `Send` without the compiler having to prove
         // it through sqlx's generic executors.
         let scope = scope
             .map(Scope::set_local_sql)
             .filter(|set| !set.is_empty());
-        let mut conn = acquire(&self.pool, self.acquire_timeout).await?;
-        match (self.inner.mode, scope) {
-            (_, Some(set)) => self.fetch_as(conn, keys, set).await,
-            (StatementMode::Prepared, None) => {
-                Executor::fetch_all(&mut *conn, self.statement(keys)).await
+        again_if_lost("reading", true, || async {
+            let mut conn = acquire(&self.pool, self.acquire_timeout).await?;
+            match (self.inner.mode, &scope) {
+                (_, Some(set)) => self.fetch_as(conn, keys, set).await,
+                (StatementMode::Prepared, None) => {
+                    Executor::fetch_all(&mut *conn, self.statement(keys)).await
+                }
+                (StatementMode::Unnamed, None) => {
+                    // The transaction keeps the statement's parse and its
+                    // execution on one server connection behind a pooler.
+                    // A failure drops `tx`, which rolls it back.
+                    let mut tx = Connection::begin(&mut *conn).await?;
+                    let rows = Executor::fetch_all(&mut *tx, self.statement(keys)).await?;
+                    tx.commit().await?;
+                    Ok(rows)
+                }
             }
-            (StatementMode::Unnamed, None) => {
-                // The transaction keeps the statement's parse and its
-                // execution on one server connection behind a pooler. A
-                // failure drops `tx`, which rolls it back.
-                let mut tx = Connection::begin(&mut *conn).await?;
-                let rows = Executor::fetch_all(&mut *tx, self.statement(keys)).await?;
-                tx.commit().await?;
-                Ok(rows)
-            }
-        }
+        })
+        .await
     }
 
     /// Runs the statement for `keys` in a transaction of its own that

@@ -228,18 +228,6 @@ impl<Q: UpsertQuery> SqlxWriter<Q> {
         self.mode
     }
 
-    /// One attempt on one connection. The connection goes back to the pool
-    /// when this returns; the pool tests it there (sqlx pings a returned
-    /// connection, which also sends a rollback left queued) and closes it
-    /// if it is broken, so a second attempt gets another.
-    async fn upsert_once(
-        &self,
-        rows: &[Q::Row],
-    ) -> Result<Outcomes<Q::Key, ::sqlx::Error>, ::sqlx::Error> {
-        let mut conn = acquire(&self.pool, self.acquire_timeout).await?;
-        self.upsert_on(&mut conn, rows).await
-    }
-
     async fn upsert_on(
         &self,
         conn: &mut PgConnection,
@@ -255,11 +243,7 @@ impl<Q: UpsertQuery> SqlxWriter<Q> {
         let written = Executor::fetch_all(&mut *tx, statement).await;
         match written {
             Ok(returned) => {
-                let mut out = HashMap::with_capacity(rows.len());
-                for r in &returned {
-                    let (key, inserted) = q.map_returned(r)?;
-                    out.insert(key, Ok(inserted));
-                }
+                let out = db::returned(&returned, |r| q.map_returned(r))?;
                 tx.commit().await?;
                 Ok(out)
             }
@@ -332,8 +316,13 @@ impl<Q: UpsertQuery> Upsert for SqlxWriter<Q> {
         &self,
         rows: &[Q::Row],
     ) -> Result<Outcomes<Q::Key, ::sqlx::Error>, ::sqlx::Error> {
-        again_if_lost("writing the batch", self.query.is_idempotent(), || {
-            self.upsert_once(rows)
+        // One attempt on one connection. The connection goes back to the
+        // pool when it ends; the pool tests it there (sqlx pings a returned
+        // connection, which also sends a rollback left queued) and closes
+        // it if it is broken, so a second attempt gets another.
+        again_if_lost("writing the batch", self.query.is_idempotent(), || async {
+            let mut conn = acquire(&self.pool, self.acquire_timeout).await?;
+            self.upsert_on(&mut conn, rows).await
         })
         .await
     }
