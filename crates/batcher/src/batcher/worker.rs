@@ -125,8 +125,13 @@ where
                     state.draining = true;
                 }
             }
-            state.flush_if_due();
-            state.arm_timers();
+            // One reading of the clock for both: a delay that ended
+            // between two readings would be neither due to the first nor
+            // armed by the second, and its batch would wait for the next
+            // event (for a lone request, its deadline).
+            let now = Instant::now();
+            state.flush_if_due(now);
+            state.arm_timers(now);
             state.publish_gauges();
             if state.rx_done && state.lanes.pending_keys() == 0 && state.in_flight.is_empty() {
                 break;
@@ -402,7 +407,7 @@ where
     /// Dispatches while a batch is due and a slot is free: more than once
     /// only when pending keys outgrew one batch or several scopes wait (see
     /// [`policy::may_accept`]), and each round takes keys out, so it ends.
-    fn flush_if_due(&mut self) {
+    fn flush_if_due(&mut self, now: Instant) {
         loop {
             let Some(i) = self.lanes.next() else { return };
             let config = &self.shared.config;
@@ -412,9 +417,7 @@ where
                 // Measured from the request, not from its receipt, so time
                 // spent in the channel counts toward the delay.
                 deadline_passed: policy::arms_timer(config)
-                    && lane
-                        .first_at
-                        .is_some_and(|at| at + config.max_delay <= Instant::now()),
+                    && lane.first_at.is_some_and(|at| at + config.max_delay <= now),
                 draining: self.draining,
             };
             // Slots are shared with callers that load directly when idle.
@@ -604,7 +607,7 @@ where
             Some(slot)
         } else {
             drop(slot);
-            self.flush_if_due();
+            self.flush_if_due(Instant::now());
             None
         };
         let stats = &self.shared.stats;
@@ -707,7 +710,7 @@ where
     /// Points the expiry timer at the earliest deadline it knows of (a
     /// later deadline does not move it: firing early only costs a sweep),
     /// and the flush timer at the next lane's delay.
-    fn arm_timers(&mut self) {
+    fn arm_timers(&mut self, now: Instant) {
         if policy::worker_enforces_deadlines(&self.shared.config) {
             let next = self
                 .running
@@ -720,9 +723,9 @@ where
         }
         if policy::arms_timer(&self.shared.config) {
             let max_delay = self.shared.config.max_delay;
-            // A delay already passed arms nothing: its batch is due and
-            // waits for a slot, which a completion frees.
-            let now = Instant::now();
+            // A delay passed by `now` arms nothing: `flush_if_due` saw it
+            // pass at the same `now`, so its batch went out, or waits for
+            // a slot, which a completion frees.
             let next = self
                 .lanes
                 .next()

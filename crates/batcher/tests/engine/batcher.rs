@@ -1147,3 +1147,27 @@ async fn a_lone_caller_waits_when_abandoned_loads_hold_every_slot() {
     assert_eq!(ok(fourth).await, Some(value_of(4)));
     assert_eq!(gated.max_running(), 2);
 }
+
+/// A batch whose delay ends between the worker's check of it and the
+/// arming of its timer is still sent. On real time the worker can be
+/// descheduled between the two; with delays about as long as a request's
+/// trip to the worker, many of them end in that gap. A lost flush leaves
+/// a lone request waiting for its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delay_that_ends_while_the_worker_looks_still_flushes() {
+    for delay_us in [1, 2, 5, 10, 20, 50] {
+        let b = builder()
+            .policy(FlushPolicy::FixedDelay)
+            .max_batch_size(64)
+            .max_delay(Duration::from_micros(delay_us))
+            .timeout(Duration::from_secs(2))
+            .build(TestLoader::new())
+            .unwrap();
+        for k in 0..300 {
+            match b.load(k).await {
+                Ok(value) => assert_eq!(value, Some(value_of(k))),
+                Err(e) => panic!("delay {delay_us} µs, key {k}: {e}"),
+            }
+        }
+    }
+}
