@@ -238,13 +238,10 @@ where
                 value: c.channel_capacity,
             });
         }
-        if c.timeout == Some(Duration::ZERO) {
-            return Err(BuildError::ZeroDuration { setting: "timeout" });
-        }
-        if c.load_timeout == Some(Duration::ZERO) {
-            return Err(BuildError::ZeroDuration {
-                setting: "load_timeout",
-            });
+        for (setting, value) in [("timeout", c.timeout), ("load_timeout", c.load_timeout)] {
+            if value == Some(Duration::ZERO) {
+                return Err(BuildError::ZeroDuration { setting });
+            }
         }
         Ok(())
     }

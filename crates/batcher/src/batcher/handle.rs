@@ -367,7 +367,7 @@ where
             // pass requests already queued, which (adaptive) could then
             // wait for the delay with a slot taken.
             || shared.stats.pending_keys.load(Relaxed) != 0
-            || !self.inner.tx.is_empty()
+            || self.inner.tx.len() != 0
         {
             return None;
         }

@@ -87,11 +87,6 @@ impl<T> Sender<T> {
     pub(crate) fn len(&self) -> usize {
         self.queue.lock().items.len()
     }
-
-    /// Whether nothing waits to be taken.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 impl<T> Drop for Sender<T> {

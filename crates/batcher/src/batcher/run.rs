@@ -61,10 +61,8 @@ impl<K, V, L: Loader<K, V>> ScopedLoader<(), K, V> for Unscoped<L> {
     }
 }
 
-/// A [`ScopedLoader`], as it is.
-struct Scoped<L>(L);
-
-impl<S, K, V, L> ErasedLoader<S, K, V> for Arc<Scoped<L>>
+/// A [`ScopedLoader`], shared by the loads it starts.
+impl<S, K, V, L> ErasedLoader<S, K, V> for Arc<L>
 where
     S: Send + Sync + 'static,
     K: Send + 'static,
@@ -74,20 +72,17 @@ where
     fn start(&self, scope: S, keys: Vec<K>) -> Load<K, V> {
         let loader = Arc::clone(self);
         Box::pin(async move {
-            loader
-                .0
-                .load(&scope, keys)
-                .await
-                .map_err(|e| Arc::new(e) as SharedError)
+            let loaded = loader.load(&scope, keys).await;
+            loaded.map_err(|e| Arc::new(e) as SharedError)
         })
     }
 
     fn found(&self, value: Option<&V>) -> bool {
-        value.is_some_and(|v| !self.0.is_absent(v))
+        value.is_some_and(|v| !L::is_absent(self, v))
     }
 
     fn label<'s>(&self, scope: &'s S) -> Option<Cow<'s, str>> {
-        self.0.label(scope)
+        L::label(self, scope)
     }
 }
 
@@ -109,7 +104,7 @@ where
     V: Send + 'static,
     L: ScopedLoader<S, K, V>,
 {
-    Arc::new(Arc::new(Scoped(loader)))
+    Arc::new(Arc::new(loader))
 }
 
 /// How a load ended.

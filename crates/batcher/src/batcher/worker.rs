@@ -23,7 +23,6 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::sync::DropGuard;
 use tracing::Instrument;
 
-use super::config::Config;
 use super::lanes::Lanes;
 use super::limit::AutoLimit;
 use super::message::{Message, Waiter, Waiters};
@@ -137,7 +136,7 @@ where
                 break;
             }
         }
-        tracing::debug!(batcher = %state.config().name, "batcher worker stopped");
+        tracing::debug!(batcher = %state.shared.config.name, "batcher worker stopped");
     }
 }
 
@@ -277,10 +276,6 @@ where
         }
     }
 
-    fn config(&self) -> &Config {
-        &self.shared.config
-    }
-
     /// Whether running loads are looked up by key: to join plain requests
     /// to them (`join_in_flight`), or an observer's, so that a key has one
     /// load at a time however many of its callers the observer sends.
@@ -295,7 +290,7 @@ where
     /// deadlines](policy::worker_enforces_deadlines) and so must see every
     /// request.
     fn receive_limit(&self) -> usize {
-        let c = self.config();
+        let c = &self.shared.config;
         let pending = self.lanes.pending_keys();
         if policy::worker_enforces_deadlines(c) {
             c.max_batch_size
@@ -637,7 +632,7 @@ where
 
     /// The moment `waiter` times out, when this worker enforces it.
     fn deadline_of(&self, waiter: &Waiter<V>) -> Option<Instant> {
-        let config = self.config();
+        let config = &self.shared.config;
         if !policy::worker_enforces_deadlines(config) {
             return None;
         }
@@ -649,7 +644,7 @@ where
     /// makes the expiry bounds exact.
     fn expire(&mut self) {
         self.expiry_timer.disarm();
-        let Some(timeout) = self.config().timeout else {
+        let Some(timeout) = self.shared.config.timeout else {
             return;
         };
         let now = Instant::now();

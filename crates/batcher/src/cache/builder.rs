@@ -175,15 +175,13 @@ where
                 value: 0,
             });
         }
-        if self.time_to_live.is_zero() {
-            return Err(BuildError::ZeroDuration {
-                setting: "time_to_live",
-            });
-        }
-        if self.negative_ttl.is_some_and(|d| d.is_zero()) {
-            return Err(BuildError::ZeroDuration {
-                setting: "negative_ttl",
-            });
+        for (setting, value) in [
+            ("time_to_live", Some(self.time_to_live)),
+            ("negative_ttl", self.negative_ttl),
+        ] {
+            if value.is_some_and(|d| d.is_zero()) {
+                return Err(BuildError::ZeroDuration { setting });
+            }
         }
         Ok(())
     }
@@ -201,8 +199,7 @@ where
         F: Fn(K) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<V>, Error>> + Send + 'static,
     {
-        let load: MissFn<(), K, V> = Arc::new(move |(), k| Box::pin(load(k)));
-        self.build_over(Source::Load(load))
+        self.build_scoped(move |(), k| load(k))
     }
 
     /// A scoped cache whose misses call `load(scope, key)` (a clone of the

@@ -35,5 +35,5 @@ pub use import::{ConflictPolicy, ImportCounts, ImportError};
 pub use scope::{Scope, ScopeBuilder, ScopeError};
 pub use sqlstate::DbErrorKind;
 pub use statement::StatementMode;
-pub(crate) use write::{returned, write_batch, Outcomes, Upsert};
+pub(crate) use write::{returned, settle_row, write_batch, Outcomes, Savepoint, Upsert};
 pub use write::{RowError, WriteRequest, WriteResult, Writer, Written};

@@ -10,6 +10,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+use super::classify::Classify;
 use super::sqlstate::DbErrorKind;
 use crate::error::Chain;
 use crate::{Batcher, BatcherBuilder, BuildError, Error, Loaded, Loader};
@@ -103,6 +104,36 @@ pub(crate) fn returned<R, K: Eq + Hash, E, M>(
     rows.iter()
         .map(|r| map(r).map(|(key, inserted)| (key, Ok(inserted))))
         .collect()
+}
+
+/// A driver's savepoint, under which one row of a refused batch is
+/// written again alone.
+pub(crate) trait Savepoint<E>: Send {
+    /// Keeps what was written under it (`RELEASE`).
+    fn release(self) -> impl Future<Output = Result<(), E>> + Send;
+    /// Undoes what was written under it (`ROLLBACK TO`).
+    fn undo(self) -> impl Future<Output = Result<(), E>> + Send;
+}
+
+/// Ends the `savepoint` a row was `written` under: kept if the row was
+/// written, undone if the database refused the row; any other error fails
+/// the whole batch.
+pub(crate) async fn settle_row<E: Classify, S: Savepoint<E>>(
+    savepoint: S,
+    written: Result<bool, E>,
+) -> Result<Result<bool, Arc<RowError<E>>>, E> {
+    match written {
+        Ok(inserted) => {
+            savepoint.release().await?;
+            Ok(Ok(inserted))
+        }
+        Err(e) if e.kind().is_row_fault() => {
+            savepoint.undo().await?;
+            let kind = e.kind();
+            Ok(Err(Arc::new(RowError::new(e, kind))))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// What a driver's writer does with a planned batch: rows with distinct

@@ -420,12 +420,6 @@ where
     pub async fn connect(
         &self,
     ) -> Result<(Client, Connection<Socket, T::Stream>), tokio_postgres::Error> {
-        let n = host_count(&self.config);
-        if n <= 1 {
-            let (client, conn, _) = self.attempt(0, self.attrs).await?;
-            self.landed(0);
-            return Ok((client, conn));
-        }
         let mut last = None;
         // prefer-standby: the first primary that answers is kept in case
         // no host is a standby, rather than connecting to it twice.

@@ -265,7 +265,7 @@ impl<Q: BatchQuery> PgLoader<Q> {
     pub fn with_pool(&self, pool: Pool) -> Self {
         Self {
             pool,
-            query: Arc::clone(&self.query),
+            ..self.clone()
         }
     }
 

@@ -162,22 +162,21 @@ impl<Q: UpsertQuery> PgWriter<Q> {
                 .statements
                 .query_one_in(&savepoint, &self.single, &as_refs(&params))
                 .await;
-            match written {
-                Ok(r) => {
-                    let (_, inserted) = self.query.map_returned(&r)?;
-                    savepoint.commit().await?;
-                    out.insert(key, Ok(inserted));
-                }
-                Err(e) if classify(&e).is_row_fault() => {
-                    savepoint.rollback().await?;
-                    let kind = classify(&e);
-                    out.insert(key, Err(Arc::new(RowError::new(e, kind))));
-                }
-                Err(e) => return Err(e.into()),
-            }
+            let written = written.and_then(|r| Ok(self.query.map_returned(&r)?.1));
+            out.insert(key, db::settle_row(savepoint, written).await?);
         }
         tx.commit().await?;
         Ok(out)
+    }
+}
+
+impl db::Savepoint<tokio_postgres::Error> for deadpool_postgres::Transaction<'_> {
+    async fn release(self) -> Result<(), tokio_postgres::Error> {
+        self.commit().await
+    }
+
+    async fn undo(self) -> Result<(), tokio_postgres::Error> {
+        self.rollback().await
     }
 }
 

@@ -203,8 +203,7 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
     pub fn with_pool(&self, pool: PgPool) -> Self {
         Self {
             pool,
-            inner: Arc::clone(&self.inner),
-            acquire_timeout: self.acquire_timeout,
+            ..self.clone()
         }
     }
 

@@ -6,7 +6,6 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::Hash;
-use std::sync::Arc;
 use std::time::Duration;
 
 use ::sqlx::postgres::{PgConnection, PgDatabaseError, PgPool, PgRow, Postgres};
@@ -265,25 +264,12 @@ impl<Q: UpsertQuery> SqlxWriter<Q> {
         let mut out = HashMap::with_capacity(rows.len());
         for row in rows {
             let key = q.key(row);
-            // Inside a transaction sqlx's `begin` is a `SAVEPOINT`, its
-            // `commit` a `RELEASE` and its `rollback` a `ROLLBACK TO`.
             let mut savepoint = Connection::begin(&mut *tx).await?;
             let statement =
                 self.persistence(q.bind_single(::sqlx::query::<Postgres>(q.single_sql()), row));
             let written = Executor::fetch_one(&mut *savepoint, statement).await;
-            match written {
-                Ok(r) => {
-                    let (_, inserted) = q.map_returned(&r)?;
-                    savepoint.commit().await?;
-                    out.insert(key, Ok(inserted));
-                }
-                Err(e) if classify(&e).is_row_fault() => {
-                    savepoint.rollback().await?;
-                    let kind = classify(&e);
-                    out.insert(key, Err(Arc::new(RowError::new(e, kind))));
-                }
-                Err(e) => return Err(e),
-            }
+            let written = written.and_then(|r| Ok(q.map_returned(&r)?.1));
+            out.insert(key, db::settle_row(savepoint, written).await?);
         }
         tx.commit().await?;
         Ok(out)
@@ -292,6 +278,18 @@ impl<Q: UpsertQuery> SqlxWriter<Q> {
     /// `statement`, prepared and cached or unnamed as the mode says.
     fn persistence<'q>(&self, statement: PgQuery<'q>) -> PgQuery<'q> {
         statement.persistent(self.mode == StatementMode::Prepared)
+    }
+}
+
+// Inside a transaction sqlx's `begin` is a `SAVEPOINT`, its `commit` a
+// `RELEASE` and its `rollback` a `ROLLBACK TO`.
+impl db::Savepoint<::sqlx::Error> for ::sqlx::Transaction<'_, Postgres> {
+    async fn release(self) -> Result<(), ::sqlx::Error> {
+        self.commit().await
+    }
+
+    async fn undo(self) -> Result<(), ::sqlx::Error> {
+        self.rollback().await
     }
 }
 
