@@ -71,6 +71,11 @@ struct Args {
     /// capacity falls behind and is marked).
     #[arg(long, value_enum, default_value = "own")]
     rates_of: RatesOf,
+    /// pgbatch's defaults' capacity in reads/s, given instead of measured:
+    /// with `--rates-of defaults`, every contender and every build is
+    /// offered the same rates, so two builds compare at one load.
+    #[arg(long)]
+    capacity: Option<f64>,
     /// Connections in the pool the contenders share.
     #[arg(long, default_value_t = 16)]
     pool_size: usize,
@@ -261,7 +266,10 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     );
     // Capacities, and the best settings of the minimal batcher and the
     // DataLoader, by the same closed loop.
-    let defaults = best_of(args, db, &loader, [Contender::Defaults]).await?;
+    let defaults = match args.capacity {
+        Some(given) => (Contender::Defaults, given),
+        None => best_of(args, db, &loader, [Contender::Defaults]).await?,
+    };
     let minimal = best_of(
         args,
         db,
