@@ -88,12 +88,37 @@ struct Args {
     /// ...with each of these batch caps.
     #[arg(long, value_delimiter = ',', default_value = "64,256")]
     dataloader_batches: Vec<usize>,
+    /// Contenders to run (all by default): one alone is what a profile
+    /// of it needs.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Who::ALL)]
+    only: Vec<Who>,
     /// CSV file results are appended to.
     #[arg(long, default_value = "target/loadgen/openloop.csv")]
     csv: PathBuf,
     /// SVG plot of p99 and Postgres CPU per read against load.
     #[arg(long, default_value = "target/loadgen/openloop.svg")]
     svg: PathBuf,
+}
+
+/// A contender `--only` can select: for `minimal` and `dataloader-best`,
+/// its best setting by capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Who {
+    Defaults,
+    Minimal,
+    DataloaderDefaults,
+    DataloaderBest,
+    OnePerRead,
+}
+
+impl Who {
+    const ALL: [Self; 5] = [
+        Self::Defaults,
+        Self::Minimal,
+        Self::DataloaderDefaults,
+        Self::DataloaderBest,
+        Self::OnePerRead,
+    ];
 }
 
 /// See [`Args::rates_of`].
@@ -266,42 +291,44 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     );
     // Capacities, and the best settings of the minimal batcher and the
     // DataLoader, by the same closed loop.
-    let defaults = match args.capacity {
-        Some(given) => (Contender::Defaults, given),
-        None => best_of(args, db, &loader, [Contender::Defaults]).await?,
-    };
-    let minimal = best_of(
-        args,
-        db,
-        &loader,
-        args.minimal_connections
+    let wanted = |who| args.only.contains(&who);
+    let mut contenders = Vec::new();
+    let mut defaults_capacity = args.capacity;
+    if wanted(Who::Defaults) || (args.rates_of == RatesOf::Defaults && args.capacity.is_none()) {
+        let defaults = match args.capacity {
+            Some(given) => (Contender::Defaults, given),
+            None => best_of(args, db, &loader, [Contender::Defaults]).await?,
+        };
+        defaults_capacity = Some(defaults.1);
+        if wanted(Who::Defaults) {
+            contenders.push(defaults);
+        }
+    }
+    if wanted(Who::Minimal) {
+        let settings = args
+            .minimal_connections
             .iter()
-            .map(|&connections| Contender::Minimal { connections }),
-    )
-    .await?;
-    let dl_defaults = best_of(
-        args,
-        db,
-        &loader,
-        [Contender::DataLoader(DlSetting::DEFAULT)],
-    )
-    .await?;
-    let dl_best = best_of(
-        args,
-        db,
-        &loader,
-        args.dataloader_delays_us.iter().flat_map(|&us| {
+            .map(|&connections| Contender::Minimal { connections });
+        contenders.push(best_of(args, db, &loader, settings).await?);
+    }
+    if wanted(Who::DataloaderDefaults) {
+        let setting = [Contender::DataLoader(DlSetting::DEFAULT)];
+        contenders.push(best_of(args, db, &loader, setting).await?);
+    }
+    if wanted(Who::DataloaderBest) {
+        let settings = args.dataloader_delays_us.iter().flat_map(|&us| {
             args.dataloader_batches.iter().map(move |&max_batch| {
                 Contender::DataLoader(DlSetting {
                     delay: Duration::from_micros(us),
                     max_batch,
                 })
             })
-        }),
-    )
-    .await?;
-    let one = best_of(args, db, &loader, [Contender::OnePerRead]).await?;
-    let contenders = [defaults, minimal, dl_defaults, dl_best, one];
+        });
+        contenders.push(best_of(args, db, &loader, settings).await?);
+    }
+    if wanted(Who::OnePerRead) {
+        contenders.push(best_of(args, db, &loader, [Contender::OnePerRead]).await?);
+    }
     println!();
 
     let n = contenders.len();
@@ -316,7 +343,9 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
                 let (who, own) = contenders[c];
                 let of = match args.rates_of {
                     RatesOf::Own => own,
-                    RatesOf::Defaults => contenders[0].1,
+                    RatesOf::Defaults => {
+                        defaults_capacity.context("the defaults' capacity is measured above")?
+                    }
                 };
                 let rate = of * f64::from(load) / 100.0;
                 samples[l][c].push(open(args, db, &loader, who, rate).await?);
@@ -387,6 +416,9 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
 /// Whether the defaults' median p99 and Postgres CPU per read are at most
 /// every other contender's at every load, and where not.
 fn verdict(args: &Args, contenders: &[(Contender, f64)], samples: &[Vec<Vec<Sample>>]) {
+    if !args.only.contains(&Who::Defaults) || contenders.len() < 2 {
+        return; // nothing to compare the defaults with
+    }
     let med = |v: &[Sample], f: fn(&Sample) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
     let mut missed = Vec::new();
     for (l, load) in args.loads.iter().enumerate() {

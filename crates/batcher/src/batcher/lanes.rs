@@ -7,6 +7,13 @@
 //! keys are still waiting after its load took a batch. So one busy scope
 //! cannot starve the others: every scope with waiting keys gets a load
 //! before any scope gets a second one. Unscoped, there is one lane.
+//!
+//! A lane's pending batch holds at most a batch of keys; keys that come
+//! while it is full wait behind it in arrival order, and fill the next
+//! batch when this one is taken. So under a backlog (every slot busy, keys
+//! still coming) taking a batch costs the batch, not the backlog: a worker
+//! that picked the oldest keys out of all that wait spent more per key the
+//! longer the backlog grew, and fell further behind for it.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
@@ -16,14 +23,23 @@ use std::mem;
 use tokio::task;
 use tokio::time::Instant;
 
-use super::message::Waiters;
+use super::message::{Waiter, Waiters};
 use super::observer::Stamp;
 
 /// One scope's keys.
 pub(crate) struct Lane<S, K, V> {
     pub(crate) scope: S,
-    /// Keys of the scope's next batch, and who waits for each.
+    /// Keys of the scope's next batch (at most a batch), and who waits for
+    /// each.
     pub(crate) pending: HashMap<K, Waiters<V>>,
+    /// Keys asked for while the pending batch was full, and who waits for
+    /// each: they fill the next batches, in [`order`](Self::order).
+    later: HashMap<K, Waiters<V>>,
+    /// `later`'s keys in the order they were first asked for. A key that
+    /// left `later` (all its callers timed out) stays here until it
+    /// reaches the front; dropping it from the middle would cost the
+    /// backlog.
+    order: VecDeque<K>,
     /// When the pending batch's first key was asked for: the flush delay
     /// counts from here.
     pub(crate) first_at: Option<Instant>,
@@ -36,6 +52,79 @@ pub(crate) struct Lane<S, K, V> {
     queued: bool,
 }
 
+impl<S, K: Eq + Hash, V> Lane<S, K, V> {
+    /// Moves the keys behind the pending batch into it, first asked for
+    /// first, until it holds `batch_size` keys.
+    fn fill(&mut self, batch_size: usize) {
+        while self.pending.len() < batch_size {
+            let Some(key) = self.order.pop_front() else {
+                break;
+            };
+            // Not there: all its callers timed out.
+            if let Some((key, waiters)) = self.later.remove_entry(&key) {
+                if let Some(w) = waiters.first() {
+                    // Callers stamp their requests just before queueing
+                    // them, so keys come nearly in order; the earliest, to
+                    // be exact.
+                    let at = self
+                        .first_at
+                        .map_or(w.enqueued_at, |f| f.min(w.enqueued_at));
+                    self.first_at = Some(at);
+                }
+                self.pending.insert(key, waiters);
+            }
+        }
+    }
+
+    /// Runs `sweep` over the waiters of the keys behind the pending batch
+    /// whose first caller is `due`, first asked for first, and stops at
+    /// the first key whose first caller is not: keys come in order, so the
+    /// ones after it are not due either (one a few microseconds out of
+    /// order waits for the next sweep). Keys left with no waiter go.
+    /// Returns when that first caller asked.
+    pub(crate) fn sweep_later(
+        &mut self,
+        due: impl Fn(&Waiter<V>) -> bool,
+        mut sweep: impl FnMut(&mut Waiters<V>),
+    ) -> Option<Instant> {
+        let mut next = None;
+        for key in &self.order {
+            let Some(waiters) = self.later.get_mut(key) else {
+                continue;
+            };
+            let first = waiters
+                .first()
+                .expect("a key behind the batch has a waiter");
+            if !due(first) {
+                next = Some(first.enqueued_at);
+                break;
+            }
+            sweep(waiters);
+            if waiters.is_empty() {
+                self.later.remove(key);
+            }
+        }
+        while self
+            .order
+            .front()
+            .is_some_and(|k| !self.later.contains_key(k))
+        {
+            self.order.pop_front();
+        }
+        next
+    }
+}
+
+/// How [`Lanes::add`] placed a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Added {
+    /// A new key of the pending batch, or behind it when it is full.
+    New,
+    /// Joined its key's waiters; `stamped` if one of them is an observer's
+    /// request.
+    Joined { stamped: bool },
+}
+
 /// Every scope's lane, by index (stable while the lane lives).
 pub(crate) struct Lanes<S, K, V> {
     slots: Vec<Option<Lane<S, K, V>>>,
@@ -43,12 +132,12 @@ pub(crate) struct Lanes<S, K, V> {
     free: Vec<usize>,
     /// Lanes with pending keys, front first.
     turns: VecDeque<usize>,
-    /// Pending keys of every lane.
+    /// Pending keys of every lane, with the requests waiting behind them.
     pending_keys: usize,
     /// The lane found last: most requests come from the scope of the one
     /// before (all of them unscoped), so it is tried before the index.
     recent: usize,
-    /// What a new lane's pending batch makes room for.
+    /// The most keys of a pending batch.
     batch_size: usize,
 }
 
@@ -82,6 +171,8 @@ where
                 let lane = Lane {
                     scope: e.key().clone(),
                     pending: HashMap::with_capacity(self.batch_size),
+                    later: HashMap::new(),
+                    order: VecDeque::new(),
                     first_at: None,
                     in_flight: HashMap::new(),
                     loads: 0,
@@ -112,15 +203,44 @@ where
         self.slots[i].as_mut().expect("a live lane")
     }
 
-    /// Lane `i`'s pending batch has one key more, first asked for `at`.
-    pub(crate) fn added(&mut self, i: usize, at: Instant) {
-        self.pending_keys += 1;
+    /// Adds a caller waiting for `key` to lane `i`: to the key's waiters,
+    /// as a new key of the pending batch, or behind it when it is full (or
+    /// keys already wait behind it, whose turn comes first).
+    pub(crate) fn add(&mut self, i: usize, key: K, waiter: Waiter<V>) -> Added {
+        let at = waiter.enqueued_at;
         let lane = self.slots[i].as_mut().expect("a live lane");
-        lane.first_at.get_or_insert(at);
+        let joined = |waiters: &mut Waiters<V>, waiter| {
+            let stamped = waiters.iter().any(|w| w.stamp.is_some());
+            waiters.push(waiter);
+            Added::Joined { stamped }
+        };
+        if lane.pending.len() < self.batch_size && lane.later.is_empty() {
+            match lane.pending.entry(key) {
+                Entry::Occupied(mut e) => return joined(e.get_mut(), waiter),
+                Entry::Vacant(e) => {
+                    e.insert(smallvec::smallvec![waiter]);
+                    lane.first_at.get_or_insert(at);
+                }
+            }
+        } else if let Some(waiters) = lane.pending.get_mut(&key) {
+            return joined(waiters, waiter);
+        } else {
+            match lane.later.entry(key) {
+                Entry::Occupied(mut e) => return joined(e.get_mut(), waiter),
+                Entry::Vacant(e) => {
+                    // The one clone of a key past a full batch: the order
+                    // it came in, so that taking a batch costs the batch.
+                    lane.order.push_back(e.key().clone());
+                    e.insert(smallvec::smallvec![waiter]);
+                }
+            }
+        }
+        self.pending_keys += 1;
         if !lane.queued {
             lane.queued = true;
             self.turns.push_back(i);
         }
+        Added::New
     }
 
     /// Pending keys, all lanes together.
@@ -142,37 +262,20 @@ where
         None
     }
 
-    /// Takes lane `i`'s pending batch, at most `capacity` keys (the ones
-    /// asked for first, if more wait), and passes its turn on: to the back
-    /// if keys still wait.
-    pub(crate) fn take(&mut self, i: usize, capacity: usize) -> HashMap<K, Waiters<V>> {
+    /// Takes lane `i`'s pending batch, fills the next from the keys behind
+    /// it (first asked for first, so a key is not passed over until it
+    /// times out), and passes the lane's turn on: to the back if keys still
+    /// wait.
+    pub(crate) fn take(&mut self, i: usize) -> HashMap<K, Waiters<V>> {
         let lane = self.slots[i].as_mut().expect("a live lane");
-        let batch = if lane.pending.len() <= capacity {
-            lane.first_at = None;
-            let room = lane.pending.len();
-            mem::replace(&mut lane.pending, HashMap::with_capacity(room))
+        let room = if lane.later.is_empty() {
+            lane.pending.len()
         } else {
-            // Only while deadlines are enforced and every slot was busy.
-            // The oldest keys go first, as they would have from the
-            // channel, so a key is not passed over until it times out.
-            let mut by_age: Vec<(Instant, K)> = lane
-                .pending
-                .iter()
-                .filter_map(|(k, ws)| ws.first().map(|w| (w.enqueued_at, k.clone())))
-                .collect();
-            by_age.select_nth_unstable_by_key(capacity - 1, |(at, _)| *at);
-            by_age.truncate(capacity);
-            let batch: HashMap<K, Waiters<V>> = by_age
-                .into_iter()
-                .filter_map(|(_, k)| lane.pending.remove_entry(&k))
-                .collect();
-            lane.first_at = lane
-                .pending
-                .values()
-                .filter_map(|ws| ws.first().map(|w| w.enqueued_at))
-                .min();
-            batch
+            self.batch_size
         };
+        let batch = mem::replace(&mut lane.pending, HashMap::with_capacity(room));
+        lane.first_at = None;
+        lane.fill(self.batch_size);
         self.pending_keys -= batch.len();
         if self.turns.front() == Some(&i) {
             self.turns.pop_front();
@@ -187,8 +290,9 @@ where
         batch
     }
 
-    /// Runs `f` over every lane with pending keys (to expire some), then
-    /// counts what is left.
+    /// Runs `f` over every lane with pending keys (to expire some), fills
+    /// the batches that lost keys from the keys behind them, and counts
+    /// what is left.
     pub(crate) fn sweep_pending(&mut self, mut f: impl FnMut(&mut Lane<S, K, V>)) {
         let mut keys = 0;
         for &i in &self.turns {
@@ -197,7 +301,8 @@ where
             if lane.pending.is_empty() {
                 lane.first_at = None;
             }
-            keys += lane.pending.len();
+            lane.fill(self.batch_size);
+            keys += lane.pending.len() + lane.later.len();
         }
         self.pending_keys = keys;
     }
@@ -208,7 +313,12 @@ where
         let Some(lane) = self.slots[i].as_ref() else {
             return;
         };
-        if lane.queued || lane.loads > 0 || !lane.pending.is_empty() || !lane.in_flight.is_empty() {
+        if lane.queued
+            || lane.loads > 0
+            || !lane.pending.is_empty()
+            || !lane.later.is_empty()
+            || !lane.in_flight.is_empty()
+        {
             return;
         }
         let lane = self.slots[i].take().expect("a live lane");
@@ -224,9 +334,9 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::batcher::message::Waiter;
+    use std::time::Duration;
 
+    use super::*;
     fn waiter(at: Instant) -> Waiter<u32> {
         let (tx, _rx) = tokio::sync::oneshot::channel();
         Waiter {
@@ -237,13 +347,14 @@ mod tests {
         }
     }
 
-    fn add(lanes: &mut Lanes<&'static str, u32, u32>, scope: &'static str, key: u32, at: Instant) {
+    fn add(
+        lanes: &mut Lanes<&'static str, u32, u32>,
+        scope: &'static str,
+        key: u32,
+        at: Instant,
+    ) -> Added {
         let i = lanes.lane_of(scope);
-        lanes
-            .get_mut(i)
-            .pending
-            .insert(key, smallvec::smallvec![waiter(at)]);
-        lanes.added(i, at);
+        lanes.add(i, key, waiter(at))
     }
 
     #[tokio::test(start_paused = true)]
@@ -259,7 +370,7 @@ mod tests {
         let mut served = Vec::new();
         while let Some(i) = lanes.next() {
             let scope = lanes.get(i).scope;
-            let batch = lanes.take(i, 4);
+            let batch = lanes.take(i);
             served.push((scope, batch.len()));
             lanes.release_if_idle(i);
         }
@@ -274,7 +385,7 @@ mod tests {
         let mut lanes = Lanes::new(4);
         add(&mut lanes, "a", 1, t);
         let a = lanes.next().unwrap();
-        let _ = lanes.take(a, 4);
+        let _ = lanes.take(a);
         lanes.get_mut(a).loads += 1;
         lanes.release_if_idle(a);
         assert_eq!(lanes.len(), 1, "a load still runs");
@@ -284,5 +395,92 @@ mod tests {
         assert_eq!(lanes.len(), 0);
         let b = lanes.lane_of("b");
         assert_eq!(b, a, "the freed place is reused");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keys_past_a_batch_wait_behind_it_in_order_and_fill_the_next() {
+        let t = Instant::now();
+        let mut lanes = Lanes::new(4);
+        let at = |k: u32| t + Duration::from_micros(u64::from(k));
+        for k in 0..10 {
+            assert_eq!(add(&mut lanes, "a", k, at(k)), Added::New, "key {k}");
+        }
+        // A key of the pending batch joins it, even with keys behind it...
+        let joined = Added::Joined { stamped: false };
+        assert_eq!(add(&mut lanes, "a", 2, at(10)), joined);
+        // ...and one behind it joins there: still one load for both.
+        assert_eq!(add(&mut lanes, "a", 5, at(11)), joined);
+        assert_eq!(lanes.pending_keys(), 10, "4 pending, 6 behind");
+        let i = lanes.lane_of("a");
+        let mut batches = Vec::new();
+        while lanes.next().is_some() {
+            let batch = lanes.take(i);
+            let mut keys: Vec<(u32, usize)> = batch.iter().map(|(k, w)| (*k, w.len())).collect();
+            keys.sort_unstable();
+            batches.push(keys);
+        }
+        assert_eq!(
+            batches,
+            [
+                vec![(0, 1), (1, 1), (2, 2), (3, 1)],
+                vec![(4, 1), (5, 2), (6, 1), (7, 1)],
+                vec![(8, 1), (9, 1)],
+            ],
+            "first asked for first, a batch at most"
+        );
+        assert_eq!(lanes.pending_keys(), 0);
+        assert_eq!(lanes.len(), 1, "a lane goes only when released");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_next_batch_waits_from_its_oldest_request() {
+        let t = Instant::now();
+        let mut lanes = Lanes::new(2);
+        let at = |us: u64| t + Duration::from_micros(us);
+        add(&mut lanes, "a", 1, at(0));
+        add(&mut lanes, "a", 2, at(5));
+        // Queued out of order by a few microseconds.
+        add(&mut lanes, "a", 3, at(9));
+        add(&mut lanes, "a", 4, at(7));
+        let i = lanes.lane_of("a");
+        assert_eq!(lanes.get(i).first_at, Some(at(0)));
+        let _ = lanes.take(i);
+        assert_eq!(lanes.get(i).first_at, Some(at(7)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sweep_answers_the_oldest_keys_behind_and_fills_a_batch_that_lost_keys() {
+        let t = Instant::now();
+        let mut lanes = Lanes::new(2);
+        let at = |ms: u64| t + Duration::from_millis(ms);
+        for k in 0..6 {
+            add(&mut lanes, "a", k, at(u64::from(k)));
+        }
+        add(&mut lanes, "a", 3, at(9)); // a second caller of key 3
+        let mut swept = Vec::new();
+        let mut next = None;
+        lanes.sweep_pending(|lane| {
+            lane.pending.clear(); // as if both pending keys timed out
+                                  // Due: asked for before 4 ms.
+            next = lane.sweep_later(
+                |w| w.enqueued_at < at(4),
+                |waiters| {
+                    swept.push(waiters.len());
+                    waiters.retain(|w| w.enqueued_at >= at(4));
+                },
+            );
+        });
+        assert_eq!(
+            swept,
+            [1, 2],
+            "keys 2 and 3 swept; key 3's later caller stays"
+        );
+        assert_eq!(next, Some(at(4)), "key 4 is the first not due");
+        let i = lanes.lane_of("a");
+        let mut pending: Vec<u32> = lanes.get(i).pending.keys().copied().collect();
+        pending.sort_unstable();
+        assert_eq!(pending, [3, 4], "the batch refilled, first asked for first");
+        assert_eq!(lanes.pending_keys(), 3, "two pending, key 5 behind");
+        assert_eq!(lanes.get(i).first_at, Some(at(4)));
     }
 }

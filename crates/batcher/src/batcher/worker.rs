@@ -23,7 +23,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::sync::DropGuard;
 use tracing::Instrument;
 
-use super::lanes::Lanes;
+use super::lanes::{Added, Lanes};
 use super::limit::AutoLimit;
 use super::message::{Message, Waiter, Waiters};
 use super::observer::{ObserverSlot, Stamp};
@@ -380,22 +380,17 @@ where
             }
         }
         self.pending_expiry = earliest(self.pending_expiry, deadline);
-        let enqueued_at = waiter.enqueued_at;
-        match lane.pending.entry(msg.key) {
-            Entry::Occupied(mut e) => {
+        match self.lanes.add(i, msg.key, waiter) {
+            Added::Joined { stamped } => {
                 // Joined another stamped request (a key pending for plain
                 // loads only is this request's own load, as far as the
                 // observer counts).
-                if e.get().iter().any(|w| w.stamp.is_some()) {
+                if stamped {
                     joined();
                 }
-                e.get_mut().push(waiter);
                 Stats::incr(&stats.deduplicated, 1);
             }
-            Entry::Vacant(e) => {
-                e.insert(smallvec::smallvec![waiter]);
-                self.lanes.added(i, enqueued_at);
-            }
+            Added::New => {}
         }
     }
 
@@ -434,7 +429,7 @@ where
 
     fn dispatch(&mut self, i: usize, slot: LoadSlot) {
         let expiry = self.pending_expiry;
-        let mut batch = self.lanes.take(i, self.shared.config.max_batch_size);
+        let mut batch = self.lanes.take(i);
         if self.lanes.pending_keys() == 0 {
             self.pending_expiry = None;
         }
@@ -684,6 +679,9 @@ where
                     sweep(waiters, &mut left);
                     !waiters.is_empty()
                 });
+                let due = |w: &Waiter<V>| deadline_of(w).is_some_and(|d| d <= now);
+                let next = lane.sweep_later(due, |waiters| sweep(waiters, &mut left));
+                left = earliest(left, next.and_then(|at| shared.config.deadline(at)));
             });
             self.pending_expiry = left;
         }

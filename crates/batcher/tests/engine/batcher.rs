@@ -478,6 +478,113 @@ async fn keys_beyond_a_full_batch_are_loaded_oldest_first() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn keys_behind_a_full_batch_time_out_on_time_and_share_one_load() {
+    let loader = TestLoader::gated();
+    let b = builder()
+        .max_batch_size(2)
+        .max_concurrent_batches(1)
+        .timeout(Duration::from_millis(100))
+        .build(loader.clone())
+        .unwrap();
+    let running = spawn_load(&b, 1);
+    settle().await;
+    // A full batch forms (2, 3) while the only slot is busy; 4 and 5 wait
+    // behind it.
+    let early: Vec<_> = [2, 3, 4, 5].map(|k| spawn_load(&b, k)).into();
+    settle().await;
+    advance(Duration::from_millis(50)).await;
+    // A second caller of 4 joins it behind the batch; 6 is new.
+    let late: Vec<_> = [4, 6].map(|k| spawn_load(&b, k)).into();
+    settle().await;
+    assert_eq!(b.stats().pending_keys, 5, "2 and 3 pending, 4 to 6 behind");
+    assert_eq!(b.stats().deduplicated, 1);
+
+    // The first callers' deadline: answered then, wherever they wait.
+    advance(Duration::from_millis(50)).await;
+    for h in [running].into_iter().chain(early) {
+        assert!(matches!(h.await.unwrap(), Err(Error::Timeout(_))));
+    }
+    assert_eq!(
+        b.stats().pending_keys,
+        2,
+        "4's second caller and 6 moved up"
+    );
+
+    loader.open(10);
+    for (h, k) in late.into_iter().zip([4, 6]) {
+        assert_eq!(ok(h).await, Some(value_of(k)));
+    }
+    assert_eq!(
+        loader.calls(),
+        vec![vec![1], vec![4, 6]],
+        "timed-out keys are not loaded; 4 once"
+    );
+    assert_eq!(b.stats().pending_keys, 0);
+}
+
+/// Clones of [`Counted`] keys, counted by their `Clone`.
+static KEY_CLONES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A key that counts its clones (only the test below uses it).
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Counted(u64);
+
+impl Clone for Counted {
+    fn clone(&self) -> Self {
+        KEY_CLONES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Self(self.0)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backlog_costs_each_key_the_same_not_the_backlog() {
+    // The worker once picked each batch out of everything waiting, cloning
+    // every waiting key per batch: a backlog made each key cost more, so
+    // an overloaded batcher fell further behind. Clones are the measure
+    // here; a key's own are a few whatever the backlog.
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let g = std::sync::Arc::clone(&gate);
+    let loader = loader_fn(move |keys: Vec<Counted>| {
+        let g = std::sync::Arc::clone(&g);
+        async move {
+            g.acquire().await.expect("never closed").forget();
+            let found = keys.into_iter().map(|k| {
+                let v = k.0;
+                (k, v)
+            });
+            Ok::<_, Infallible>(found.collect::<HashMap<_, _>>())
+        }
+    });
+    let b: Batcher<Counted, u64> = Batcher::builder()
+        .max_batch_size(4)
+        .max_concurrent_batches(1)
+        .build(loader)
+        .unwrap();
+    let n = 4_001;
+    let callers: Vec<_> = (0..n)
+        .map(|k| {
+            let b = b.clone();
+            tokio::spawn(async move { (k, b.load(Counted(k)).await) })
+        })
+        .collect();
+    for _ in 0..1_000 {
+        if b.stats().pending_keys + 4 >= n {
+            break;
+        }
+        settle().await;
+    }
+    let waiting = b.stats().pending_keys;
+    assert!(waiting + 4 >= n, "one load runs, the rest wait: {waiting}");
+    gate.add_permits(n as usize);
+    for caller in callers {
+        let (k, answer) = caller.await.unwrap();
+        assert_eq!(answer.unwrap(), Some(k));
+    }
+    let per_key = KEY_CLONES.load(std::sync::atomic::Ordering::SeqCst) as f64 / n as f64;
+    assert!(per_key <= 3.0, "{per_key:.1} clones a key");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_fixed_delay_starts_afresh_after_its_pending_keys_time_out() {
     let loader = TestLoader::gated();
     let b = builder()
