@@ -35,11 +35,11 @@ pub(crate) struct Lane<S, K, V> {
     /// Keys asked for while the pending batch was full, and who waits for
     /// each: they fill the next batches, in [`order`](Self::order).
     later: HashMap<K, Waiters<V>>,
-    /// `later`'s keys in the order they were first asked for. A key that
-    /// left `later` (all its callers timed out) stays here until it
-    /// reaches the front; dropping it from the middle would cost the
-    /// backlog.
-    order: VecDeque<K>,
+    /// `later`'s keys in the order they were first asked for, with when.
+    /// A key that left `later` (all its callers timed out) stays here
+    /// until it reaches the front; dropping it from the middle would cost
+    /// the backlog.
+    order: VecDeque<(K, Instant)>,
     /// When the pending batch's first key was asked for: the flush delay
     /// counts from here.
     pub(crate) first_at: Option<Instant>,
@@ -57,7 +57,7 @@ impl<S, K: Eq + Hash, V> Lane<S, K, V> {
     /// first, until it holds `batch_size` keys.
     fn fill(&mut self, batch_size: usize) {
         while self.pending.len() < batch_size {
-            let Some(key) = self.order.pop_front() else {
+            let Some((key, _)) = self.order.pop_front() else {
                 break;
             };
             // Not there: all its callers timed out.
@@ -77,37 +77,35 @@ impl<S, K: Eq + Hash, V> Lane<S, K, V> {
     }
 
     /// Runs `sweep` over the waiters of the keys behind the pending batch
-    /// whose first caller is `due`, first asked for first, and stops at
-    /// the first key whose first caller is not: keys come in order, so the
-    /// ones after it are not due either (one a few microseconds out of
-    /// order waits for the next sweep). Keys left with no waiter go.
-    /// Returns when that first caller asked.
+    /// first asked for at a `due` moment, first asked for first, and stops
+    /// at the first key that is not: keys come in order, so the ones after
+    /// it are not due either (one a few microseconds out of order waits for
+    /// the next sweep). Keys left with no waiter go. Returns when the key
+    /// it stopped at was first asked for.
     pub(crate) fn sweep_later(
         &mut self,
-        due: impl Fn(&Waiter<V>) -> bool,
+        due: impl Fn(Instant) -> bool,
         mut sweep: impl FnMut(&mut Waiters<V>),
     ) -> Option<Instant> {
         let mut next = None;
-        for key in &self.order {
-            let Some(waiters) = self.later.get_mut(key) else {
-                continue;
-            };
-            let first = waiters
-                .first()
-                .expect("a key behind the batch has a waiter");
-            if !due(first) {
-                next = Some(first.enqueued_at);
+        for (key, at) in &self.order {
+            if !due(*at) {
+                next = Some(*at);
                 break;
             }
-            sweep(waiters);
-            if waiters.is_empty() {
-                self.later.remove(key);
+            // A key whose first callers timed out keeps its place, so
+            // its later callers are swept with the keys around it.
+            if let Some(waiters) = self.later.get_mut(key) {
+                sweep(waiters);
+                if waiters.is_empty() {
+                    self.later.remove(key);
+                }
             }
         }
         while self
             .order
             .front()
-            .is_some_and(|k| !self.later.contains_key(k))
+            .is_some_and(|(k, _)| !self.later.contains_key(k))
         {
             self.order.pop_front();
         }
@@ -230,7 +228,7 @@ where
                 Entry::Vacant(e) => {
                     // The one clone of a key past a full batch: the order
                     // it came in, so that taking a batch costs the batch.
-                    lane.order.push_back(e.key().clone());
+                    lane.order.push_back((e.key().clone(), at));
                     e.insert(smallvec::smallvec![waiter]);
                 }
             }
@@ -463,7 +461,7 @@ mod tests {
             lane.pending.clear(); // as if both pending keys timed out
                                   // Due: asked for before 4 ms.
             next = lane.sweep_later(
-                |w| w.enqueued_at < at(4),
+                |first| first < at(4),
                 |waiters| {
                     swept.push(waiters.len());
                     waiters.retain(|w| w.enqueued_at >= at(4));
@@ -482,5 +480,44 @@ mod tests {
         assert_eq!(pending, [3, 4], "the batch refilled, first asked for first");
         assert_eq!(lanes.pending_keys(), 3, "two pending, key 5 behind");
         assert_eq!(lanes.get(i).first_at, Some(at(4)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_whose_first_callers_timed_out_keeps_its_place_behind_the_batch() {
+        let t = Instant::now();
+        let mut lanes = Lanes::new(1);
+        let at = |ms: u64| t + Duration::from_millis(ms);
+        add(&mut lanes, "a", 0, at(0)); // the pending batch
+        add(&mut lanes, "a", 1, at(1));
+        add(&mut lanes, "a", 2, at(2));
+        // Key 1's second caller.
+        add(&mut lanes, "a", 1, at(50));
+        // Callers who asked before `before` time out.
+        let sweep_before = |lanes: &mut Lanes<_, _, _>, before: Instant| {
+            let mut swept = Vec::new();
+            let mut next = None;
+            lanes.sweep_pending(|lane| {
+                next = lane.sweep_later(
+                    |first| first < before,
+                    |waiters| {
+                        swept.push(waiters.len());
+                        waiters.retain(|w| w.enqueued_at >= before);
+                    },
+                );
+            });
+            (swept, next)
+        };
+        assert_eq!(sweep_before(&mut lanes, at(10)), (vec![2, 1], None));
+        assert_eq!(lanes.pending_keys(), 2, "0 pending, 1 behind");
+        add(&mut lanes, "a", 3, at(60));
+        // Key 1 is swept by its place (first asked for at 1 ms), not by its
+        // caller left (50 ms): key 3 behind it is not passed over.
+        assert_eq!(
+            sweep_before(&mut lanes, at(70)),
+            (vec![1, 1], None),
+            "key 1's second caller, then key 3"
+        );
+        assert_eq!(lanes.pending_keys(), 1, "only the pending batch");
+        assert_eq!(sweep_before(&mut lanes, at(0)), (vec![], None));
     }
 }

@@ -679,7 +679,7 @@ where
                     sweep(waiters, &mut left);
                     !waiters.is_empty()
                 });
-                let due = |w: &Waiter<V>| deadline_of(w).is_some_and(|d| d <= now);
+                let due = |at| shared.config.deadline(at).is_some_and(|d| d <= now);
                 let next = lane.sweep_later(due, |waiters| sweep(waiters, &mut left));
                 left = earliest(left, next.and_then(|at| shared.config.deadline(at)));
             });
