@@ -11,14 +11,15 @@
 //! A lane's pending batch holds at most a batch of keys; keys that come
 //! while it is full wait behind it in arrival order, and fill the next
 //! batch when this one is taken. So under a backlog (every slot busy, keys
-//! still coming) taking a batch costs the batch, not the backlog: a worker
-//! that picked the oldest keys out of all that wait spent more per key the
-//! longer the backlog grew, and fell further behind for it.
+//! still coming) taking a batch costs the batch, not the backlog: were a
+//! key dearer the longer the backlog, an overloaded batcher would fall
+//! further behind the more it fell behind.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 use std::mem;
+use std::time::Duration;
 
 use tokio::task;
 use tokio::time::Instant;
@@ -36,10 +37,12 @@ pub(crate) struct Lane<S, K, V> {
     /// each: they fill the next batches, in [`order`](Self::order).
     later: HashMap<K, Waiters<V>>,
     /// `later`'s keys in the order they were first asked for, with when.
-    /// A key that left `later` (all its callers timed out) stays here
-    /// until it reaches the front; dropping it from the middle would cost
-    /// the backlog.
     order: VecDeque<(K, Instant)>,
+    /// How much earlier than the key queued before it a key behind the
+    /// batch was asked for, at most. Callers stamp a request before they
+    /// queue it, and a cache's miss before its lookups, so `order` is in
+    /// time order only to within this; expiry allows for it.
+    skew: Duration,
     /// When the pending batch's first key was asked for: the flush delay
     /// counts from here.
     pub(crate) first_at: Option<Instant>,
@@ -60,56 +63,75 @@ impl<S, K: Eq + Hash, V> Lane<S, K, V> {
             let Some((key, _)) = self.order.pop_front() else {
                 break;
             };
-            // Not there: all its callers timed out.
-            if let Some((key, waiters)) = self.later.remove_entry(&key) {
-                if let Some(w) = waiters.first() {
-                    // Callers stamp their requests just before queueing
-                    // them, so keys come nearly in order; the earliest, to
-                    // be exact.
-                    let at = self
-                        .first_at
-                        .map_or(w.enqueued_at, |f| f.min(w.enqueued_at));
-                    self.first_at = Some(at);
-                }
-                self.pending.insert(key, waiters);
+            let Some((key, waiters)) = self.later.remove_entry(&key) else {
+                debug_assert!(false, "`order` holds `later`'s keys");
+                continue;
+            };
+            if let Some(w) = waiters.first() {
+                // `order` is in time order only to within `skew`: the
+                // earliest, to be exact.
+                let at = self
+                    .first_at
+                    .map_or(w.enqueued_at, |f| f.min(w.enqueued_at));
+                self.first_at = Some(at);
             }
+            self.pending.insert(key, waiters);
+        }
+        if self.later.is_empty() {
+            self.skew = Duration::ZERO;
         }
     }
 
     /// Runs `sweep` over the waiters of the keys behind the pending batch
-    /// first asked for at a `due` moment, first asked for first, and stops
-    /// at the first key that is not: keys come in order, so the ones after
-    /// it are not due either (one a few microseconds out of order waits for
-    /// the next sweep). Keys left with no waiter go. Returns when the key
-    /// it stopped at was first asked for.
+    /// that may have a caller asked for at a `due` moment, first asked for
+    /// first, and stops at the first key that may not: the ones after it
+    /// may not either. Keys left with no waiter go; the others keep their
+    /// place. Returns a moment no caller behind the batch asked before.
     pub(crate) fn sweep_later(
         &mut self,
         due: impl Fn(Instant) -> bool,
         mut sweep: impl FnMut(&mut Waiters<V>),
     ) -> Option<Instant> {
+        let skew = self.skew;
+        let earliest = |at: Instant| at.checked_sub(skew).unwrap_or(at);
+        let mut kept = Vec::new();
         let mut next = None;
-        for (key, at) in &self.order {
-            if !due(*at) {
-                next = Some(*at);
+        while let Some((_, at)) = self.order.front() {
+            let at = earliest(*at);
+            if !due(at) {
+                next = Some(at);
                 break;
             }
-            // A key whose first callers timed out keeps its place, so
-            // its later callers are swept with the keys around it.
-            if let Some(waiters) = self.later.get_mut(key) {
-                sweep(waiters);
-                if waiters.is_empty() {
-                    self.later.remove(key);
-                }
+            let (key, first) = self.order.pop_front().expect("just seen");
+            let waiters = self
+                .later
+                .get_mut(&key)
+                .expect("`order` holds `later`'s keys");
+            sweep(waiters);
+            if waiters.is_empty() {
+                self.later.remove(&key);
+            } else {
+                kept.push((key, first));
             }
         }
-        while self
-            .order
-            .front()
-            .is_some_and(|(k, _)| !self.later.contains_key(k))
-        {
-            self.order.pop_front();
+        // Back at the front, in their order: a key whose first callers
+        // timed out keeps its place, so its later callers are swept with
+        // the keys around it (at most `later`'s keys are kept each sweep).
+        for entry in kept.into_iter().rev() {
+            self.order.push_front(entry);
+        }
+        // Every key that leaves `later` leaves `order` with it, so a
+        // stalled lane's expiries cannot pile entries up.
+        debug_assert_eq!(self.order.len(), self.later.len());
+        if self.later.is_empty() {
+            self.skew = Duration::ZERO;
         }
         next
+    }
+
+    /// Whether a caller waits for `key`, in the pending batch or behind it.
+    pub(crate) fn waits_for(&self, key: &K) -> bool {
+        self.pending.contains_key(key) || (!self.later.is_empty() && self.later.contains_key(key))
     }
 }
 
@@ -171,6 +193,7 @@ where
                     pending: HashMap::with_capacity(self.batch_size),
                     later: HashMap::new(),
                     order: VecDeque::new(),
+                    skew: Duration::ZERO,
                     first_at: None,
                     in_flight: HashMap::new(),
                     loads: 0,
@@ -226,6 +249,9 @@ where
             match lane.later.entry(key) {
                 Entry::Occupied(mut e) => return joined(e.get_mut(), waiter),
                 Entry::Vacant(e) => {
+                    if let Some((_, before)) = lane.order.back() {
+                        lane.skew = lane.skew.max(before.saturating_duration_since(at));
+                    }
                     // The one clone of a key past a full batch: the order
                     // it came in, so that taking a batch costs the batch.
                     lane.order.push_back((e.key().clone(), at));
@@ -332,8 +358,6 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     fn waiter(at: Instant) -> Waiter<u32> {
         let (tx, _rx) = tokio::sync::oneshot::channel();
@@ -519,5 +543,43 @@ mod tests {
         );
         assert_eq!(lanes.pending_keys(), 1, "only the pending batch");
         assert_eq!(sweep_before(&mut lanes, at(0)), (vec![], None));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_asked_for_before_the_one_queued_ahead_of_it_is_still_swept() {
+        let t = Instant::now();
+        let mut lanes = Lanes::new(1);
+        let at = |ms: u64| t + Duration::from_millis(ms);
+        add(&mut lanes, "a", 0, at(0)); // the pending batch
+        add(&mut lanes, "a", 1, at(20));
+        // A cache miss stamped before its lookups, queued after key 1.
+        add(&mut lanes, "a", 2, at(5));
+        add(&mut lanes, "a", 3, at(30));
+        let mut swept = Vec::new();
+        let mut next = None;
+        lanes.sweep_pending(|lane| {
+            next = lane.sweep_later(
+                |first| first < at(10),
+                |waiters| {
+                    swept.push(waiters.len());
+                    waiters.retain(|w| w.enqueued_at >= at(10));
+                },
+            );
+        });
+        // Key 1 (20 ms) may hide a caller up to 15 ms older behind it:
+        // looked at, kept; key 2 (5 ms) swept; key 3 (30 ms, so 15 ms at
+        // the earliest) is where it stops.
+        assert_eq!(swept, [1, 1]);
+        assert_eq!(next, Some(at(15)), "a bound, allowing for the skew");
+        assert_eq!(lanes.pending_keys(), 3, "0 pending, 1 and 3 behind");
+        let i = lanes.lane_of("a");
+        let _ = lanes.take(i);
+        let _ = lanes.take(i);
+        let _ = lanes.take(i);
+        assert_eq!(
+            lanes.get(i).skew,
+            Duration::ZERO,
+            "forgotten once none wait"
+        );
     }
 }

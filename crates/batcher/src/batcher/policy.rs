@@ -100,8 +100,8 @@ pub(crate) fn min_auto_limit(config: &Config) -> usize {
     }
 }
 
-/// The most waiters the worker holds in its pending batch and running
-/// loads. Duplicates and joins add waiters without adding keys, so this
+/// The most waiters the worker holds in its pending batches, behind them,
+/// and in running loads. Duplicates and joins add waiters without adding keys, so this
 /// bounds memory where the key count alone would not: a full batch for
 /// every slot, one forming, and a channel's worth.
 pub(crate) fn held_limit(config: &Config) -> usize {
@@ -115,8 +115,8 @@ pub(crate) fn held_limit(config: &Config) -> usize {
 /// the waiters it holds are under [`held_limit`]. When it may not, messages
 /// stay in the bounded channel, which then pushes back on callers, unless
 /// the worker [enforces deadlines](worker_enforces_deadlines), which needs
-/// to see every request: then it always receives, and a full batch grows
-/// past `max_batch_size` (loads still get at most that many keys).
+/// to see every request: then it always receives, and keys past a full
+/// batch wait behind it in the worker (see [`super::lanes`]).
 pub(crate) fn may_accept(config: &Config, pending_keys: usize, held: usize) -> bool {
     pending_keys < config.max_batch_size && held < held_limit(config)
 }

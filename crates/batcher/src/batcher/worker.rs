@@ -217,7 +217,7 @@ struct State<S, K, V> {
     /// With [`policy::worker_enforces_deadlines`]: no deadline of a pending
     /// waiter, in any lane, is earlier. A bound, not always the minimum, so
     /// that keeping it costs one comparison per request; [`State::expire`]
-    /// makes it exact.
+    /// tightens it.
     pending_expiry: Option<Instant>,
     /// Fires at the earliest waiter deadline it knows of.
     expiry_timer: Alarm,
@@ -365,7 +365,7 @@ where
             // Stored while the request waited in the channel (a burst of
             // a GraphQL query's N+1 misses, while earlier loads of the same
             // keys ran): answered now, not loaded again.
-            let answer = if lane.pending.contains_key(&msg.key) {
+            let answer = if lane.waits_for(&msg.key) {
                 None
             } else {
                 observer.answer_now(&lane.scope, &msg.key, stamp, waiter.enqueued_at)
@@ -395,7 +395,7 @@ where
     }
 
     /// Dispatches while a batch is due and a slot is free: more than once
-    /// only when pending keys outgrew one batch or several scopes wait (see
+    /// only when keys wait behind a full batch or several scopes wait (see
     /// [`policy::may_accept`]), and each round takes keys out, so it ends.
     fn flush_if_due(&mut self, now: Instant) {
         loop {
@@ -635,8 +635,8 @@ where
     }
 
     /// Answers [`Error::Timeout`] to every waiter whose deadline has passed,
-    /// pending or in a running load (which goes on for the others), and
-    /// makes the expiry bounds exact.
+    /// pending, behind a full batch, or in a running load (which goes on
+    /// for the others), and tightens the expiry bounds.
     fn expire(&mut self) {
         self.expiry_timer.disarm();
         let Some(timeout) = self.shared.config.timeout else {
