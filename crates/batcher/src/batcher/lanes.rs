@@ -103,10 +103,10 @@ impl<S, K: Eq + Hash, V> Lane<S, K, V> {
                 break;
             }
             let (key, first) = self.order.pop_front().expect("just seen");
-            let waiters = self
-                .later
-                .get_mut(&key)
-                .expect("`order` holds `later`'s keys");
+            let Some(waiters) = self.later.get_mut(&key) else {
+                debug_assert!(false, "`order` holds `later`'s keys");
+                continue;
+            };
             sweep(waiters);
             if waiters.is_empty() {
                 self.later.remove(&key);
@@ -369,6 +369,27 @@ mod tests {
         }
     }
 
+    /// Sweeps the keys behind every lane's batch as if the callers who
+    /// asked before `before` timed out: the number of waiters of each key
+    /// looked at, and what `sweep_later` returned.
+    fn sweep_before(
+        lanes: &mut Lanes<&'static str, u32, u32>,
+        before: Instant,
+    ) -> (Vec<usize>, Option<Instant>) {
+        let mut swept = Vec::new();
+        let mut next = None;
+        lanes.sweep_pending(|lane| {
+            next = lane.sweep_later(
+                |first| first < before,
+                |waiters| {
+                    swept.push(waiters.len());
+                    waiters.retain(|w| w.enqueued_at >= before);
+                },
+            );
+        });
+        (swept, next)
+    }
+
     fn add(
         lanes: &mut Lanes<&'static str, u32, u32>,
         scope: &'static str,
@@ -482,8 +503,8 @@ mod tests {
         let mut swept = Vec::new();
         let mut next = None;
         lanes.sweep_pending(|lane| {
-            lane.pending.clear(); // as if both pending keys timed out
-                                  // Due: asked for before 4 ms.
+            // As if both pending keys timed out; due: asked for before 4 ms.
+            lane.pending.clear();
             next = lane.sweep_later(
                 |first| first < at(4),
                 |waiters| {
@@ -516,21 +537,6 @@ mod tests {
         add(&mut lanes, "a", 2, at(2));
         // Key 1's second caller.
         add(&mut lanes, "a", 1, at(50));
-        // Callers who asked before `before` time out.
-        let sweep_before = |lanes: &mut Lanes<_, _, _>, before: Instant| {
-            let mut swept = Vec::new();
-            let mut next = None;
-            lanes.sweep_pending(|lane| {
-                next = lane.sweep_later(
-                    |first| first < before,
-                    |waiters| {
-                        swept.push(waiters.len());
-                        waiters.retain(|w| w.enqueued_at >= before);
-                    },
-                );
-            });
-            (swept, next)
-        };
         assert_eq!(sweep_before(&mut lanes, at(10)), (vec![2, 1], None));
         assert_eq!(lanes.pending_keys(), 2, "0 pending, 1 behind");
         add(&mut lanes, "a", 3, at(60));
@@ -555,17 +561,7 @@ mod tests {
         // A cache miss stamped before its lookups, queued after key 1.
         add(&mut lanes, "a", 2, at(5));
         add(&mut lanes, "a", 3, at(30));
-        let mut swept = Vec::new();
-        let mut next = None;
-        lanes.sweep_pending(|lane| {
-            next = lane.sweep_later(
-                |first| first < at(10),
-                |waiters| {
-                    swept.push(waiters.len());
-                    waiters.retain(|w| w.enqueued_at >= at(10));
-                },
-            );
-        });
+        let (swept, next) = sweep_before(&mut lanes, at(10));
         // Key 1 (20 ms) may hide a caller up to 15 ms older behind it:
         // looked at, kept; key 2 (5 ms) swept; key 3 (30 ms, so 15 ms at
         // the earliest) is where it stops.

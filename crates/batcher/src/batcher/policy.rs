@@ -101,9 +101,9 @@ pub(crate) fn min_auto_limit(config: &Config) -> usize {
 }
 
 /// The most waiters the worker holds in its pending batches, behind them,
-/// and in running loads. Duplicates and joins add waiters without adding keys, so this
-/// bounds memory where the key count alone would not: a full batch for
-/// every slot, one forming, and a channel's worth.
+/// and in running loads. Duplicates and joins add waiters without adding
+/// keys, so this bounds memory where the key count alone would not: a full
+/// batch for every slot, one forming, and a channel's worth.
 pub(crate) fn held_limit(config: &Config) -> usize {
     config
         .max_batch_size

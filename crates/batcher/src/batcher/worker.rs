@@ -644,21 +644,20 @@ where
         };
         let now = Instant::now();
         let shared = Arc::clone(&self.shared);
-        let deadline_of = |w: &Waiter<V>| shared.config.deadline(w.enqueued_at);
+        // The deadline of a caller that asked `at`, and whether it passed.
+        let deadline = |at: Instant| shared.config.deadline(at);
+        let due = |at: Instant| deadline(at).is_some_and(|d| d <= now);
         let (mut expired, mut timed_out) = (0, 0);
         let mut sweep = |waiters: &mut Waiters<V>, earliest_left: &mut Option<Instant>| {
             // Most keys have nothing expired: leave those as they are.
-            if !waiters
-                .iter()
-                .any(|w| deadline_of(w).is_some_and(|d| d <= now))
-            {
+            if !waiters.iter().any(|w| due(w.enqueued_at)) {
                 for w in waiters.iter() {
-                    *earliest_left = earliest(*earliest_left, deadline_of(w));
+                    *earliest_left = earliest(*earliest_left, deadline(w.enqueued_at));
                 }
                 return;
             }
             for w in mem::take(waiters) {
-                let deadline = deadline_of(&w);
+                let deadline = deadline(w.enqueued_at);
                 if deadline.is_some_and(|d| d <= now) {
                     expired += 1;
                     // A caller already gone was abandoned, not timed out
@@ -679,9 +678,8 @@ where
                     sweep(waiters, &mut left);
                     !waiters.is_empty()
                 });
-                let due = |at| shared.config.deadline(at).is_some_and(|d| d <= now);
                 let next = lane.sweep_later(due, |waiters| sweep(waiters, &mut left));
-                left = earliest(left, next.and_then(|at| shared.config.deadline(at)));
+                left = earliest(left, next.and_then(deadline));
             });
             self.pending_expiry = left;
         }
