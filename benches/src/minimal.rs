@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context as _};
 use pgbatch::pg::BatchQuery as _;
@@ -31,11 +32,13 @@ pub struct MinimalBatcher {
     counts: Arc<Counts>,
 }
 
-/// What the workers loaded, for the mean batch.
+/// What the workers loaded, for the mean batch and the time the
+/// connections were busy.
 #[derive(Debug, Default)]
 struct Counts {
     batches: AtomicU64,
     keys: AtomicU64,
+    busy_ns: AtomicU64,
 }
 
 impl MinimalBatcher {
@@ -99,6 +102,11 @@ impl MinimalBatcher {
         self.counts.keys.load(Relaxed) as f64 / batches as f64
     }
 
+    /// The time statements have run so far, summed over the connections.
+    pub fn busy(&self) -> Duration {
+        Duration::from_nanos(self.counts.busy_ns.load(Relaxed))
+    }
+
     /// Answers what is queued, then waits for the workers to end.
     pub async fn shutdown(self) {
         drop(self.tx);
@@ -138,7 +146,13 @@ async fn work(
             }
         }
         let keys: Vec<String> = batch.keys().cloned().collect();
-        let rows = client.query(&stmt, &[&keys]).await.and_then(|rows| {
+        let started = Instant::now();
+        let rows = client.query(&stmt, &[&keys]).await;
+        let busy = started.elapsed().as_nanos();
+        counts
+            .busy_ns
+            .fetch_add(u64::try_from(busy).unwrap_or(u64::MAX), Relaxed);
+        let rows = rows.and_then(|rows| {
             rows.iter()
                 .map(|row| KvQuery.map_row(row))
                 .collect::<Result<Vec<_>, _>>()

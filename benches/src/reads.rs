@@ -415,6 +415,10 @@ pub struct BatchedRun {
     pub mean_batch: f64,
     /// The batcher's concurrency limit at the end.
     pub limit: u64,
+    /// Loads running at once, on average over the warm-up and the run:
+    /// below the limit, the slots stood idle between loads (or the
+    /// automatic limit sat lower).
+    pub running: f64,
 }
 
 /// As [`batched_run`], on `source` (a pool, or a router that says how
@@ -440,6 +444,7 @@ pub async fn batched_run_warm(
     let settings = read_settings(ReadPath::Batched, batch);
     let lookup = Arc::new(Lookup::new("kv", KvQuery, source, &settings)?);
     let reader = Arc::clone(&lookup);
+    let started = Instant::now();
     let report = closed_loop_warm(n, warmup, run, rows, move |k| {
         let lookup = Arc::clone(&reader);
         async move {
@@ -452,11 +457,13 @@ pub async fn batched_run_warm(
     let stats = lookup
         .batcher_stats()
         .context("a batched lookup has a batcher")?;
+    let elapsed = started.elapsed();
     lookup.shutdown().await;
     Ok(BatchedRun {
         report,
         mean_batch: stats.batch_size.mean().unwrap_or(0.0),
         limit: stats.concurrency_limit,
+        running: Duration::from_nanos(stats.load_duration.sum).div_duration_f64(elapsed),
     })
 }
 
@@ -467,6 +474,9 @@ pub struct MinimalRun {
     pub report: RunReport,
     /// Keys per statement over the whole run.
     pub mean_batch: f64,
+    /// Statements running at once, on average over the warm-up and the
+    /// run (as [`BatchedRun::running`]).
+    pub running: f64,
 }
 
 /// As [`batched_run_warm`], through the hand-written
@@ -491,6 +501,7 @@ pub async fn minimal_run(
 ) -> anyhow::Result<MinimalRun> {
     let batcher = Arc::new(MinimalBatcher::start(config, connections, max_batch).await?);
     let reader = Arc::clone(&batcher);
+    let started = Instant::now();
     let report = closed_loop_warm(n, warmup, run, rows, move |k| {
         let batcher = Arc::clone(&reader);
         async move {
@@ -501,12 +512,17 @@ pub async fn minimal_run(
     })
     .await;
     let mean_batch = batcher.mean_batch();
+    let running = batcher.busy().div_duration_f64(started.elapsed());
     // Every caller has finished, so the run holds the only handle.
     Arc::into_inner(batcher)
         .context("the minimal batcher is still shared after its run")?
         .shutdown()
         .await;
-    Ok(MinimalRun { report, mean_batch })
+    Ok(MinimalRun {
+        report,
+        mean_batch,
+        running,
+    })
 }
 
 /// What a cached run measured.

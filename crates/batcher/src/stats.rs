@@ -531,7 +531,7 @@ pub struct StatsSnapshot {
     pub batch_size: HistogramSnapshot,
     /// Time from a request's enqueue to its batch's dispatch, in nanoseconds.
     pub queue_wait: HistogramSnapshot,
-    /// Time from dispatch to the loader's completion, in nanoseconds.
+    /// Time from a load's start to the loader's completion, in nanoseconds.
     pub load_duration: HistogramSnapshot,
 }
 

@@ -54,7 +54,7 @@ async fn contend(
             let r =
                 reads::batched_run_warm(pool, settings(setting), n_initiators, warmup, run, rows)
                     .await?;
-            Sample::of(&r.report, r.mean_batch, r.limit)
+            Sample::of(&r.report, r.mean_batch, r.limit, r.running)
         }
         Contender::Minimal {
             connections,
@@ -70,7 +70,7 @@ async fn contend(
                 rows,
             )
             .await?;
-            Sample::of(&r.report, r.mean_batch, 0)
+            Sample::of(&r.report, r.mean_batch, 0, r.running)
         }
     })
 }
@@ -166,6 +166,10 @@ pub(super) async fn baseline(args: &Args, db: &Database) -> anyhow::Result<()> {
             ("p50 ms", Align::Right),
             ("p99 ms", Align::Right),
             ("mean batch", Align::Right),
+            // Below the connections of a fixed setting, the database waited
+            // between a connection's loads; below the fixed setting's, the
+            // automatic limit ran fewer.
+            ("loads running", Align::Right),
         ],
         contenders.iter().zip(&runs).map(|(c, v)| {
             vec![
@@ -174,6 +178,7 @@ pub(super) async fn baseline(args: &Args, db: &Database) -> anyhow::Result<()> {
                 format!("{:.2}", median_by(v, |s| ms(s.p50))),
                 format!("{:.2}", median_by(v, |s| ms(s.p99))),
                 format!("{:.1}", median_by(v, |s| s.mean_batch)),
+                spread(&v.iter().map(|s| s.running).collect::<Vec<_>>(), 2),
             ]
         }),
     );

@@ -168,16 +168,19 @@ struct Sample {
     p99: Duration,
     mean_batch: f64,
     limit: u64,
+    /// Loads running at once on average (0 for one statement per read).
+    running: f64,
 }
 
 impl Sample {
-    fn of(report: &RunReport, mean_batch: f64, limit: u64) -> Self {
+    fn of(report: &RunReport, mean_batch: f64, limit: u64, running: f64) -> Self {
         Self {
             per_sec: report.per_sec(),
             p50: report.quantile(0.5),
             p99: report.quantile(0.99),
             mean_batch,
             limit,
+            running,
         }
     }
 }

@@ -60,24 +60,12 @@ pub(super) async fn sweep(args: &Args, db: &Database) -> anyhow::Result<()> {
                     );
                     let sample = if setting == Setting::Naive {
                         let r = reads::naive_run(pool, n, run, rows).await;
-                        Sample {
-                            per_sec: r.per_sec(),
-                            p50: r.quantile(0.5),
-                            p99: r.quantile(0.99),
-                            mean_batch: 1.0,
-                            limit: 0,
-                        }
+                        Sample::of(&r, 1.0, 0, 0.0)
                     } else {
                         let r =
                             reads::batched_run_warm(pool, settings(setting), n, warmup, run, rows)
                                 .await?;
-                        Sample {
-                            per_sec: r.report.per_sec(),
-                            p50: r.report.quantile(0.5),
-                            p99: r.report.quantile(0.99),
-                            mean_batch: r.mean_batch,
-                            limit: r.limit,
-                        }
+                        Sample::of(&r.report, r.mean_batch, r.limit, r.running)
                     };
                     samples.entry((t, n, setting)).or_default().push(sample);
                 }

@@ -482,8 +482,14 @@ where
                 .collect(),
             None => Vec::new(),
         };
+        let shared = Arc::clone(&self.shared);
         let task = async move {
+            // Timed here, not by the worker: its view of a load also holds
+            // the wait for the task's first poll and for its own turn to
+            // see the end, which are no part of the loader's time.
+            let started = Instant::now();
             let outcome = load.await;
+            Stats::record_duration(&shared.stats.load_duration, started.elapsed());
             if let Some(observer) = observer.filter(|_| !stamped.is_empty()) {
                 // The observer runs the caller's code (a cache's weigher):
                 // a panic there must not fail the load its waiters are
@@ -554,7 +560,6 @@ where
         let stats = &self.shared.stats;
         let now = Instant::now();
         let load_time = now - run.started;
-        Stats::record_duration(&stats.load_duration, load_time);
         let Running {
             lane: lane_index,
             waiters,
