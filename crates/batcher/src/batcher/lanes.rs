@@ -38,11 +38,15 @@ pub(crate) struct Lane<S, K, V> {
     later: HashMap<K, Waiters<V>>,
     /// `later`'s keys in the order they were first asked for, with when.
     order: VecDeque<(K, Instant)>,
-    /// How much earlier than the key queued before it a key behind the
-    /// batch was asked for, at most. Callers stamp a request before they
-    /// queue it, and a cache's miss before its lookups, so `order` is in
-    /// time order only to within this; expiry allows for it.
+    /// How much earlier than a caller queued before it a caller behind the
+    /// batch asked, at most. Callers stamp a request before they queue it,
+    /// and a cache's miss before its lookups, so `order` is in time order
+    /// only to within this, and a caller joining a key behind the batch
+    /// may have asked before the key's first; expiry allows for it.
     skew: Duration,
+    /// When the latest caller behind the batch asked, since none waited
+    /// there: what each caller added is measured against for `skew`.
+    latest: Option<Instant>,
     /// When the pending batch's first key was asked for: the flush delay
     /// counts from here.
     pub(crate) first_at: Option<Instant>,
@@ -77,8 +81,24 @@ impl<S, K: Eq + Hash, V> Lane<S, K, V> {
             }
             self.pending.insert(key, waiters);
         }
+        self.forget_skew_if_empty();
+    }
+
+    /// Records that a caller behind the batch asked `at`. Measured against
+    /// the latest caller before it, not only the key queued last: after
+    /// callers at 30, 20 and 10 ms, the first key's sweep must allow for
+    /// 20 ms, not 10.
+    fn behind_at(&mut self, at: Instant) {
+        let latest = self.latest.map_or(at, |l| l.max(at));
+        self.skew = self.skew.max(latest - at);
+        self.latest = Some(latest);
+    }
+
+    /// Once no caller waits behind the batch, its order is exact again.
+    fn forget_skew_if_empty(&mut self) {
         if self.later.is_empty() {
             self.skew = Duration::ZERO;
+            self.latest = None;
         }
     }
 
@@ -123,9 +143,7 @@ impl<S, K: Eq + Hash, V> Lane<S, K, V> {
         // Every key that leaves `later` leaves `order` with it, so a
         // stalled lane's expiries cannot pile entries up.
         debug_assert_eq!(self.order.len(), self.later.len());
-        if self.later.is_empty() {
-            self.skew = Duration::ZERO;
-        }
+        self.forget_skew_if_empty();
         next
     }
 
@@ -194,6 +212,7 @@ where
                     later: HashMap::new(),
                     order: VecDeque::new(),
                     skew: Duration::ZERO,
+                    latest: None,
                     first_at: None,
                     in_flight: HashMap::new(),
                     loads: 0,
@@ -246,12 +265,10 @@ where
         } else if let Some(waiters) = lane.pending.get_mut(&key) {
             return joined(waiters, waiter);
         } else {
+            lane.behind_at(at);
             match lane.later.entry(key) {
                 Entry::Occupied(mut e) => return joined(e.get_mut(), waiter),
                 Entry::Vacant(e) => {
-                    if let Some((_, before)) = lane.order.back() {
-                        lane.skew = lane.skew.max(before.saturating_duration_since(at));
-                    }
                     // The one clone of a key past a full batch: the order
                     // it came in, so that taking a batch costs the batch.
                     lane.order.push_back((e.key().clone(), at));
@@ -577,5 +594,52 @@ mod tests {
             Duration::ZERO,
             "forgotten once none wait"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_joining_a_key_behind_the_batch_is_swept_by_when_it_asked() {
+        let t = Instant::now();
+        let mut lanes = Lanes::new(1);
+        let at = |ms: u64| t + Duration::from_millis(ms);
+        add(&mut lanes, "a", 0, at(0)); // the pending batch
+        add(&mut lanes, "a", 3, at(20));
+        // A cache miss for key 3 stamped before its lookups, at 5 ms,
+        // joins it after the caller of 20 ms.
+        add(&mut lanes, "a", 3, at(5));
+        assert_eq!(
+            sweep_before(&mut lanes, at(4)),
+            (vec![], Some(at(5))),
+            "no caller behind the batch asked before 5 ms, not 20"
+        );
+        assert_eq!(sweep_before(&mut lanes, at(10)), (vec![2], None));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keys_asked_for_in_falling_order_are_each_allowed_for() {
+        let t = Instant::now();
+        let mut lanes = Lanes::new(1);
+        let at = |ms: u64| t + Duration::from_millis(ms);
+        add(&mut lanes, "a", 0, at(0)); // the pending batch
+        add(&mut lanes, "a", 1, at(30));
+        add(&mut lanes, "a", 2, at(20));
+        add(&mut lanes, "a", 3, at(10));
+        // Each step is 10 ms, but key 3 asked 20 ms before key 1.
+        assert_eq!(sweep_before(&mut lanes, at(5)), (vec![], Some(at(10))));
+        assert_eq!(sweep_before(&mut lanes, at(15)), (vec![1, 1, 1], None));
+        assert_eq!(lanes.pending_keys(), 3, "0 pending, 1 and 2 behind");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_behind_the_batch_is_waited_for() {
+        let t = Instant::now();
+        let mut lanes = Lanes::new(1);
+        add(&mut lanes, "a", 0, t);
+        add(&mut lanes, "a", 1, t);
+        let i = lanes.lane_of("a");
+        let lane = lanes.get(i);
+        // A cache must not answer key 1 from its store: a load of it is
+        // coming, and its callers get that load's answer.
+        assert!(lane.waits_for(&0) && lane.waits_for(&1));
+        assert!(!lane.waits_for(&2));
     }
 }
