@@ -37,14 +37,14 @@ pub enum Error {
     /// The loader did not finish within the configured
     /// [`load_timeout`](crate::BatcherBuilder::load_timeout); the load was
     /// abandoned and its slot freed.
-    #[error("batch load timed out after {0:?}")]
+    #[error("batch load timed out after {0:?}: the database did not answer in time")]
     LoadTimeout(Duration),
 
     /// The caller's own deadline
     /// ([`timeout`](crate::BatcherBuilder::timeout)) passed before an answer
-    /// arrived.
-    #[error("request timed out after {0:?}")]
-    Timeout(Duration),
+    /// arrived; [`TimedOut`] says what the request was waiting for.
+    #[error("{0}")]
+    Timeout(TimedOut),
 
     /// The request queue was full, or the worker already held as many
     /// waiters as it may, and the batcher is configured to reject rather
@@ -72,7 +72,7 @@ impl Error {
     }
 
     /// Returns `true` if the caller's deadline or the batch's load timeout
-    /// passed.
+    /// passed (both are also [retryable](Self::is_retryable)).
     pub fn is_timeout(&self) -> bool {
         matches!(self, Error::Timeout(_) | Error::LoadTimeout(_))
     }
@@ -81,6 +81,11 @@ impl Error {
     ///
     /// - [`Error::Overloaded`]: the batcher shed the request; retry after a
     ///   pause (or answer 503 with `Retry-After`);
+    /// - [`Error::Timeout`] and [`Error::LoadTimeout`]: the deadline passed
+    ///   while the batcher was busy or the database slow (the error says
+    ///   which); a later attempt may find either free again. Retry after a
+    ///   pause that grows, since asking again at once adds to what made it
+    ///   slow;
     /// - [`Error::Load`] whose error, or an error in its source chain, is a
     ///   retryable database error of either driver: a lost or refusing node
     ///   (class 08, 57P01-57P03, 25006 after a failover, a reset
@@ -96,9 +101,7 @@ impl Error {
     ///
     /// False for everything else: rows the database refused, syntax and
     /// permission errors, a loader error the crate does not know, a
-    /// panicking loader, a closed batcher, and both timeouts (the caller's
-    /// deadline passed, or the database may still be running the load:
-    /// asking again at once adds to what made it slow).
+    /// panicking loader and a closed batcher.
     ///
     /// ```
     /// # use pgbatch::Error;
@@ -107,7 +110,7 @@ impl Error {
     /// ```
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Overloaded => true,
+            Error::Overloaded | Error::Timeout(_) | Error::LoadTimeout(_) => true,
             Error::Load(e) => {
                 std::iter::successors(Some(&**e as &dyn std::error::Error), |e| e.source())
                     .find_map(retryable_db_error)
@@ -136,6 +139,65 @@ impl Error {
         match self {
             Error::Load(e) => e.downcast_ref::<E>(),
             _ => None,
+        }
+    }
+}
+
+/// What a request that timed out had waited for: its deadline, and whether
+/// its key was still waiting for a load to start (the batcher was busy
+/// with as many loads as it allows) or in a load that had not answered
+/// (the database was slow, or not answering).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimedOut {
+    after: Duration,
+    waited: Waited,
+}
+
+/// What a timed-out request was waiting for; see [`TimedOut`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Waited {
+    /// Its key waited for a load to start: every load the batcher allows
+    /// was running.
+    ForALoad,
+    /// Its key was in a load that had run this long without answering.
+    InALoad(Duration),
+    /// What it waited for is not known (the caller's own timer fired, on
+    /// paths the worker does not time).
+    Unknown,
+}
+
+impl TimedOut {
+    /// A request that timed out after `after`, having waited as `waited`
+    /// says.
+    pub fn new(after: Duration, waited: Waited) -> Self {
+        Self { after, waited }
+    }
+
+    /// The request's deadline: how long it waited in all.
+    pub fn after(&self) -> Duration {
+        self.after
+    }
+
+    /// What it was waiting for when the deadline passed.
+    pub fn waited(&self) -> Waited {
+        self.waited
+    }
+}
+
+impl std::fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "request timed out after {:?}", self.after)?;
+        match self.waited {
+            Waited::ForALoad => f.write_str(
+                " waiting for a load to start: every load the batcher allows was running",
+            ),
+            Waited::InALoad(running) => write!(
+                f,
+                " waiting for its load, which had run {running:.1?} without an answer from the \
+                 database"
+            ),
+            Waited::Unknown => Ok(()),
         }
     }
 }
@@ -257,6 +319,23 @@ mod tests {
     struct SaysItsCause(#[source] std::io::Error);
 
     #[test]
+    fn a_timeout_says_what_it_waited_for() {
+        let second = Duration::from_secs(1);
+        for (waited, says) in [
+            (Waited::ForALoad, "waiting for a load to start"),
+            (
+                Waited::InALoad(Duration::from_millis(900)),
+                "waiting for its load, which had run 900.0ms without an answer",
+            ),
+        ] {
+            let e = Error::Timeout(TimedOut::new(second, waited));
+            let text = e.to_string();
+            assert!(text.starts_with("request timed out after 1s"), "{text}");
+            assert!(text.contains(says), "{text}");
+        }
+    }
+
+    #[test]
     fn a_load_error_names_its_cause_once() {
         let e = Error::load(Outer(std::io::Error::other("connection reset by peer")));
         assert_eq!(
@@ -273,12 +352,16 @@ mod tests {
     }
 
     #[test]
-    fn only_shed_requests_and_known_database_errors_are_retryable() {
-        assert!(Error::Overloaded.is_retryable());
+    fn shed_requests_timeouts_and_known_database_errors_are_retryable() {
+        for e in [
+            Error::Overloaded,
+            Error::Timeout(TimedOut::new(Duration::from_secs(1), Waited::ForALoad)),
+            Error::LoadTimeout(Duration::from_secs(1)),
+        ] {
+            assert!(e.is_retryable(), "{e:?}");
+        }
         for e in [
             Error::Closed,
-            Error::Timeout(Duration::from_secs(1)),
-            Error::LoadTimeout(Duration::from_secs(1)),
             Error::LoaderPanicked("boom".into()),
             Error::load(Outer(std::io::Error::other("reset"))),
         ] {

@@ -84,7 +84,7 @@ pub use crate::batcher::{
     defaults, loader_fn, scoped_loader_fn, Batcher, BatcherBuilder, Concurrency, FlushPolicy,
     Loaded, Loader, LoaderFn, Overflow, Pair, ScopedLoader, ScopedLoaderFn, Worker,
 };
-pub use crate::error::{BuildError, Error, SharedError};
+pub use crate::error::{BuildError, Error, SharedError, TimedOut, Waited};
 pub use crate::stats::StatsSnapshot;
 
 // The crate README's examples are compiled and run as doc tests.

@@ -43,6 +43,8 @@
 //! | `pgbatch_batcher_panicked_loads_total` | counter | loads whose loader panicked |
 //! | `pgbatch_batcher_timed_out_loads_total` | counter | loads abandoned at `load_timeout` |
 //! | `pgbatch_batcher_failed_keys_total` | counter | distinct keys of failed, panicked and timed-out loads, and keys that failed alone |
+//! | `pgbatch_batcher_scope_loads_total` | counter | loads per scope, with a `scope` label (only with `BatcherBuilder::scope_stats`) |
+//! | `pgbatch_batcher_scope_keys_total` | counter | distinct keys of those loads, with a `scope` label (likewise) |
 //! | `pgbatch_cache_hits_total` | counter | lookups answered from the cache |
 //! | `pgbatch_cache_misses_total` | counter | lookups that started a load |
 //! | `pgbatch_cache_coalesced_total` | counter | lookups that joined another's load |
@@ -55,6 +57,12 @@
 //!
 //! The gauges are set by the batcher's worker each time it wakes, so an
 //! idle batcher's gauges show its last busy moment until it wakes again.
+//!
+//! The two per-scope counters are the exception to registering at build:
+//! a scope's name is known only at its first load, so they are reported to
+//! whichever recorder is installed then (the global one, in a service).
+//! The `scope` label is the scope's name, never a setting's value, and
+//! takes at most `scope_stats`'s cap of values plus `other`.
 //!
 //! # Histograms in Prometheus
 //!
@@ -150,6 +158,43 @@ mod tests {
             })
             .map(|(.., value)| value)
             .unwrap_or_else(|| panic!("{name} {label:?} was not reported"))
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn loads_per_scope_are_reported_with_a_bounded_scope_label() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        // Set for this thread while loads run: the scope counters are
+        // reported at each load, from the worker on this thread.
+        let _local = ::metrics::set_default_local_recorder(&recorder);
+        let batcher: Batcher<u64, u64, u32> = Batcher::builder()
+            .name("notes")
+            .scope_stats(1)
+            .build_scoped(crate::scoped_loader_fn(
+                |_: u32, keys: Vec<u64>| async move {
+                    Ok::<_, Infallible>(keys.into_iter().map(|k| (k, k)).collect::<HashMap<_, _>>())
+                },
+            ))
+            .unwrap();
+        for scope in [1, 2] {
+            for answer in batcher.load_many_as(&scope, [1, 2]).await {
+                answer.unwrap();
+            }
+        }
+        let reported = snapshotter.snapshot().into_vec();
+        let scopes: Vec<String> = reported
+            .iter()
+            .filter(|(key, ..)| key.key().name() == "pgbatch_batcher_scope_keys_total")
+            .flat_map(|(key, ..)| {
+                key.key()
+                    .labels()
+                    .filter(|l| l.key() == "scope")
+                    .map(|l| l.value().to_owned())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        // Unlabelled scopes (a closure loader names none) count as `other`.
+        assert_eq!(scopes, ["other"], "{reported:?}");
     }
 
     #[tokio::test]

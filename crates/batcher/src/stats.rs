@@ -291,6 +291,83 @@ pub(crate) struct Stats {
     /// With the `metrics` feature: the gauges the worker sets.
     #[cfg(feature = "metrics")]
     pub(crate) gauges: std::sync::OnceLock<crate::metrics::Gauges>,
+    /// Loads and keys per scope, when asked for
+    /// ([`scope_stats`](crate::BatcherBuilder::scope_stats)).
+    pub(crate) by_scope: std::sync::OnceLock<ScopeCounts>,
+}
+
+/// One scope's figures, in [`StatsSnapshot::by_scope`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ScopeStats {
+    /// Loads run as the scope.
+    pub loads: u64,
+    /// Distinct keys those loads carried.
+    pub keys: u64,
+}
+
+/// The name under which scopes past the cap are counted together.
+pub const OTHER_SCOPES: &str = "other";
+
+/// Loads and keys per scope, by the name the loader gives the scope
+/// ([`ScopedLoader::label`](crate::ScopedLoader::label)), for at most
+/// `most` names; later names count under [`OTHER_SCOPES`], so a service
+/// with many tenants keeps a bounded map (and, with `metrics`, a bounded
+/// number of label values).
+#[derive(Debug)]
+pub(crate) struct ScopeCounts {
+    most: usize,
+    /// std Mutex: held for one map update per load, never across an await.
+    by_name: std::sync::Mutex<std::collections::HashMap<String, ScopeStats>>,
+    /// With `metrics`: the batcher's name, for the counters' labels.
+    #[cfg(feature = "metrics")]
+    batcher: String,
+}
+
+impl ScopeCounts {
+    pub(crate) fn new(most: usize, batcher: &str) -> Self {
+        #[cfg(not(feature = "metrics"))]
+        let _ = batcher;
+        Self {
+            most,
+            by_name: std::sync::Mutex::new(std::collections::HashMap::new()),
+            #[cfg(feature = "metrics")]
+            batcher: batcher.to_owned(),
+        }
+    }
+
+    /// A load of `keys` keys as the scope named `name` (unnamed scopes
+    /// count as [`OTHER_SCOPES`]).
+    pub(crate) fn record(&self, name: Option<String>, keys: usize) {
+        let mut by_name = self
+            .by_name
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let name = match name {
+            Some(name) if by_name.contains_key(&name) || by_name.len() < self.most => name,
+            _ => OTHER_SCOPES.to_owned(),
+        };
+        #[cfg(feature = "metrics")]
+        {
+            let labels = [("batcher", self.batcher.clone()), ("scope", name.clone())];
+            ::metrics::counter!("pgbatch_batcher_scope_loads_total", &labels).increment(1);
+            ::metrics::counter!("pgbatch_batcher_scope_keys_total", &labels).increment(keys as u64);
+        }
+        let counts = by_name.entry(name).or_default();
+        counts.loads += 1;
+        counts.keys += keys as u64;
+    }
+
+    fn snapshot(&self) -> Vec<(String, ScopeStats)> {
+        let by_name = self
+            .by_name
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut all: Vec<(String, ScopeStats)> =
+            by_name.iter().map(|(n, s)| (n.clone(), *s)).collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
 }
 
 impl Stats {
@@ -319,6 +396,7 @@ impl Stats {
             load_duration: Histogram::new(&DURATION_BOUNDS, HistogramUnit::Nanoseconds),
             #[cfg(feature = "metrics")]
             gauges: std::sync::OnceLock::new(),
+            by_scope: std::sync::OnceLock::new(),
         }
     }
 
@@ -464,6 +542,11 @@ impl Stats {
             batch_size: self.batch_size.snapshot(),
             queue_wait: self.queue_wait.snapshot(),
             load_duration: self.load_duration.snapshot(),
+            by_scope: self
+                .by_scope
+                .get()
+                .map(ScopeCounts::snapshot)
+                .unwrap_or_default(),
         }
     }
 }
@@ -533,6 +616,10 @@ pub struct StatsSnapshot {
     pub queue_wait: HistogramSnapshot,
     /// Time from a load's start to the loader's completion, in nanoseconds.
     pub load_duration: HistogramSnapshot,
+    /// Loads and keys per scope, by the scope's name, sorted by it: empty
+    /// unless the batcher was built with
+    /// [`scope_stats`](crate::BatcherBuilder::scope_stats).
+    pub by_scope: Vec<(String, ScopeStats)>,
 }
 
 /// A stored duration in nanoseconds, 0 meaning none.

@@ -216,6 +216,20 @@ where
         self
     }
 
+    /// Counts loads and keys per scope, by the name the loader gives each
+    /// ([`ScopedLoader::label`](crate::ScopedLoader::label): a `Scope`'s
+    /// label, else its role), in
+    /// [`StatsSnapshot::by_scope`](crate::StatsSnapshot::by_scope) and,
+    /// with the `metrics` feature, as `pgbatch_batcher_scope_loads_total`
+    /// and `pgbatch_batcher_scope_keys_total` with a `scope` label. At most
+    /// `most` names are counted apart; the rest count together as
+    /// [`OTHER_SCOPES`](crate::stats::OTHER_SCOPES), so the label's values
+    /// stay bounded. Costs a map update per load. Default: off.
+    pub fn scope_stats(mut self, most: usize) -> Self {
+        self.config.scope_stats = most;
+        self
+    }
+
     fn validate(&self) -> Result<(), BuildError> {
         let c = &self.config;
         for (setting, value) in [

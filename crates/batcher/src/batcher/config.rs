@@ -135,6 +135,8 @@ pub(crate) struct Config {
     pub(crate) load_timeout: Option<Duration>,
     pub(crate) join_in_flight: bool,
     pub(crate) direct_when_idle: bool,
+    /// The most scope names counted apart (0: no counts per scope).
+    pub(crate) scope_stats: usize,
 }
 
 impl Config {
@@ -159,6 +161,7 @@ impl Default for Config {
             load_timeout: None,
             join_in_flight: false,
             direct_when_idle: true,
+            scope_stats: 0,
         }
     }
 }

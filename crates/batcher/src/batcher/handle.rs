@@ -22,6 +22,7 @@ use super::queue::{self, PushError, Sender};
 use super::run::{self, Answered, LoadFn};
 use super::shared::{LoadSlot, Shared};
 use super::worker::Worker;
+use crate::error::{TimedOut, Waited};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::Error;
 
@@ -124,6 +125,10 @@ where
     let shared = Arc::new(Shared::new(config));
     #[cfg(feature = "metrics")]
     shared.stats.export(&shared.config.name);
+    if shared.config.scope_stats > 0 {
+        let counts = crate::stats::ScopeCounts::new(shared.config.scope_stats, &shared.config.name);
+        let _ = shared.stats.by_scope.set(counts); // set once, here
+    }
     let observer = ObserverSlot::default();
     let worker = Worker::new(
         rx,
@@ -389,7 +394,7 @@ where
         Stats::incr(&stats.batches, 1);
         stats.batch_size.record(1);
         Stats::record_duration(&stats.queue_wait, now.elapsed());
-        let span = run::batch_span(&self.inner.shared.config.name, 1, true, || {
+        let span = run::batch_span(&self.inner.shared, 1, true, || {
             self.inner.load.label(&scope).map(Into::into)
         });
         let load = run::contain(
@@ -398,7 +403,12 @@ where
         )
         .instrument(span.clone());
         let started = Instant::now();
-        let outcome = self.within(deadline, load).await?;
+        let outcome = self.within(deadline, load).await.map_err(|e| match e {
+            Error::Timeout(t) => {
+                Error::Timeout(TimedOut::new(t.after(), Waited::InALoad(started.elapsed())))
+            }
+            e => e,
+        })?;
         Stats::record_duration(&stats.load_duration, started.elapsed());
         let _enter = span.enter();
         let answer = outcome.settle(stats, 1)?.take(&key);
@@ -423,7 +433,8 @@ where
         };
         timeout_at(deadline, work).await.map_err(|_| {
             Stats::incr(&self.inner.shared.stats.timed_out, 1);
-            Error::Timeout(self.inner.shared.config.timeout.unwrap_or_default())
+            let after = self.inner.shared.config.timeout.unwrap_or_default();
+            Error::Timeout(TimedOut::new(after, Waited::Unknown))
         })
     }
 

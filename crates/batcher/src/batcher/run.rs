@@ -16,6 +16,7 @@ use futures_util::FutureExt as _;
 use super::loaded::Loaded;
 use super::loader::{Loader, ScopedLoader};
 use super::observer::{Ended, Stamp};
+use super::shared::Shared;
 use crate::error::SharedError;
 use crate::stats::Stats;
 use crate::Error;
@@ -218,25 +219,32 @@ impl Answered {
     }
 }
 
-/// The span every load runs in, whoever runs it: the scope appears only
-/// by its `label`.
+/// The span every load runs in, whoever runs it, and the load counted for
+/// its scope (when the batcher counts per scope): the scope appears only
+/// by its `label`, asked for once and only if something uses it.
 pub(crate) fn batch_span(
-    name: &str,
+    shared: &Shared,
     size: usize,
     direct: bool,
     label: impl FnOnce() -> Option<String>,
 ) -> tracing::Span {
     let span = tracing::debug_span!(
         "batch",
-        batcher = %name,
+        batcher = %shared.config.name,
         size,
         direct,
         scope = tracing::field::Empty
     );
-    if !span.is_disabled() {
-        if let Some(label) = label() {
-            span.record("scope", label.as_str());
-        }
+    let counts = shared.stats.by_scope.get();
+    if span.is_disabled() && counts.is_none() {
+        return span;
+    }
+    let label = label();
+    if let Some(label) = &label {
+        span.record("scope", label.as_str());
+    }
+    if let Some(counts) = counts {
+        counts.record(label, size);
     }
     span
 }

@@ -31,6 +31,7 @@ use super::policy::{self, Pending};
 use super::queue::Receiver;
 use super::run::{self, Answered, LoadFn, Outcome};
 use super::shared::{LoadSlot, Shared};
+use crate::error::{TimedOut, Waited};
 use crate::stats::Stats;
 use crate::Error;
 
@@ -452,7 +453,7 @@ where
         }
 
         let scope = self.lanes.get(i).scope.clone();
-        let span = run::batch_span(&self.shared.config.name, batch.len(), false, || {
+        let span = run::batch_span(&self.shared, batch.len(), false, || {
             self.load.label(&scope).map(Into::into)
         });
         let now = Instant::now();
@@ -653,37 +654,41 @@ where
         let deadline = |at: Instant| shared.config.deadline(at);
         let due = |at: Instant| deadline(at).is_some_and(|d| d <= now);
         let (mut expired, mut timed_out) = (0, 0);
-        let mut sweep = |waiters: &mut Waiters<V>, earliest_left: &mut Option<Instant>| {
-            // Most keys have nothing expired: leave those as they are.
-            if !waiters.iter().any(|w| due(w.enqueued_at)) {
-                for w in waiters.iter() {
-                    *earliest_left = earliest(*earliest_left, deadline(w.enqueued_at));
-                }
-                return;
-            }
-            for w in mem::take(waiters) {
-                let deadline = deadline(w.enqueued_at);
-                if deadline.is_some_and(|d| d <= now) {
-                    expired += 1;
-                    // A caller already gone was abandoned, not timed out
-                    // (and one that timed out by its own timer counted it).
-                    if w.tx.send(Err(Error::Timeout(timeout))).is_ok() {
-                        timed_out += 1;
+        let mut sweep =
+            |waiters: &mut Waiters<V>, earliest_left: &mut Option<Instant>, waited: Waited| {
+                // Most keys have nothing expired: leave those as they are.
+                if !waiters.iter().any(|w| due(w.enqueued_at)) {
+                    for w in waiters.iter() {
+                        *earliest_left = earliest(*earliest_left, deadline(w.enqueued_at));
                     }
-                } else {
-                    *earliest_left = earliest(*earliest_left, deadline);
-                    waiters.push(w);
+                    return;
                 }
-            }
-        };
+                for w in mem::take(waiters) {
+                    let deadline = deadline(w.enqueued_at);
+                    if deadline.is_some_and(|d| d <= now) {
+                        expired += 1;
+                        // A caller already gone was abandoned, not timed out
+                        // (and one that timed out by its own timer counted it).
+                        let answer = Error::Timeout(TimedOut::new(timeout, waited));
+                        if w.tx.send(Err(answer)).is_ok() {
+                            timed_out += 1;
+                        }
+                    } else {
+                        *earliest_left = earliest(*earliest_left, deadline);
+                        waiters.push(w);
+                    }
+                }
+            };
         if self.pending_expiry.is_some_and(|e| e <= now) {
             let mut left = None;
             self.lanes.sweep_pending(|lane| {
                 lane.pending.retain(|_, waiters| {
-                    sweep(waiters, &mut left);
+                    sweep(waiters, &mut left, Waited::ForALoad);
                     !waiters.is_empty()
                 });
-                let next = lane.sweep_later(due, |waiters| sweep(waiters, &mut left));
+                let next = lane.sweep_later(due, |waiters| {
+                    sweep(waiters, &mut left, Waited::ForALoad);
+                });
                 left = earliest(left, next.and_then(deadline));
             });
             self.pending_expiry = left;
@@ -693,7 +698,10 @@ where
                 // Keys whose waiters all left stay, so the load's answer
                 // still finds them.
                 let mut left = None;
-                run.waiters.values_mut().for_each(|w| sweep(w, &mut left));
+                let waited = Waited::InALoad(now.saturating_duration_since(run.started));
+                run.waiters
+                    .values_mut()
+                    .for_each(|w| sweep(w, &mut left, waited));
                 run.expiry = left;
             }
         }

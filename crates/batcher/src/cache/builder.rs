@@ -336,6 +336,10 @@ where
         }
         if let Some(weigher) = self.weigher {
             store = store.weigher(move |k, slot: &Slot<S, V>| slot.weight(|v| weigher(k, v)));
+        } else if size_of::<S>() > 0 {
+            // A key's entry holds each scope's value: each counts against
+            // the capacity, as a value of its own would.
+            store = store.weigher(|_, slot: &Slot<S, V>| slot.weight(|_| 1));
         }
         let doorkeeper = match self.admission {
             Admission::Always => None,

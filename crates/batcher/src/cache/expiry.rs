@@ -30,6 +30,11 @@ impl JitteredExpiry {
         }
     }
 
+    /// The longest any value lives.
+    pub(super) fn longest(&self) -> Duration {
+        self.ttl.max(self.negative_ttl) + self.jitter
+    }
+
     /// A uniformly spread extra lifetime in `0..=jitter`.
     ///
     /// Hand-rolled (splitmix64 over an atomic counter) rather than a `rand`

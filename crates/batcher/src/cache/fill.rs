@@ -34,7 +34,7 @@ impl<K, V, S> Observer<S, K, V> for FillFrom<K, V, S>
 where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
-    S: Clone + Eq + Send + Sync + 'static,
+    S: Clone + Eq + Hash + Send + Sync + 'static,
 {
     /// Takes what a load answered the cache's misses and returns the stores
     /// to make, which the load's task awaits before its callers are
@@ -54,6 +54,9 @@ where
                 return None;
             }
         };
+        // The database ran this load as `scope`: it may now be served
+        // values shared by every scope.
+        inner.accepted.accept(scope);
         c.misses.fetch_add(stamped.len() as u64, Relaxed);
         let puts: Vec<(K, Stamp, Held<S, V>)> = stamped
             .into_iter()
@@ -97,7 +100,10 @@ where
         // resumes later if this future is dropped (it is cancel safe); a
         // look that would wait is given up, and the key loaded.
         let slot = inner.store.get(key).now_or_never()??;
-        Some(slot.find(scope)?.into_option())
+        Some(
+            slot.find(scope, |s| inner.accepted.is_accepted(s))?
+                .into_option(),
+        )
     }
 }
 

@@ -28,7 +28,7 @@ pub(super) async fn load<K, V, S>(inner: &Arc<Inner<K, V, S>>, scope: &S, key: K
 where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
-    S: Clone + Eq + Send + Sync + 'static,
+    S: Clone + Eq + Hash + Send + Sync + 'static,
 {
     let load = join_or_start(inner, scope, key);
     let mut waiting = Waiting(Some(load));
@@ -51,7 +51,7 @@ fn join_or_start<K, V, S>(
 where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
-    S: Clone + Eq + Send + Sync + 'static,
+    S: Clone + Eq + Hash + Send + Sync + 'static,
 {
     let mut flights = inner.lock_flights();
     let running = flights
@@ -147,7 +147,7 @@ async fn run_flight<K, V, S>(
 where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
-    S: Clone + Eq + Send + Sync + 'static,
+    S: Clone + Eq + Hash + Send + Sync + 'static,
 {
     // The whole body: the loader's synchronous part and the store's
     // weigher included.
@@ -174,15 +174,19 @@ async fn load_and_store<K, V, S>(
 where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
-    S: Clone + Eq + Send + Sync + 'static,
+    S: Clone + Eq + Hash + Send + Sync + 'static,
 {
     // Only `Source::Load` starts flights.
     let Source::Load(load) = &inner.source else {
         unreachable!("a batcher's cache has no flights")
     };
     let result = load(scope.clone(), key.clone()).await;
-    if result.is_err() {
-        inner.counters.load_errors.fetch_add(1, Relaxed);
+    match &result {
+        // The database ran this load as `scope`.
+        Ok(_) => inner.accepted.accept(&scope),
+        Err(_) => {
+            inner.counters.load_errors.fetch_add(1, Relaxed);
+        }
     }
     let hash = inner.epochs.hash(key);
     let value = result
@@ -203,7 +207,7 @@ async fn store<K, V, S>(inner: &Inner<K, V, S>, key: &K, flight: &FlightState, v
 where
     K: Clone + Eq + Hash + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
-    S: Clone + Eq + Send + Sync + 'static,
+    S: Clone + Eq + Hash + Send + Sync + 'static,
 {
     let current = || !flight.stale.load(Relaxed) && inner.epochs.generation() == flight.generation;
     if put_if_current(inner, key.clone(), value, current).await {

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, Weak};
 use moka::ops::compute::Op;
 use tokio::time::Instant;
 
+use super::accepted::Accepted;
 use super::admission::Doorkeeper;
 use super::epochs::Epochs;
 use super::expiry::JitteredExpiry;
@@ -102,6 +103,7 @@ where
         shared_when: Option<SharedWhen<V>>,
         counters: Arc<Counters>,
     ) -> Self {
+        let accepted = Accepted::new(lifetimes.longest());
         let inner = Arc::new_cyclic(|weak: &Weak<Inner<K, V, S>>| {
             let source = match source {
                 Source::Batcher(batcher) => {
@@ -134,6 +136,7 @@ where
                 doorkeeper,
                 lifetimes,
                 shared_when,
+                accepted,
                 counters,
             }
         });
@@ -191,7 +194,9 @@ where
     /// it here: a GraphQL query's burst of misses, polled in one pass,
     /// still reaches the batcher together instead of in several loads.
     async fn lookup(&self, scope: &S, key: &K) -> Option<Option<V>> {
-        let found = self.inner.store.get(key).await?.find(scope)?;
+        let inner = &self.inner;
+        let slot = inner.store.get(key).await?;
+        let found = slot.find(scope, |s| inner.accepted.is_accepted(s))?;
         self.inner.counters.hits.fetch_add(1, Relaxed);
         tokio::task::coop::consume_budget().await;
         Some(found.into_option())

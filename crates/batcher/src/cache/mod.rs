@@ -56,8 +56,11 @@
 //!   store and its entries, the flights' map, the counters, and the
 //!   checked put that fills the store.
 //! - `epochs`: the striped invalidation counters that stamp each miss.
+//! - `accepted`: the scopes whose loads the database accepted lately,
+//!   the only ones served a value shared by every scope.
 //! - `admission`: `Admission` and the second-miss doorkeeper.
 
+mod accepted;
 mod admission;
 mod builder;
 mod epochs;

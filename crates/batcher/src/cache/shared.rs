@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use futures_util::future::Shared as SharedFuture;
 use moka::ops::compute::Op;
 
+use super::accepted::Accepted;
 use super::admission::Doorkeeper;
 use super::epochs::Epochs;
 use super::expiry::JitteredExpiry;
@@ -81,6 +82,8 @@ pub(super) struct Inner<K, V, S> {
     /// When each stored value expires.
     pub(super) lifetimes: JitteredExpiry,
     pub(super) shared_when: Option<SharedWhen<V>>,
+    /// Who may be served a shared value.
+    pub(super) accepted: Accepted<S>,
     pub(super) counters: Arc<Counters>,
 }
 

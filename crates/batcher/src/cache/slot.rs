@@ -54,13 +54,15 @@ pub(super) enum Slot<S, V> {
 }
 
 impl<S: Clone + PartialEq, V: Clone> Slot<S, V> {
-    /// The value `scope` may be served, if any: its own, else a shared one.
-    pub(super) fn find(&self, scope: &S) -> Option<Cached<V>> {
+    /// The value `scope` may be served, if any: its own, else a shared one
+    /// if `may_share(scope)`.
+    pub(super) fn find(&self, scope: &S, may_share: impl FnOnce(&S) -> bool) -> Option<Cached<V>> {
         match self {
             // moka expires a one-value entry at that value's own time.
             Slot::One(held) => match &held.owner {
-                Owner::Scope(s) if s != scope => None,
-                _ => Some(held.value.clone()),
+                Owner::Scope(s) if s == scope => Some(held.value.clone()),
+                Owner::Shared if may_share(scope) => Some(held.value.clone()),
+                _ => None,
             },
             Slot::Many(helds) => {
                 let now = Instant::now();
@@ -69,8 +71,14 @@ impl<S: Clone + PartialEq, V: Clone> Slot<S, V> {
                     .iter()
                     .filter(live)
                     .find(|h| matches!(&h.owner, Owner::Scope(s) if s == scope));
-                own.or_else(|| helds.iter().filter(live).find(|h| h.owner == Owner::Shared))
-                    .map(|h| h.value.clone())
+                own.or_else(|| {
+                    helds
+                        .iter()
+                        .filter(live)
+                        .find(|h| h.owner == Owner::Shared)
+                        .filter(|_| may_share(scope))
+                })
+                .map(|h| h.value.clone())
             }
         }
     }
@@ -140,16 +148,32 @@ mod tests {
     fn a_scope_is_served_its_own_value_or_a_shared_one_never_another_scopes() {
         let slot = Slot::with(None, held(Owner::Scope(1), "one's", LONG));
         assert!(matches!(slot, Slot::One(_)));
-        assert!(matches!(slot.find(&1), Some(Cached::Found("one's"))));
-        assert!(slot.find(&2).is_none());
+        assert!(matches!(
+            slot.find(&1, |_| true),
+            Some(Cached::Found("one's"))
+        ));
+        assert!(slot.find(&2, |_| true).is_none());
         let slot = Slot::with(Some(slot), held(Owner::Scope(2), "two's", LONG));
-        assert!(matches!(slot.find(&1), Some(Cached::Found("one's"))));
-        assert!(matches!(slot.find(&2), Some(Cached::Found("two's"))));
-        assert!(slot.find(&3).is_none());
+        assert!(matches!(
+            slot.find(&1, |_| true),
+            Some(Cached::Found("one's"))
+        ));
+        assert!(matches!(
+            slot.find(&2, |_| true),
+            Some(Cached::Found("two's"))
+        ));
+        assert!(slot.find(&3, |_| true).is_none());
         let slot = Slot::with(Some(slot), held(Owner::Shared, "everyone's", LONG));
-        assert!(matches!(slot.find(&3), Some(Cached::Found("everyone's"))));
+        assert!(matches!(
+            slot.find(&3, |_| true),
+            Some(Cached::Found("everyone's"))
+        ));
+        assert!(slot.find(&3, |_| false).is_none(), "not to a scope refused");
+        let one = Slot::with(None, held(Owner::Shared, "everyone's", LONG));
+        assert!(one.find(&3, |s| *s != 3).is_none());
+        assert!(one.find(&4, |s| *s != 3).is_some());
         assert!(
-            matches!(slot.find(&1), Some(Cached::Found("one's"))),
+            matches!(slot.find(&1, |_| true), Some(Cached::Found("one's"))),
             "a scope's own value first"
         );
     }
@@ -158,13 +182,16 @@ mod tests {
     fn a_scopes_new_value_replaces_its_old_one_and_expired_ones_go() {
         let slot = Slot::with(None, held(Owner::Scope(1), "old", LONG));
         let slot = Slot::with(Some(slot), held(Owner::Scope(2), "gone", Duration::ZERO));
-        assert!(slot.find(&2).is_none(), "expired");
+        assert!(slot.find(&2, |_| true).is_none(), "expired");
         let slot = Slot::with(Some(slot), held(Owner::Scope(1), "new", LONG));
         assert!(
             matches!(slot, Slot::One(_)),
             "the expired value was dropped"
         );
-        assert!(matches!(slot.find(&1), Some(Cached::Found("new"))));
+        assert!(matches!(
+            slot.find(&1, |_| true),
+            Some(Cached::Found("new"))
+        ));
         assert_eq!(slot.weight(|_| 5), 5);
     }
 }

@@ -399,7 +399,9 @@ async fn a_request_deadline_times_out_and_leaves_nothing_behind() {
     settle().await;
     let h2 = spawn_load(&b, 2);
     let start = Instant::now();
-    assert!(matches!(h1.await.unwrap(), Err(Error::Timeout(d)) if d == Duration::from_millis(100)));
+    assert!(
+        matches!(h1.await.unwrap(), Err(Error::Timeout(d)) if d.after() == Duration::from_millis(100))
+    );
     assert!(matches!(h2.await.unwrap(), Err(Error::Timeout(_))));
     assert_eq!(start.elapsed(), Duration::from_millis(100));
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use pgbatch::{
     scoped_loader_fn, Batcher, Concurrency, Error, FlushPolicy, Loaded, Loader, ScopedLoader,
+    Waited,
 };
 use proptest::prelude::*;
 use tokio::sync::Semaphore;
@@ -75,6 +76,10 @@ impl ScopedLoader<u32, u64, String> for Views {
             .filter(|&k| !hidden(*scope, k))
             .map(|k| (k, seen(*scope, k)))
             .collect())
+    }
+
+    fn label<'s>(&self, scope: &'s u32) -> Option<std::borrow::Cow<'s, str>> {
+        Some(format!("scope {scope}").into())
     }
 }
 
@@ -180,8 +185,19 @@ async fn a_scopes_keys_wait_no_longer_than_the_deadline() {
         async move { b.load_as(&2, 2).await }
     });
     tokio::time::sleep(Duration::from_millis(150)).await;
-    assert!(matches!(waiting.await.unwrap(), Err(Error::Timeout(_))));
-    assert!(matches!(hold.await.unwrap(), Err(Error::Timeout(_))));
+    // Each says what it waited for, and may be asked again.
+    let waited = waiting.await.unwrap().unwrap_err();
+    assert!(
+        matches!(&waited, Error::Timeout(t) if t.waited() == Waited::ForALoad),
+        "{waited:?}"
+    );
+    let held = hold.await.unwrap().unwrap_err();
+    assert!(
+        matches!(&held, Error::Timeout(t) if matches!(t.waited(), Waited::InALoad(d) if d >= Duration::from_millis(100))),
+        "{held:?}"
+    );
+    assert!(held.to_string().contains("waiting for its load"), "{held}");
+    assert!(waited.is_retryable() && held.is_retryable());
     views.open(10);
     // The batcher keeps serving, and loaded nothing for the timed-out key.
     assert_eq!(b.load_as(&3, 5).await.unwrap(), Some(seen(3, 5)));
@@ -278,6 +294,32 @@ async fn a_key_the_loader_fails_fails_alone() {
     assert!(got.iter().all(|r| matches!(r, Err(Error::Load(_)))));
 }
 
+#[tokio::test]
+async fn loads_are_counted_per_scope_by_name_up_to_a_cap() {
+    let b: Batcher<u64, String, u32> = Batcher::builder()
+        .scope_stats(2)
+        .build_scoped(Views::default())
+        .unwrap();
+    for scope in [1, 2, 3, 1] {
+        for answer in b.load_many_as(&scope, [4, 5, 6]).await {
+            answer.unwrap();
+        }
+    }
+    let by_scope = b.stats().by_scope;
+    let names: Vec<&str> = by_scope.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        ["other", "scope 1", "scope 2"],
+        "past the cap: other"
+    );
+    let keys: Vec<u64> = by_scope.iter().map(|(_, s)| s.keys).collect();
+    assert_eq!(keys, [3, 6, 3]);
+    assert!(by_scope.iter().all(|(_, s)| s.loads >= 1));
+    let off: Batcher<u64, String, u32> = Batcher::builder().build_scoped(Views::default()).unwrap();
+    off.load_as(&1, 4).await.unwrap();
+    assert!(off.stats().by_scope.is_empty(), "off by default");
+}
+
 #[cfg(feature = "cache")]
 mod cache {
     use crate::support::storing_every_value;
@@ -346,18 +388,90 @@ mod cache {
             .build_with_batcher(b)
             .unwrap();
         assert_eq!(cache.get_as(&5, 1).await.unwrap(), Some(seen(5, 1)));
-        // Shared: another scope is served scope 5's read of key 1.
+        // Shared: another scope is served scope 5's read of key 1, once
+        // one of its own loads succeeded (key 3 here).
+        assert_eq!(cache.get_as(&6, 3).await.unwrap(), Some(seen(6, 3)));
         assert_eq!(cache.get_as(&6, 1).await.unwrap(), Some(seen(5, 1)));
-        assert_eq!(views.calls().len(), 1);
+        assert_eq!(views.calls().len(), 2);
         // "Not found" as scope 5 (12 is hidden from it) is scope 5's alone.
         assert_eq!(cache.get_as(&5, 12).await.unwrap(), None);
         assert_eq!(cache.get_if_present_as(&5, &12).await, Some(None));
         assert_eq!(cache.get_as(&4, 12).await.unwrap(), Some(seen(4, 12)));
         cache.insert_shared(2, "public".to_owned()).await;
         assert_eq!(
-            cache.get_as(&9, 2).await.unwrap().as_deref(),
+            cache.get_as(&6, 2).await.unwrap().as_deref(),
             Some("public")
         );
+    }
+
+    /// A loader that refuses scope 13, as the database refuses a role.
+    #[derive(Clone, Default)]
+    struct Refusing(Views);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("permission denied to set role")]
+    struct Refused;
+
+    impl ScopedLoader<u32, u64, String> for Refusing {
+        type Error = Refused;
+
+        async fn load(&self, scope: &u32, keys: Vec<u64>) -> Result<Loaded<u64, String>, Refused> {
+            if *scope == 13 {
+                return Err(Refused);
+            }
+            Ok(self
+                .0
+                .load(scope, keys)
+                .await
+                .unwrap_or_else(|e| match e {}))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_shared_value_is_served_only_to_scopes_whose_own_loads_succeeded() {
+        let b: Batcher<u64, String, u32> = Batcher::builder()
+            .build_scoped(Refusing::default())
+            .unwrap();
+        let cache = storing_every_value()
+            .shared_when(|_: &String| true)
+            .build_with_batcher(b)
+            .unwrap();
+        assert_eq!(cache.get_as(&5, 1).await.unwrap(), Some(seen(5, 1)));
+        assert_eq!(cache.get_if_present_as(&13, &1).await, None);
+        assert!(cache.get_as(&13, 1).await.is_err(), "refused, not served");
+        assert_eq!(cache.get_if_present_as(&13, &1).await, None);
+        cache.insert_shared(2, "public".to_owned()).await;
+        assert_eq!(cache.get_if_present_as(&13, &2).await, None);
+        assert_eq!(cache.get_as(&7, 4).await.unwrap(), Some(seen(7, 4)));
+        assert_eq!(
+            cache.get_if_present_as(&7, &2).await,
+            Some(Some("public".to_owned()))
+        );
+    }
+
+    #[tokio::test]
+    async fn each_scopes_value_of_a_key_counts_against_the_capacity() {
+        let b: Batcher<u64, String, u32> =
+            Batcher::builder().build_scoped(Views::default()).unwrap();
+        let cache = storing_every_value()
+            .max_capacity(8)
+            .build_with_batcher(b)
+            .unwrap();
+        for key in 1..=4 {
+            for scope in 1..=4 {
+                cache.get_as(&(scope * 10), key).await.unwrap();
+            }
+        }
+        cache.run_pending_tasks().await;
+        let mut held = 0;
+        for key in 1..=4 {
+            for scope in 1..=4 {
+                held += usize::from(cache.get_if_present_as(&(scope * 10), &key).await.is_some());
+            }
+        }
+        // Four entries of four values each: counted by entries they would
+        // all fit in 8; counted by values, half of them must go.
+        assert!(held <= 8, "{held} values held in a cache of 8");
     }
 
     #[tokio::test]

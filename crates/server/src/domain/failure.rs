@@ -230,7 +230,10 @@ mod tests {
             Failure::Overloaded
         ));
         assert!(matches!(
-            read(pgbatch::Error::Timeout(Duration::ZERO)),
+            read(pgbatch::Error::Timeout(pgbatch::TimedOut::new(
+                Duration::ZERO,
+                pgbatch::Waited::ForALoad
+            ))),
             Failure::Timeout(Work::Read)
         ));
         assert!(matches!(
