@@ -9,8 +9,8 @@
 //!
 //! - pgbatch scoped: one `Batcher<String, String, Scope>` at its defaults
 //!   for every request; each load runs as one scope, in a transaction of
-//!   its own (`BEGIN; SET LOCAL ROLE; set_config`, the batch, `COMMIT`,
-//!   pipelined in one round trip);
+//!   its own (`BEGIN`, the prologue setting the role and `app.tenant` as
+//!   parameters, the batch, `COMMIT`, pipelined in one round trip);
 //! - one transaction per request, as PostgREST runs a request: the same
 //!   transaction around the one-key statement, pipelined the same way
 //!   (the strongest form of it);
@@ -19,9 +19,10 @@
 //!   (its best for one key: the default 1 ms delay only adds latency);
 //! - pgbatch unscoped (one shared batcher as the pool's login role, which
 //!   bypasses the policy): what scoping costs, at one scope;
-//! - at one scope only, pgbatch scoped as the login role (the scope's
-//!   transaction and setting without its role, so the policy is bypassed):
-//!   how that cost splits between the transaction and the policy.
+//! - at one scope only, pgbatch scoped as a role whose policy admits every
+//!   row (`USING (true)`): the scope's transaction and prologue with a
+//!   policy that costs nothing, so how the cost splits between the
+//!   transaction and the policy.
 //!
 //! Interleaved rounds per scope count; medians with their spread; ratios
 //! per round against one transaction per request and, at one scope,
@@ -43,7 +44,7 @@ use benches::reads::{key, TableArgs};
 use benches::rounds::{median, spread, WarmRoundArgs};
 use benches::{closed_loop_warm, print_markdown, Align, ReadSample, RunReport};
 use clap::Parser;
-use pgbatch::pg::{self, Lease, PgError, PgLoader, PoolOptions, Scope, Sql, Statements};
+use pgbatch::pg::{self, PgError, PgLoader, PoolOptions, Scope, ScopedPgLoader, Sql};
 use pgbatch::{Batcher, ScopedLoader};
 use server::db::queries::kv::KvQuery;
 use server::db::Database;
@@ -72,6 +73,8 @@ struct Args {
 
 /// The role every scope runs as; the policy applies to it.
 const ROLE: &str = "pgbatch_bench_tenant";
+/// A role whose policy admits every row.
+const OPEN_ROLE: &str = "pgbatch_bench_open";
 
 /// One of the contenders of a round.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -80,7 +83,7 @@ enum Contender {
     TransactionPerRequest,
     DataLoaderPerRequest,
     Unscoped,
-    ScopedAsLogin,
+    ScopedOpen,
 }
 
 impl Contender {
@@ -90,7 +93,7 @@ impl Contender {
             Contender::TransactionPerRequest => "one transaction per request",
             Contender::DataLoaderPerRequest => "DataLoader per request",
             Contender::Unscoped => "pgbatch unscoped (bypasses the policy)",
-            Contender::ScopedAsLogin => "pgbatch scoped as the login role (bypasses the policy)",
+            Contender::ScopedOpen => "pgbatch scoped, a policy admitting every row",
         }
     }
 }
@@ -99,24 +102,26 @@ impl Contender {
 struct Scopes {
     /// Each tenant's scope: the role and its setting.
     as_role: Vec<Scope>,
-    /// The same settings without the role.
-    as_login: Vec<Scope>,
+    /// The same settings as the role whose policy admits every row.
+    open: Vec<Scope>,
 }
 
 impl Scopes {
     fn new(count: u64) -> anyhow::Result<Self> {
-        let scopes = |role: bool| {
+        let scopes = |role: &str| {
             (0..count)
                 .map(|t| {
-                    let builder = Scope::builder().label(format!("tenant {t}"));
-                    let builder = if role { builder.role(ROLE) } else { builder };
-                    Ok(builder.setting("app.tenant", t.to_string()).build()?)
+                    Ok(Scope::builder()
+                        .label(format!("tenant {t}"))
+                        .role(role)
+                        .setting("app.tenant", t.to_string())
+                        .build()?)
                 })
                 .collect::<anyhow::Result<Vec<_>>>()
         };
         Ok(Self {
-            as_role: scopes(true)?,
-            as_login: scopes(false)?,
+            as_role: scopes(ROLE)?,
+            open: scopes(OPEN_ROLE)?,
         })
     }
 
@@ -128,10 +133,10 @@ impl Scopes {
         (&self.as_role[i], key)
     }
 
-    /// As [`request`](Self::request), with the scope without its role.
-    fn request_as_login(&self, k: u64, rows: u64) -> (&Scope, String) {
+    /// As [`request`](Self::request), as the role every row is open to.
+    fn request_open(&self, k: u64, rows: u64) -> (&Scope, String) {
         let (i, key) = self.draw(k, rows);
-        (&self.as_login[i], key)
+        (&self.open[i], key)
     }
 
     fn draw(&self, k: u64, rows: u64) -> (usize, String) {
@@ -147,10 +152,10 @@ impl Scopes {
     }
 }
 
-/// A `DataLoader`'s loader for one request: the scoped `PgLoader` as its
+/// A `DataLoader`'s loader for one request: the scoped loader as its
 /// scope.
 struct OneRequest {
-    loader: PgLoader<KvQuery>,
+    loader: ScopedPgLoader<KvQuery>,
     scope: Scope,
     loads: Arc<AtomicU64>,
 }
@@ -192,9 +197,9 @@ async fn main() -> anyhow::Result<()> {
         .await
 }
 
-/// The role and the policy: a row is tenant `t`'s if its number ends in
-/// `t` (its last three digits). Only the role is bound by it: the login
-/// role (a superuser here) bypasses it.
+/// The roles and the policies: a row is tenant `t`'s if its number ends
+/// in `t` (its last three digits); every row is the open role's. The login
+/// role (a superuser here) bypasses both.
 async fn create_policy(db: &Database) -> anyhow::Result<()> {
     let (client, conn) = db.config.connect(tokio_postgres::NoTls).await?;
     tokio::spawn(conn);
@@ -202,12 +207,16 @@ async fn create_policy(db: &Database) -> anyhow::Result<()> {
         .batch_execute(&format!(
             "DO $$ BEGIN CREATE ROLE {ROLE} NOLOGIN;
                  EXCEPTION WHEN duplicate_object THEN NULL; END $$;
-             GRANT {ROLE} TO CURRENT_USER;
-             GRANT SELECT ON random_read_test TO {ROLE};
+             DO $$ BEGIN CREATE ROLE {OPEN_ROLE} NOLOGIN;
+                 EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+             GRANT {ROLE}, {OPEN_ROLE} TO CURRENT_USER;
+             GRANT SELECT ON random_read_test TO {ROLE}, {OPEN_ROLE};
              ALTER TABLE random_read_test ENABLE ROW LEVEL SECURITY;
              DROP POLICY IF EXISTS by_tenant ON random_read_test;
              CREATE POLICY by_tenant ON random_read_test FOR SELECT TO {ROLE}
-               USING (right(pk, 3)::int = current_setting('app.tenant')::int);"
+               USING (right(pk, 3)::int = current_setting('app.tenant')::int);
+             DROP POLICY IF EXISTS open ON random_read_test;
+             CREATE POLICY open ON random_read_test FOR SELECT TO {OPEN_ROLE} USING (true);"
         ))
         .await?;
     Ok(())
@@ -229,10 +238,14 @@ async fn run(
         tokio::time::sleep(warmup).await;
         CpuSnapshot::take(db.cluster.as_ref())
     };
-    let loader = PgLoader::new(pool.clone(), KvQuery);
+    let plain = PgLoader::new(pool.clone(), KvQuery);
+    let loader = plain
+        .clone()
+        .scoped(["app.tenant"])
+        .expect("a settable name");
     let loads = Arc::new(AtomicU64::new(0));
     let (report, before, batcher_loads): (RunReport, _, Option<f64>) = match who {
-        Contender::Scoped | Contender::ScopedAsLogin => {
+        Contender::Scoped | Contender::ScopedOpen => {
             let batcher: Batcher<String, String, Scope> =
                 Batcher::builder().build_scoped(loader).expect("defaults");
             let (b, scopes) = (batcher.clone(), Arc::clone(scopes));
@@ -243,7 +256,7 @@ async fn run(
                         let (scope, key) = if who == Contender::Scoped {
                             scopes.request(k, rows)
                         } else {
-                            scopes.request_as_login(k, rows)
+                            scopes.request_open(k, rows)
                         };
                         match b.load_as(scope, key).await {
                             Ok(Some(_)) => {}
@@ -258,7 +271,7 @@ async fn run(
             (report, before, mean)
         }
         Contender::Unscoped => {
-            let batcher: Batcher<String, String> = Batcher::new(loader);
+            let batcher: Batcher<String, String> = Batcher::new(plain);
             let (b, scopes) = (batcher.clone(), Arc::clone(scopes));
             let (report, before) = tokio::join!(
                 closed_loop_warm(args.callers, warmup, seconds, rows, move |k| {
@@ -278,17 +291,14 @@ async fn run(
             (report, before, mean)
         }
         Contender::TransactionPerRequest => {
-            let (pool, scopes) = (pool.clone(), Arc::clone(scopes));
+            let scopes = Arc::clone(scopes);
             let (report, before) = tokio::join!(
                 closed_loop_warm(args.callers, warmup, seconds, rows, move |k| {
-                    let (pool, scopes) = (pool.clone(), Arc::clone(&scopes));
+                    let (loader, scopes) = (loader.clone(), Arc::clone(&scopes));
                     async move {
                         let (scope, key) = scopes.request(k, rows);
-                        let mut lease = Lease::get(&pool).await.expect("a connection");
-                        let rows = Statements::default()
-                            .query_as(&mut lease, &ONE, &[&key], Some(scope))
-                            .await;
-                        lease.settle(&rows);
+                        // The same transaction and prologue a load has.
+                        let rows = loader.query_as(scope, &ONE, &[&key]).await;
                         assert_eq!(rows.expect("a read").len(), 1, "found");
                     }
                 }),
@@ -351,7 +361,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
             Contender::Unscoped,
         ];
         if count == 1 {
-            contenders.push(Contender::ScopedAsLogin);
+            contenders.push(Contender::ScopedOpen);
         }
         let scopes = Arc::new(Scopes::new(count)?);
         let mut samples: Vec<Vec<ReadSample>> = vec![Vec::new(); contenders.len()];
@@ -426,8 +436,11 @@ mod tests {
             let row: u64 = key.parse().unwrap();
             assert_eq!(row % 1000, tenant, "k {k}");
             assert!((1..=10_000_000).contains(&row));
-            let (login, same) = scopes.request_as_login(k, 10_000_000);
-            assert_eq!((login.label(), login.role()), (scope.label(), None));
+            let (open, same) = scopes.request_open(k, 10_000_000);
+            assert_eq!(
+                (open.label(), open.role()),
+                (scope.label(), Some(OPEN_ROLE))
+            );
             assert_eq!(same, key);
         }
     }

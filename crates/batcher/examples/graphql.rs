@@ -45,7 +45,7 @@ use async_graphql::{
 use pgbatch::cache::{Admission, Cache};
 use pgbatch::pg::tokio_postgres::{Error as PgDriverError, Row};
 use pgbatch::pg::{
-    self, BatchQuery, Lease, Params, PgLoader, Pool, PoolOptions, Scope, Sql, Statements,
+    self, BatchQuery, Params, PgLoader, Pool, PoolOptions, Scope, ScopedPgLoader, Sql,
 };
 use pgbatch::Batcher;
 
@@ -117,7 +117,9 @@ pub(crate) struct Loaders {
     pub(crate) authors: Cache<i64, Author, Scope>,
     /// The batcher under the cache, for its stats.
     pub(crate) author_loads: Batcher<i64, Author, Scope>,
-    pool: Pool,
+    /// The authors' scoped loader, which also runs the books' list as a
+    /// tenant.
+    as_tenant: ScopedPgLoader<AuthorsById>,
 }
 
 /// The API's schema.
@@ -159,15 +161,12 @@ impl QueryRoot {
             .extend_with(|_, e| e.set("code", "BAD_USER_INPUT")));
         }
         let (loaders, scope) = (ctx.data::<Loaders>()?, ctx.data::<Scope>()?);
-        let mut lease = Lease::get(&loaders.pool)
-            .await
-            .map_err(|e| database_error(&pg::PgError::from(e)))?;
         // As the tenant, in a transaction of its own: the policy applies.
-        let rows = Statements::default()
-            .query_as(&mut lease, &BOOKS, &[&i64::from(first)], Some(scope))
-            .await;
-        lease.settle(&rows);
-        let rows = rows.map_err(|e| database_error(&pg::PgError::from(e)))?;
+        let rows = loaders
+            .as_tenant
+            .query_as(scope, &BOOKS, &[&i64::from(first)])
+            .await
+            .map_err(|e| database_error(&e))?;
         Ok(rows
             .iter()
             .map(|row| Book {
@@ -239,14 +238,16 @@ fn database_error(e: &pg::PgError) -> async_graphql::Error {
 /// # Errors
 ///
 /// When a setting is invalid.
-pub(crate) fn schema(pool: Pool) -> Result<BooksSchema, pgbatch::BuildError> {
+pub(crate) fn schema(pool: Pool) -> Result<BooksSchema, Box<dyn std::error::Error>> {
+    // Every setting the policies read, reset in every load.
+    let as_tenant = PgLoader::new(pool, AuthorsById).scoped(["app.tenant"])?;
     let author_loads = Batcher::builder()
         .name("authors")
         .concurrency(pgbatch::Concurrency::Auto {
-            max: pool.status().max_size,
+            max: as_tenant.pool().status().max_size,
         })
         .timeout(Duration::from_secs(2))
-        .build_scoped(PgLoader::new(pool.clone(), AuthorsById))?;
+        .build_scoped(as_tenant.clone())?;
     let authors = Cache::builder()
         .name("authors")
         .max_capacity(100_000)
@@ -264,7 +265,7 @@ pub(crate) fn schema(pool: Pool) -> Result<BooksSchema, pgbatch::BuildError> {
         .data(Loaders {
             authors,
             author_loads,
-            pool,
+            as_tenant,
         })
         .finish())
 }

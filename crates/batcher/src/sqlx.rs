@@ -206,7 +206,8 @@
 //!   and the writer do not set one per transaction as `pg::Statements`
 //!   does.
 
-// One way: `writer` uses `loader`'s `PgQuery` and `StatementMode`;
+// One way: `scoped` uses `loader` and `prologue`, `loader` uses
+// `prologue`; `writer` uses `loader`'s `PgQuery` and `StatementMode`;
 // `loader`, `writer` and `copy` use `error`, which uses nothing of the
 // crate but the driver-independent `sqlstate`. Only `loader` (a `Loader`)
 // and `writer` (a batcher of upserts) reach the engine, through the crate
@@ -214,6 +215,8 @@
 pub mod copy;
 mod error;
 mod loader;
+mod prologue;
+mod scoped;
 mod writer;
 
 /// The driver the loaders run on, re-exported so `pgbatch` is the only
@@ -224,8 +227,9 @@ mod writer;
 pub use ::sqlx;
 
 pub use crate::db::{
-    DbErrorKind, Scope, ScopeBuilder, ScopeError, StatementMode, WriteRequest, Written,
+    DbErrorKind, Scope, ScopeBuilder, ScopeError, StatementMode, UnmappedRow, WriteRequest, Written,
 };
 pub use error::{classify, is_pool_timeout, is_retryable};
 pub use loader::{BatchQuery, PgQuery, SqlxLoader, DEFAULT_ACQUIRE_TIMEOUT};
+pub use scoped::ScopedSqlxLoader;
 pub use writer::{RowError, SqlxWriter, UpsertQuery, WriteResult, Writer};

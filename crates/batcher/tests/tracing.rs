@@ -202,3 +202,320 @@ async fn a_batch_spans_links_to_its_callers_reach_opentelemetry() {
         );
     }
 }
+
+/// A scope's values (a tenant id, a user's claims) are secrets: they reach
+/// no log line (the crate's, tokio-postgres's or sqlx's, at every level),
+/// no span, no metric, no error's `Display` or `Debug`, no other session's
+/// `pg_stat_activity`, and no statement the server logs, on either driver,
+/// even when a policy fails on a value and the database's message quotes
+/// it.
+#[cfg(all(feature = "postgres", feature = "sqlx", feature = "metrics"))]
+mod scope_values {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    use std::sync::OnceLock;
+    use std::time::Duration;
+
+    use metrics_util::debugging::DebuggingRecorder;
+    use pgbatch::db::Scope;
+    use pgbatch::{Batcher, ScopedLoader};
+    use tokio_postgres::NoTls;
+
+    use super::*;
+
+    /// The secrets: a tenant value a policy fails on (its cast quotes it),
+    /// one it accepts, and claims.
+    const FAILING: &str = "tenant-secret-4f1c";
+    const ACCEPTED_CLAIMS: &str = "claims-secret-9b2e";
+    const SECRETS: [&str; 2] = [FAILING, ACCEPTED_CLAIMS];
+    const SETTINGS: [&str; 2] = ["app.tenant", "request.jwt.claims"];
+
+    /// Every `log` record, as text: what tokio-postgres (and sqlx, where
+    /// it uses `log`) write.
+    struct LogCapture(Mutex<Vec<String>>);
+
+    impl log::Log for LogCapture {
+        fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+            true
+        }
+        fn log(&self, record: &log::Record<'_>) {
+            let line = format!("{} {} {}", record.level(), record.target(), record.args());
+            self.0.lock().unwrap().push(line);
+        }
+        fn flush(&self) {}
+    }
+
+    fn log_capture() -> &'static LogCapture {
+        static CAPTURE: OnceLock<&'static LogCapture> = OnceLock::new();
+        CAPTURE.get_or_init(|| {
+            let capture: &'static LogCapture = Box::leak(Box::new(LogCapture(Mutex::default())));
+            log::set_logger(capture).expect("the only `log` logger of this binary");
+            log::set_max_level(log::LevelFilter::Trace);
+            capture
+        })
+    }
+
+    fn scope(tenant: &str, claims: &str) -> Scope {
+        Scope::builder()
+            .label(format!("tenant of {}", tenant.len()))
+            .role("vals_tenant")
+            .setting("app.tenant", tenant)
+            .setting("request.jwt.claims", format!(r#"{{"sub":"{claims}"}}"#))
+            .build()
+            .unwrap()
+    }
+
+    /// Loads through `batcher` as a scope the policy accepts and one it
+    /// fails on; every error's `Display` and `Debug`.
+    async fn read<L>(batcher: &Batcher<i64, String, Scope>, loader: &L) -> Vec<String>
+    where
+        L: ScopedLoader<Scope, i64, String>,
+        L::Error: std::fmt::Debug,
+    {
+        let good = scope("3", ACCEPTED_CLAIMS);
+        let bad = scope(FAILING, "x");
+        let mut errors = Vec::new();
+        for round in 0..20i64 {
+            let ids = [3 + 10 * round, 13 + 10 * round];
+            for answer in batcher.load_many_as(&good, ids).await {
+                assert!(
+                    answer.unwrap().is_some(),
+                    "the accepted scope reads its rows"
+                );
+            }
+            for answer in batcher.load_many_as(&bad, ids).await {
+                let e = answer.expect_err("the policy fails on the value");
+                errors.push(format!("{e} {e:?}"));
+            }
+        }
+        let direct = loader.load(&bad, vec![3]).await.expect_err("fails");
+        errors.push(format!("{direct:?}"));
+        errors
+    }
+
+    mod pg_driver {
+        use pgbatch::pg::tokio_postgres::{Error, Row};
+        use pgbatch::pg::{BatchQuery, Params};
+
+        pub(super) struct Notes;
+
+        impl BatchQuery for Notes {
+            type Key = i64;
+            type Value = String;
+            fn batch_sql(&self) -> &str {
+                "SELECT id, body FROM notes WHERE id = ANY($1)"
+            }
+            fn batch_params<'a>(&self, keys: &'a [i64]) -> Params<'a> {
+                vec![Box::new(keys)]
+            }
+            fn map_row(&self, row: &Row) -> Result<(i64, String), Error> {
+                Ok((row.try_get(0)?, row.try_get(1)?))
+            }
+        }
+    }
+
+    mod sqlx_driver {
+        use pgbatch::sqlx::{BatchQuery, PgQuery};
+
+        pub(super) struct Notes;
+
+        impl BatchQuery for Notes {
+            type Key = i64;
+            type Row = (i64, String);
+            type Value = String;
+            fn batch_sql(&self) -> &str {
+                "SELECT id, body FROM notes WHERE id = ANY($1)"
+            }
+            fn bind_batch<'q>(&self, query: PgQuery<'q>, keys: &'q [i64]) -> PgQuery<'q> {
+                query.bind(keys)
+            }
+            fn map_row(&self, row: (i64, String)) -> (i64, String) {
+                row
+            }
+        }
+    }
+
+    #[test]
+    fn no_value_of_a_scope_reaches_a_log_span_metric_error_or_other_session() {
+        let logs = log_capture();
+        let recorder = Recorder::default();
+        let subscriber = tracing_subscriber::registry().with(recorder.clone());
+        let _tracing = tracing::subscriber::set_default(subscriber);
+        let metrics = DebuggingRecorder::new();
+        let snapshotter = metrics.snapshotter();
+        let _metrics = ::metrics::set_default_local_recorder(&metrics);
+        // One thread: every task (the batchers' workers, the connections)
+        // runs where the subscriber and the recorder are set.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (errors, activity, server_log) = rt.block_on(async {
+            let cluster = embedded_pg::testing::private_cluster()
+                .await
+                .expect("a private cluster");
+            let admin = cluster.config("postgres");
+            let (client, conn) = admin.connect(NoTls).await.unwrap();
+            tokio::spawn(conn);
+            client
+                .batch_execute(
+                    "CREATE ROLE vals_auth LOGIN PASSWORD 'pw';
+                     CREATE ROLE vals_tenant NOLOGIN;
+                     GRANT vals_tenant TO vals_auth;
+                     CREATE TABLE notes (id bigint PRIMARY KEY, tenant int NOT NULL, body text);
+                     INSERT INTO notes SELECT n, n % 10, 'note ' || n FROM generate_series(1, 500) n;
+                     ALTER TABLE notes ENABLE ROW LEVEL SECURITY;
+                     GRANT SELECT ON notes TO vals_tenant;
+                     CREATE POLICY by_tenant ON notes FOR SELECT TO vals_tenant
+                       USING (tenant = current_setting('app.tenant')::int
+                              AND current_setting('request.jwt.claims') <> '');",
+                )
+                .await
+                .unwrap();
+            let mut auth = admin.clone();
+            auth.user("vals_auth").password("pw");
+
+            // Another session of the login role watches what the loads'
+            // sessions show.
+            let (watcher, conn) = auth.connect(NoTls).await.unwrap();
+            tokio::spawn(conn);
+            let done = Arc::new(AtomicBool::new(false));
+            let watch = tokio::spawn({
+                let done = Arc::clone(&done);
+                async move {
+                    let mut seen = Vec::new();
+                    while !done.load(Relaxed) {
+                        let rows = watcher
+                            .query("SELECT coalesce(query, '') FROM pg_stat_activity", &[])
+                            .await
+                            .unwrap();
+                        seen.extend(rows.iter().map(|r| r.get::<_, String>(0)));
+                        tokio::time::sleep(Duration::from_micros(200)).await;
+                    }
+                    seen
+                }
+            });
+
+            let mut errors = Vec::new();
+            for prepared in [true, false] {
+                let mode = if prepared {
+                    pgbatch::pg::StatementMode::Prepared
+                } else {
+                    pgbatch::pg::StatementMode::Unnamed
+                };
+                let pool = pgbatch::pg::pool(auth.clone(), &pgbatch::pg::PoolOptions::with_max_size(2))
+                    .unwrap();
+                let loader = pgbatch::pg::PgLoader::with_statements(
+                    pool,
+                    pg_driver::Notes,
+                    pgbatch::pg::Statements::default().mode(mode),
+                )
+                .scoped(SETTINGS)
+                .unwrap();
+                let batcher = Batcher::builder()
+                    .name("notes")
+                    .scope_stats(8)
+                    .build_scoped(loader.clone())
+                    .unwrap();
+                errors.extend(read(&batcher, &loader).await);
+
+                let pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(2)
+                    .connect_with(
+                        sqlx::postgres::PgConnectOptions::new()
+                            .socket(cluster.socket_dir())
+                            .port(cluster.port())
+                            .username("vals_auth")
+                            .password("pw")
+                            .database("postgres"),
+                    )
+                    .await
+                    .unwrap();
+                let mode = if prepared {
+                    pgbatch::sqlx::StatementMode::Prepared
+                } else {
+                    pgbatch::sqlx::StatementMode::Unnamed
+                };
+                let loader =
+                    pgbatch::sqlx::SqlxLoader::with_statement_mode(pool, sqlx_driver::Notes, mode)
+                        .scoped(SETTINGS)
+                        .unwrap();
+                let batcher = Batcher::builder()
+                    .name("notes-sqlx")
+                    .scope_stats(8)
+                    .build_scoped(loader.clone())
+                    .unwrap();
+                errors.extend(read(&batcher, &loader).await);
+            }
+            done.store(true, Relaxed);
+            let activity = watch.await.unwrap();
+            let server_log = std::fs::read_to_string(cluster.log_path()).unwrap();
+            cluster.stop().await;
+            (errors, activity, server_log)
+        });
+
+        let tracing_lines = recorder.0.lock().unwrap().clone();
+        let log_lines = logs.0.lock().unwrap().clone();
+        let metric_keys: Vec<String> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, ..)| format!("{:?}", key.key()))
+            .collect();
+        // What each place would show if it held a secret: the places are
+        // really watched (each saw the loads), so an empty search proves
+        // something.
+        assert!(errors.iter().any(|e| e.contains("22P02")), "{errors:#?}");
+        assert!(
+            tracing_lines
+                .iter()
+                .any(|l| l.contains("batch load failed")),
+            "{tracing_lines:#?}"
+        );
+        assert!(
+            log_lines.iter().any(|l| l.contains("executing statement")),
+            "tokio-postgres's debug lines: {log_lines:#?}"
+        );
+        assert!(
+            activity
+                .iter()
+                .any(|q| q.contains("set_config('role', $1, true)")),
+            "{activity:?}"
+        );
+        assert!(
+            metric_keys
+                .iter()
+                .any(|k| k.contains("pgbatch_batcher_scope_loads_total")),
+            "{metric_keys:#?}"
+        );
+        assert!(server_log.contains("STATEMENT:"), "{server_log}");
+        // Postgres writes its own error message (which quotes the value the
+        // policy failed on) into its log; what the service sent, the
+        // statements, it must never find there.
+        let statements: Vec<&str> = server_log
+            .lines()
+            .filter(|l| l.contains("STATEMENT:"))
+            .collect();
+        for (place, lines) in [
+            (
+                "error",
+                errors.iter().map(String::as_str).collect::<Vec<_>>(),
+            ),
+            (
+                "tracing",
+                tracing_lines.iter().map(String::as_str).collect(),
+            ),
+            ("log", log_lines.iter().map(String::as_str).collect()),
+            (
+                "pg_stat_activity",
+                activity.iter().map(String::as_str).collect(),
+            ),
+            ("metrics", metric_keys.iter().map(String::as_str).collect()),
+            ("the server log's statements", statements),
+        ] {
+            for secret in SECRETS {
+                let found: Vec<&&str> = lines.iter().filter(|l| l.contains(secret)).collect();
+                assert!(found.is_empty(), "{secret} in {place}: {found:#?}");
+            }
+        }
+    }
+}

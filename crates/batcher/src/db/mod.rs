@@ -12,7 +12,9 @@
 //! Inside the crate, a module uses only those listed below it:
 //!
 //! ```text
-//! scope      Scope: a role and transaction-local settings, and their SQL
+//! scope      Scope: a role and transaction-local settings; the prologue that
+//!            sets them and the role check
+//! rows       UnmappedRow, BadRows: rows that do not map fail their own keys
 //! write      WriteRequest, Written, RowError, Writer; a batch's plan and answers
 //! import     ConflictPolicy, ImportCounts, ImportError; the SQL around COPY
 //! statement  StatementMode
@@ -22,6 +24,7 @@
 
 mod classify;
 mod import;
+mod rows;
 mod scope;
 mod sqlstate;
 mod statement;
@@ -32,6 +35,9 @@ pub(crate) use import::{
     copy_sql, merge_sql, temp_table_sql, NumberedRow, Progress, IMPORT_TABLE, ROW_NUMBER,
 };
 pub use import::{ConflictPolicy, ImportCounts, ImportError};
+pub(crate) use rows::BadRows;
+pub use rows::UnmappedRow;
+pub(crate) use scope::{judge_role, CheckedRoles, Prologue, ROLE_CHECK_SQL};
 pub use scope::{Scope, ScopeBuilder, ScopeError};
 pub use sqlstate::DbErrorKind;
 pub use statement::StatementMode;

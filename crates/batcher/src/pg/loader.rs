@@ -1,6 +1,5 @@
 //! A [`Loader`] that runs one prepared statement per batch.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -11,10 +10,10 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use super::error::DbErrorKind;
-use super::statements::{Sql, Statements};
-use crate::db::{again_if_lost, Classify, Scope};
+use super::statements::{Sql, Start, Statements};
+use crate::db::{again_if_lost, BadRows, Classify, ScopeError};
 use crate::error::Chain;
-use crate::{Loaded, Loader, ScopedLoader};
+use crate::{Loaded, Loader};
 
 /// Statement parameters that may borrow from the keys they were made from.
 pub type Params<'a> = Vec<Box<dyn ToSql + Sync + Send + 'a>>;
@@ -51,8 +50,9 @@ pub type Params<'a> = Vec<Box<dyn ToSql + Sync + Send + 'a>>;
 /// a different statement for every batch size, which defeats the statement
 /// cache.
 pub trait BatchQuery: Send + Sync + 'static {
-    /// What is looked up.
-    type Key: Clone + Eq + Hash + Send + Sync + 'static;
+    /// What is looked up. `Debug`, so that an error about a key's row can
+    /// name the key.
+    type Key: Clone + Eq + Hash + fmt::Debug + Send + Sync + 'static;
     /// What a key maps to.
     type Value: Clone + Send + Sync + 'static;
 
@@ -84,6 +84,17 @@ pub trait BatchQuery: Send + Sync + 'static {
     /// When a column is missing or has an unexpected type.
     fn map_row(&self, row: &Row) -> Result<(Self::Key, Self::Value), tokio_postgres::Error>;
 
+    /// The key of a row that [`map_row`](Self::map_row) could not map,
+    /// read on its own (`row.try_get(0).ok()`), so that the row fails its
+    /// own key alone, with an error naming the key and the column. By
+    /// default `None`: such a row then fails every key of its batch left
+    /// without a value, since which key it was cannot be told (and none of
+    /// them may read as "not found").
+    fn row_key(&self, row: &Row) -> Option<Self::Key> {
+        let _ = row;
+        None
+    }
+
     /// Whether a mapped value stands for a missing row (see
     /// [`Loader::is_absent`]): for a statement that answers every key, such
     /// as a `LEFT JOIN` telling "no such object" from "no such parent".
@@ -107,6 +118,51 @@ pub enum PgError {
     /// The statement failed, or a row did not map to a key and value.
     #[error("database query failed: {}", Chain(.0))]
     Query(tokio_postgres::Error),
+    /// A scoped load's statement failed, and the database's report quotes
+    /// a value of the scope (a policy's failed cast of a setting, say):
+    /// its `Display` gives the severity and SQLSTATE, not the message, so
+    /// the value reaches no log. [`as_db_error`](Self::as_db_error) still
+    /// gives the whole report back, value included.
+    #[error("database query failed: {0}")]
+    Withheld(Withheld),
+    /// The scope cannot run on this loader: a setting the loader did not
+    /// declare, or a role that row-level security does not apply to.
+    #[error(transparent)]
+    Scope(ScopeError),
+}
+
+/// A database report that quoted a value of a scope: its `Display` and
+/// `Debug` give the severity and SQLSTATE, never the message.
+pub struct Withheld(pub(crate) tokio_postgres::Error);
+
+impl Withheld {
+    /// The whole report, value included: handle it as a secret.
+    pub fn as_db_error(&self) -> Option<&DbError> {
+        self.0.as_db_error()
+    }
+}
+
+impl fmt::Display for Withheld {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.as_db_error() {
+            Some(db) => write!(
+                f,
+                "{} (SQLSTATE {}): the message is withheld, since it quotes a value of the scope",
+                db.severity(),
+                db.code().code()
+            ),
+            None => write!(f, "{}", self.0),
+        }
+    }
+}
+
+impl fmt::Debug for Withheld {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let code = self.0.as_db_error().map(|db| db.code().code());
+        f.debug_struct("Withheld")
+            .field("code", &code)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PgError {
@@ -130,7 +186,8 @@ impl PgError {
     pub fn is_retryable(&self) -> bool {
         match self {
             PgError::Pool(e) => pool_error_is_retryable(e),
-            PgError::Query(e) => super::classify(e).is_retryable(),
+            PgError::Query(e) | PgError::Withheld(Withheld(e)) => super::classify(e).is_retryable(),
+            PgError::Scope(_) => false,
         }
     }
 
@@ -147,21 +204,33 @@ impl PgError {
     /// [`is_pool_timeout`](Self::is_pool_timeout)).
     pub fn kind(&self) -> DbErrorKind {
         match self {
-            PgError::Query(e) | PgError::Pool(PoolError::Backend(e)) => super::classify(e),
+            PgError::Query(e)
+            | PgError::Withheld(Withheld(e))
+            | PgError::Pool(PoolError::Backend(e)) => super::classify(e),
             PgError::Pool(PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)) => {
                 DbErrorKind::Other
             }
             PgError::Pool(PoolError::Timeout(_)) => DbErrorKind::Unavailable,
-            PgError::Pool(_) => DbErrorKind::Other,
+            PgError::Pool(_) | PgError::Scope(_) => DbErrorKind::Other,
         }
     }
 
-    /// The server's error report, if the server returned one.
+    /// The server's error report, if the server returned one. For
+    /// [`Withheld`](Self::Withheld), the whole report, with the scope's
+    /// value its `Display` leaves out: handle it as a secret.
     pub fn as_db_error(&self) -> Option<&DbError> {
         match self {
-            PgError::Query(e) => e.as_db_error(),
+            PgError::Query(e) | PgError::Withheld(Withheld(e)) => e.as_db_error(),
             PgError::Pool(PoolError::Backend(e)) => e.as_db_error(),
-            PgError::Pool(_) => None,
+            PgError::Pool(_) | PgError::Scope(_) => None,
+        }
+    }
+
+    /// Why the scope was refused, if it was.
+    pub fn as_scope_error(&self) -> Option<&ScopeError> {
+        match self {
+            PgError::Scope(e) => Some(e),
+            _ => None,
         }
     }
 }
@@ -286,32 +355,42 @@ impl<Q: BatchQuery> PgLoader<Q> {
     ///
     /// [`PgError`] when no connection is available or the statement fails.
     pub async fn load_one(&self, key: &Q::Key) -> Result<Option<Q::Value>, PgError> {
+        self.load_one_as(key, None).await
+    }
+
+    /// [`load_one`](Self::load_one), in a scope's transaction if `start`
+    /// is given.
+    pub(super) async fn load_one_as(
+        &self,
+        key: &Q::Key,
+        start: Option<Start<'_>>,
+    ) -> Result<Option<Q::Value>, PgError> {
         let q = &*self.query;
         let params = q.query.single_params(key);
-        let rows = self.run(&q.single, &as_refs(&params), None).await?;
+        let rows = self.run(&q.single, &as_refs(&params), start).await?;
         match rows.first() {
             Some(row) => Ok(Some(q.query.map_row(row)?.1)),
             None => Ok(None),
         }
     }
 
-    /// Runs `sql` on a leased connection, as `scope` if there is one; if
-    /// the node turned out to be gone or no longer a primary, once more on
-    /// a new connection (a read is safe to repeat; the pool has discarded
-    /// the old node's connections, so the new one goes to whichever node
-    /// its connector finds).
-    async fn run(
+    /// Runs `sql` on a leased connection, in a scope's transaction if
+    /// `start` is given; if the node turned out to be gone or no longer a
+    /// primary, once more on a new connection (a read is safe to repeat;
+    /// the pool has discarded the old node's connections, so the new one
+    /// goes to whichever node its connector finds).
+    pub(super) async fn run(
         &self,
         sql: &Sql,
         params: &[&(dyn ToSql + Sync)],
-        scope: Option<&Scope>,
+        start: Option<Start<'_>>,
     ) -> Result<Vec<Row>, PgError> {
         again_if_lost("reading", true, || async {
             let mut lease = super::Lease::get(&self.pool).await?;
             let rows = self
                 .query
                 .statements
-                .query_as(&mut lease, sql, params, scope)
+                .query_as(&mut lease, sql, params, start)
                 .await;
             lease.settle(&rows);
             Ok(rows?)
@@ -320,34 +399,33 @@ impl<Q: BatchQuery> PgLoader<Q> {
     }
 
     /// Runs the batch statement for `keys` (the single-key one for one
-    /// key), as `scope` if there is one, and maps each row. A row that does
-    /// not map fails the keys left without a value, not the batch: its key
-    /// cannot be told, and a key it belonged to must not read as missing.
-    async fn load_keys(
+    /// key), in a scope's transaction if `start` is given, and maps each
+    /// row. A row that does not map fails its own key if
+    /// [`row_key`](BatchQuery::row_key) can read it, else the keys left
+    /// without a value: not the batch, and never a key read as missing
+    /// that had a row.
+    pub(super) async fn load_keys(
         &self,
         keys: Vec<Q::Key>,
-        scope: Option<&Scope>,
+        start: Option<Start<'_>>,
     ) -> Result<Loaded<Q::Key, Q::Value>, PgError> {
         let q = &*self.query;
         let (sql, params) = match keys.as_slice() {
             [key] => (&q.single, q.query.single_params(key)),
             _ => (&q.batch, q.query.batch_params(&keys)),
         };
-        let rows = self.run(sql, &as_refs(&params), scope).await?;
+        let rows = self.run(sql, &as_refs(&params), start).await?;
         let mut loaded = Loaded::with_capacity(rows.len());
-        let mut unmapped = None;
+        let mut bad = BadRows::default();
         for row in &rows {
             match q.query.map_row(row) {
                 Ok((key, value)) => {
                     loaded.insert(key, value);
                 }
-                Err(e) => unmapped = unmapped.or(Some(e)),
+                Err(e) => bad.add(&mut loaded, q.query.row_key(row), e),
             }
         }
-        if let Some(e) = unmapped {
-            tracing::warn!(error = %e, "a row did not map; its batch's keys without a value fail");
-            loaded.fail_unanswered(PgError::Query(e));
-        }
+        bad.settle(&mut loaded, PgError::Query);
         Ok(loaded)
     }
 }
@@ -374,30 +452,5 @@ impl<Q: BatchQuery> Loader<Q::Key, Q::Value> for PgLoader<Q> {
 
     fn is_absent(&self, value: &Q::Value) -> bool {
         self.query.query.is_absent(value)
-    }
-}
-
-/// A scoped load: the statement in a transaction of its own that runs as
-/// the [`Scope`] (`BEGIN; SET LOCAL ROLE ...; SELECT set_config(...)`, the
-/// statement, `COMMIT`, sent together in one round trip), so row-level
-/// security applies as it does to the scope's own requests, and nothing
-/// of the scope is left on the connection.
-impl<Q: BatchQuery> ScopedLoader<Scope, Q::Key, Q::Value> for PgLoader<Q> {
-    type Error = PgError;
-
-    async fn load(
-        &self,
-        scope: &Scope,
-        keys: Vec<Q::Key>,
-    ) -> Result<Loaded<Q::Key, Q::Value>, PgError> {
-        self.load_keys(keys, Some(scope)).await
-    }
-
-    fn is_absent(&self, value: &Q::Value) -> bool {
-        self.query.query.is_absent(value)
-    }
-
-    fn label<'s>(&self, scope: &'s Scope) -> Option<Cow<'s, str>> {
-        scope.label().map(Cow::Borrowed)
     }
 }

@@ -61,18 +61,20 @@ pub mod copy;
 mod error;
 mod loader;
 mod pool;
+mod scoped;
 mod statements;
 mod writer;
 
-pub use crate::db::{Scope, ScopeBuilder, ScopeError, WriteRequest, Written};
+pub use crate::db::{Scope, ScopeBuilder, ScopeError, UnmappedRow, WriteRequest, Written};
 pub use connect::{
     parse_config, ConfigError, Connector, TargetSessionAttrs, UnknownTargetSessionAttrs,
     DEFAULT_HOST_TIMEOUT,
 };
 pub use error::{classify, DbErrorKind};
 pub(crate) use loader::pool_error_is_retryable;
-pub use loader::{BatchQuery, Params, PgError, PgLoader};
+pub use loader::{BatchQuery, Params, PgError, PgLoader, Withheld};
 pub use pool::{pool, pool_with_connector, pool_with_tls, AsPgError, Lease, PoolOptions};
+pub use scoped::ScopedPgLoader;
 pub use statements::{Sql, StatementMode, Statements};
 pub use writer::{PgWriter, RowError, UpsertQuery, WriteResult, Writer};
 

@@ -7,12 +7,11 @@ use std::fmt;
 use std::time::Duration;
 
 use deadpool_postgres::{ClientWrapper as Client, Transaction};
-use futures_util::future::{join3, Either};
+use futures_util::future::join4;
 use tokio::sync::OnceCell;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
-use crate::db::Scope;
 pub use crate::db::StatementMode;
 
 /// The statement settings of a loader, a writer or an import.
@@ -123,6 +122,15 @@ impl Sql {
         }
     }
 
+    /// The statement `text`, whose parameters are of `types`: nothing to
+    /// learn from the server.
+    pub(crate) fn with_types(text: &str, types: Vec<Type>) -> Self {
+        Self {
+            text: text.to_owned(),
+            types: OnceCell::from(types),
+        }
+    }
+
     /// The parameter types, learned on `client` the first time: the
     /// statement is prepared inside a transaction, which keeps one server
     /// connection through a pooler, and closed before it ends.
@@ -157,6 +165,30 @@ fn typed<'a>(
     params.iter().copied().zip(types.iter().cloned()).collect()
 }
 
+/// What makes a transaction a scope's: the loader's prologue statement
+/// and its parameters (the role and the settings' values).
+#[derive(Clone, Copy)]
+pub(crate) struct Start<'a> {
+    pub(crate) sql: &'a Sql,
+    pub(crate) params: &'a [&'a (dyn ToSql + Sync)],
+}
+
+/// A statement ready to send: prepared, or unnamed with its types.
+enum Ready<'a> {
+    Prepared(tokio_postgres::Statement, &'a [&'a (dyn ToSql + Sync)]),
+    Typed(&'a str, Vec<(&'a (dyn ToSql + Sync), Type)>),
+}
+
+impl Ready<'_> {
+    /// Sends the statement on its first poll and reads its rows.
+    async fn run(self, client: &Client) -> Result<Vec<Row>, tokio_postgres::Error> {
+        match self {
+            Ready::Prepared(stmt, params) => client.query(&stmt, params).await,
+            Ready::Typed(text, params) => client.query_typed(text, &params).await,
+        }
+    }
+}
+
 impl Statements {
     /// Runs `sql` with `params` on `client`, outside a transaction, as these
     /// settings say: prepared and cached on the connection, or unnamed with
@@ -182,9 +214,9 @@ impl Statements {
         self.query_as(client, sql, params, None).await
     }
 
-    /// As [`query`](Self::query), run as `scope` if there is one: in a
-    /// transaction that starts with the scope's `SET LOCAL ROLE` and
-    /// settings ([`Scope::set_local_sql`]), sent together with the
+    /// As [`query`](Self::query), run as a scope if `start` is given: in a
+    /// transaction whose first statement is the scope's prologue (its
+    /// role and settings as bound parameters), sent together with the
     /// statement and the `COMMIT`, so nothing of the scope outlives the
     /// transaction on the connection, whether the statement succeeds,
     /// fails or is abandoned.
@@ -193,63 +225,74 @@ impl Statements {
     ///
     /// As [`query`](Self::query); a role or setting the database refuses
     /// fails with its own error (the statement then does not run).
-    pub async fn query_as(
+    pub(crate) async fn query_as(
         &self,
         client: &mut Client,
         sql: &Sql,
         params: &[&(dyn ToSql + Sync)],
-        scope: Option<&Scope>,
+        start: Option<Start<'_>>,
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        let scoped = scope
-            .map(Scope::set_local_sql)
-            .filter(|set| !set.is_empty());
-        let prologue = match (self.set_local(), scoped) {
-            (Some(timeout), Some(scope)) => Some(format!("{timeout}; {scope}")),
-            (Some(timeout), None) => Some(timeout),
-            (None, Some(scope)) => Some(scope.to_owned()),
-            (None, None) => None,
-        };
-        match (self.mode, prologue) {
-            (StatementMode::Prepared, None) => {
+        match (self.mode, self.set_local(), start) {
+            (StatementMode::Prepared, None, None) => {
                 let stmt = client.prepare_cached(&sql.text).await?;
                 client.query(&stmt, params).await
             }
-            (StatementMode::Unnamed, None) => {
+            (StatementMode::Unnamed, None, None) => {
                 let types = sql.types(client).await?;
                 client.query_typed(&sql.text, &typed(params, types)).await
             }
-            (mode, Some(set)) => {
-                let begin = format!("BEGIN; {set}");
-                let typed_params;
-                let stmt;
-                let query = match mode {
-                    StatementMode::Prepared => {
-                        stmt = client.prepare_cached(&sql.text).await?;
-                        Either::Left(client.query(&stmt, params))
-                    }
-                    _ => {
-                        typed_params = typed(params, sql.types(client).await?);
-                        Either::Right(client.query_typed(&sql.text, &typed_params))
-                    }
+            (_, timeout, start) => {
+                let begin = match timeout {
+                    Some(set) => format!("BEGIN; {set}"),
+                    None => "BEGIN".to_owned(),
                 };
-                // `join3` polls in order, and each sends its request on its
-                // first poll, so all three go out at once, in this order: a
+                let prologue = match start {
+                    Some(start) => Some(self.statement(client, start.sql, start.params).await?),
+                    None => None,
+                };
+                let query = self.statement(client, sql, params).await?;
+                let client: &Client = client;
+                // `join4` polls in order, and each sends its request on its
+                // first poll, so all four go out at once, in this order: a
                 // caller that stops waiting cannot leave the connection
                 // inside the transaction, since COMMIT is already on its
                 // way. A failed statement aborts the transaction, and its
                 // COMMIT then rolls back.
-                let (begun, rows, committed) = join3(
+                let (begun, set, rows, committed) = join4(
                     client.batch_execute(&begin),
-                    query,
+                    async {
+                        match prologue {
+                            Some(prologue) => prologue.run(client).await.map(drop),
+                            None => Ok(()),
+                        }
+                    },
+                    query.run(client),
                     client.batch_execute("COMMIT"),
                 )
                 .await;
                 begun?;
+                set?;
                 let rows = rows?;
                 committed?;
                 Ok(rows)
             }
         }
+    }
+
+    /// `sql` with `params`, ready to send on `client` as this mode says:
+    /// prepared (and cached on the connection) first, or with its types.
+    async fn statement<'a>(
+        &self,
+        client: &mut Client,
+        sql: &'a Sql,
+        params: &'a [&'a (dyn ToSql + Sync)],
+    ) -> Result<Ready<'a>, tokio_postgres::Error> {
+        Ok(match self.mode {
+            StatementMode::Prepared => {
+                Ready::Prepared(client.prepare_cached(&sql.text).await?, params)
+            }
+            _ => Ready::Typed(&sql.text, typed(params, sql.types(client).await?)),
+        })
     }
 
     /// Runs `sql` with `params` in `tx`.

@@ -1,6 +1,5 @@
 //! A [`Loader`] that runs one sqlx query per batch.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -11,8 +10,9 @@ use ::sqlx::postgres::{PgArguments, PgConnection, PgPool, PgRow, Postgres};
 use ::sqlx::query::Query;
 use ::sqlx::{Connection, Executor, FromRow};
 
-use crate::db::{again_if_lost, Scope, StatementMode};
-use crate::{Loaded, Loader, ScopedLoader};
+use super::prologue::Start;
+use crate::db::{again_if_lost, BadRows, StatementMode};
+use crate::{Loaded, Loader};
 
 /// A Postgres query whose parameters are bound one by one with
 /// `bind`: what sqlx's `sqlx::query(sql)` returns for Postgres, and what
@@ -59,8 +59,9 @@ pub type PgQuery<'q> = Query<'q, Postgres, PgArguments>;
 /// `IN ($1, $2, ...)`: an `IN` list is a different statement for every
 /// batch size, which defeats the statement cache.
 pub trait BatchQuery: Send + Sync + 'static {
-    /// What is looked up.
-    type Key: Clone + Eq + Hash + Send + Sync + 'static;
+    /// What is looked up. `Debug`, so that an error about a key's row can
+    /// name the key.
+    type Key: Clone + Eq + Hash + fmt::Debug + Send + Sync + 'static;
     /// What a returned row is read into: a tuple such as `(i64, String)`,
     /// or a type of yours implementing `FromRow` (by hand, or derived with
     /// sqlx's `derive` feature).
@@ -90,6 +91,18 @@ pub trait BatchQuery: Send + Sync + 'static {
     /// [`bind_batch`](Self::bind_batch) binds a batch of that one key.
     fn bind_single<'q>(&self, query: PgQuery<'q>, key: &'q Self::Key) -> PgQuery<'q> {
         self.bind_batch(query, std::slice::from_ref(key))
+    }
+
+    /// The key of a row that could not be read into
+    /// [`Row`](Self::Row), read on its own
+    /// (`sqlx::Row::try_get(row, 0).ok()`), so that the row fails its own
+    /// key alone, with an error naming the key and the column. By default
+    /// `None`: such a row then fails every key of its batch left without a
+    /// value, since which key it was cannot be told (and none of them may
+    /// read as "not found").
+    fn row_key(&self, row: &PgRow) -> Option<Self::Key> {
+        let _ = row;
+        None
     }
 
     /// Whether a mapped value stands for a missing row (see
@@ -225,31 +238,39 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
     /// When no connection is available, the statement fails, or a row
     /// cannot be read into [`BatchQuery::Row`].
     pub async fn load_one(&self, key: &Q::Key) -> Result<Option<Q::Value>, ::sqlx::Error> {
-        let rows = self.fetch(std::slice::from_ref(key), None).await?;
+        self.load_one_as(key, None).await
+    }
+
+    /// [`load_one`](Self::load_one), in a scope's transaction if `start`
+    /// is given.
+    pub(super) async fn load_one_as(
+        &self,
+        key: &Q::Key,
+        start: Option<&Start<'_>>,
+    ) -> Result<Option<Q::Value>, ::sqlx::Error> {
+        let rows = self.fetch(std::slice::from_ref(key), start).await?;
         match rows.first() {
             Some(row) => Ok(Some(self.map(row)?.1)),
             None => Ok(None),
         }
     }
 
-    /// Runs the statement for `keys`; if the connection was lost, once
-    /// more: a read is safe to repeat, and the pool does not hand out the
-    /// lost connection again (it tests a connection coming back).
+    /// Runs the statement for `keys`, in a scope's transaction if `start`
+    /// is given; if the connection was lost, once more: a read is safe to
+    /// repeat, and the pool does not hand out the lost connection again
+    /// (it tests a connection coming back).
     async fn fetch(
         &self,
         keys: &[Q::Key],
-        scope: Option<&Scope>,
+        start: Option<&Start<'_>>,
     ) -> Result<Vec<PgRow>, ::sqlx::Error> {
         // `Executor::fetch_all` returns a boxed `Send` future, so the
         // loader's future is `Send` without the compiler having to prove
         // it through sqlx's generic executors.
-        let scope = scope
-            .map(Scope::set_local_sql)
-            .filter(|set| !set.is_empty());
         again_if_lost("reading", true, || async {
             let mut conn = acquire(&self.pool, self.acquire_timeout).await?;
-            match (self.inner.mode, &scope) {
-                (_, Some(set)) => self.fetch_as(conn, keys, set).await,
+            match (self.inner.mode, start) {
+                (_, Some(start)) => self.fetch_as(conn, keys, start).await,
                 (StatementMode::Prepared, None) => {
                     Executor::fetch_all(&mut *conn, self.statement(keys)).await
                 }
@@ -268,11 +289,12 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
     }
 
     /// Runs the statement for `keys` in a transaction of its own that
-    /// starts with the scope's `set` (`SET LOCAL ROLE`, `set_config`), on a
-    /// connection that goes back to the pool only once that transaction
-    /// has ended: committed, or rolled back after a failure. Otherwise (a
-    /// load dropped at its deadline, a connection that failed) it is
-    /// closed, so nothing of the scope can reach the pool's next user.
+    /// starts as the scope (`start`: its role checked the first time, then
+    /// the prologue), on a connection that goes back to the pool only once
+    /// that transaction has ended: committed, or rolled back after a
+    /// failure. Otherwise (a load dropped at its deadline, a connection
+    /// that failed) it is closed, so nothing of the scope can reach the
+    /// pool's next user.
     ///
     /// Not sqlx's `begin_with`: sqlx counts a transaction only once its
     /// first statement succeeded, so a role the database refused left the
@@ -282,14 +304,14 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
         &self,
         conn: PoolConnection<Postgres>,
         keys: &[Q::Key],
-        set: &str,
+        start: &Start<'_>,
     ) -> Result<Vec<PgRow>, ::sqlx::Error> {
         let mut conn = CloseUnlessEnded(Some(conn));
         let c: &mut PgConnection = conn.0.as_mut().expect("held until released");
-        let begin = format!("BEGIN; {set}");
+        let mode = self.inner.mode;
         let done = async {
-            // One round trip: `BEGIN` and the scope, as a simple query.
-            Executor::execute(&mut *c, ::sqlx::raw_sql(&begin)).await?;
+            Executor::execute(&mut *c, ::sqlx::raw_sql("BEGIN")).await?;
+            start.run(&mut *c, mode).await?;
             let rows = Executor::fetch_all(&mut *c, self.statement(keys)).await?;
             Executor::execute(&mut *c, ::sqlx::raw_sql("COMMIT")).await?;
             Ok(rows)
@@ -379,30 +401,29 @@ impl Drop for CloseUnlessEnded {
 }
 
 impl<Q: BatchQuery> SqlxLoader<Q> {
-    /// Runs the statement for `keys`, as `scope` if there is one, and maps
-    /// each row. A row that does not read into [`BatchQuery::Row`] fails
-    /// the keys left without a value, not the batch: its key cannot be
-    /// told, and a key it belonged to must not read as missing.
-    async fn load_keys(
+    /// Runs the statement for `keys`, in a scope's transaction if `start`
+    /// is given, and maps each row. A row that does not read into
+    /// [`BatchQuery::Row`] fails its own key if
+    /// [`row_key`](BatchQuery::row_key) can read it, else the keys left
+    /// without a value: not the batch, and never a key read as missing
+    /// that had a row.
+    pub(super) async fn load_keys(
         &self,
         keys: Vec<Q::Key>,
-        scope: Option<&Scope>,
+        start: Option<&Start<'_>>,
     ) -> Result<Loaded<Q::Key, Q::Value>, ::sqlx::Error> {
-        let rows = self.fetch(&keys, scope).await?;
+        let rows = self.fetch(&keys, start).await?;
         let mut loaded = Loaded::with_capacity(rows.len());
-        let mut unmapped = None;
+        let mut bad = BadRows::default();
         for row in &rows {
             match self.map(row) {
                 Ok((key, value)) => {
                     loaded.insert(key, value);
                 }
-                Err(e) => unmapped = unmapped.or(Some(e)),
+                Err(e) => bad.add(&mut loaded, self.inner.query.row_key(row), e),
             }
         }
-        if let Some(e) = unmapped {
-            tracing::warn!(error = %e, "a row did not map; its batch's keys without a value fail");
-            loaded.fail_unanswered(e);
-        }
+        bad.settle(&mut loaded, |e| e);
         Ok(loaded)
     }
 }
@@ -420,30 +441,5 @@ impl<Q: BatchQuery> Loader<Q::Key, Q::Value> for SqlxLoader<Q> {
 
     fn is_absent(&self, value: &Q::Value) -> bool {
         self.inner.query.is_absent(value)
-    }
-}
-
-/// A scoped load: the statement in a transaction of its own that runs as
-/// the [`Scope`] (`BEGIN; SET LOCAL ROLE ...; SELECT set_config(...)` in
-/// one round trip, the statement, `COMMIT`), so row-level security applies
-/// as it does to the scope's own requests, and nothing of the scope is
-/// left on the connection.
-impl<Q: BatchQuery> ScopedLoader<Scope, Q::Key, Q::Value> for SqlxLoader<Q> {
-    type Error = ::sqlx::Error;
-
-    async fn load(
-        &self,
-        scope: &Scope,
-        keys: Vec<Q::Key>,
-    ) -> Result<Loaded<Q::Key, Q::Value>, ::sqlx::Error> {
-        self.load_keys(keys, Some(scope)).await
-    }
-
-    fn is_absent(&self, value: &Q::Value) -> bool {
-        self.inner.query.is_absent(value)
-    }
-
-    fn label<'s>(&self, scope: &'s Scope) -> Option<Cow<'s, str>> {
-        scope.label().map(Cow::Borrowed)
     }
 }

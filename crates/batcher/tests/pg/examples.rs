@@ -49,6 +49,14 @@ fn url(config: &tokio_postgres::Config) -> String {
 
 /// Runs example `name` with `args` against a fresh database; its stdout.
 async fn run(name: &str, args: &[&str]) -> String {
+    let (success, stdout, stderr) = run_to_end(name, args).await;
+    assert!(success, "{name} failed:\n{stdout}\n{stderr}");
+    stdout
+}
+
+/// Runs example `name` with `args` against a fresh database: whether it
+/// exited 0, its stdout and its stderr.
+async fn run_to_end(name: &str, args: &[&str]) -> (bool, String, String) {
     let binary = example(name);
     let db = embedded_pg::testing::database()
         .await
@@ -66,16 +74,11 @@ async fn run(name: &str, args: &[&str]) -> String {
         .await
         .expect("the example exits within 2 minutes")
         .unwrap();
-    let (stdout, stderr) = (
+    (
+        output.status.success(),
         String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
-    );
-    assert!(
-        output.status.success(),
-        "{name} exited with {}:\n{stdout}\n{stderr}",
-        output.status
-    );
-    stdout
+    )
 }
 
 #[tokio::test]
@@ -102,23 +105,51 @@ async fn graphql_once_answers_each_tenant_and_exits() {
     assert!(out.contains("author lookups:"), "{out}");
 }
 
+/// The `N` numbers of the line of `out` that starts with `start`.
+fn numbers<const N: usize>(out: &str, start: &str) -> [u64; N] {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(start))
+        .unwrap_or_else(|| panic!("a line starting {start:?}: {out}"));
+    let numbers: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|part| !part.is_empty())
+        .map(|part| part.parse().unwrap())
+        .collect();
+    numbers
+        .try_into()
+        .unwrap_or_else(|n| panic!("{N} numbers in {line}: {n:?}"))
+}
+
+/// The `tenants` example's summary, "scopes S, reads N, loads M, found F
+/// of E expected, leaks L".
+fn tenants_summary(out: &str) -> [u64; 6] {
+    numbers(out, "scopes ")
+}
+
 #[tokio::test]
 async fn tenants_reads_each_tenants_view_with_no_leak() {
     let out = run("tenants", &[]).await;
-    let line = out
-        .lines()
-        .find(|l| l.starts_with("scopes "))
-        .unwrap_or_else(|| panic!("a summary line: {out}"));
-    // "scopes S, reads N, loads M, leaks L"
-    let numbers: Vec<u64> = line
-        .split(", ")
-        .map(|part| part.rsplit(' ').next().unwrap().parse().unwrap())
-        .collect();
-    let [scopes, reads, loads, leaks] = numbers[..] else {
-        panic!("{line}")
-    };
-    assert!(scopes >= 10, "{line}");
-    assert!(reads >= 10_000, "{line}");
-    assert_eq!(leaks, 0, "{line}");
-    assert!(reads >= 10 * loads, "at least 10 reads per load: {line}");
+    let [scopes, reads, loads, found, expected, leaks] = tenants_summary(&out);
+    assert!(scopes >= 10, "{out}");
+    assert!(reads >= 10_000, "{out}");
+    assert_eq!(leaks, 0, "{out}");
+    assert!(found > 0 && found == expected, "{out}");
+    assert!(expected < reads, "some reads are of others' notes: {out}");
+    assert!(reads >= 10 * loads, "at least 10 reads per load: {out}");
+    // "public notes: R reads of N notes from T tenants, L loads, wrong W"
+    let [reads, notes, _, loads, wrong] = numbers(&out, "public notes: ");
+    assert_eq!(wrong, 0, "{out}");
+    // One scope for every tenant's public reads: a load carries many of
+    // them, and the cache answers the rest.
+    assert!(loads <= 2 * notes && reads >= 100 * loads, "{out}");
+}
+
+#[tokio::test]
+async fn tenants_reports_the_leak_of_a_loader_that_ignores_the_scope() {
+    let (success, out, err) = run_to_end("tenants", &["--unscoped"]).await;
+    assert!(!success, "a leaky loader must fail the example: {out}");
+    let [.., found, expected, leaks] = tenants_summary(&out);
+    assert!(leaks > 0 && found > expected, "{out}");
+    assert!(err.contains("answers were another tenant's"), "{err}");
 }

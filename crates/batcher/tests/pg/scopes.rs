@@ -1,10 +1,15 @@
 //! Scoped loads against real Postgres under row-level security, on both
 //! drivers: a shared batcher serves many tenants, each load runs as one
-//! tenant (`SET LOCAL ROLE` and `set_config(..., true)` in a transaction of
-//! its own), no answer comes from another tenant's view, and nothing of a
-//! scope survives on the pooled connection: after a success, a failed
-//! statement, a refused role, an abandoned load, a killed connection, or
-//! behind PgBouncer in transaction mode.
+//! tenant (its role and settings set as parameters by the loader's
+//! prologue, in a transaction of its own), no answer comes from another
+//! tenant's view, and nothing of a scope survives on the pooled
+//! connection: after a success, a failed statement, a refused role, an
+//! abandoned load, a killed connection, or behind PgBouncer in
+//! transaction mode. The holes an adversarial review found are each a
+//! test here: roles that bypass row-level security, settings and roles
+//! another client left on a connection, names in another case,
+//! statements colliding behind a pooler, shared cached values served to
+//! a refused role.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -39,6 +44,8 @@ struct Rls {
     auth_role: String,
     tenant_role: String,
     stranger_role: String,
+    bypass_role: String,
+    owner_role: String,
 }
 
 impl Rls {
@@ -64,10 +71,12 @@ impl Rls {
 async fn create_rls(admin: tokio_postgres::Config, prefix: &str) -> Rls {
     let (client, conn) = admin.connect(NoTls).await.unwrap();
     tokio::spawn(conn);
-    let (auth, tenant, stranger) = (
+    let (auth, tenant, stranger, bypass, owner) = (
         format!("{prefix}_auth"),
         format!("{prefix}_tenant"),
         format!("{prefix}_stranger"),
+        format!("{prefix}_bypass"),
+        format!("{prefix}_owner"),
     );
     client
         .batch_execute(&format!(
@@ -83,7 +92,17 @@ async fn create_rls(admin: tokio_postgres::Config, prefix: &str) -> Rls {
                -- Strict: a tenant that is not a number fails the statement.
                CREATE POLICY by_tenant ON notes FOR SELECT TO "{tenant}", "{stranger}"
                  USING (tenant = current_setting('app.tenant')::int);
-               ANALYZE notes;"#
+               ANALYZE notes;
+               -- Roles row-level security does not apply to: one with
+               -- BYPASSRLS, and the owner of a table whose policies are
+               -- not forced on it; `auth` may become both.
+               CREATE ROLE "{bypass}" NOLOGIN BYPASSRLS;
+               CREATE ROLE "{owner}" NOLOGIN;
+               GRANT "{bypass}", "{owner}" TO "{auth}";
+               GRANT SELECT ON notes TO "{bypass}", "{owner}";
+               CREATE TABLE owned (id bigint PRIMARY KEY);
+               ALTER TABLE owned ENABLE ROW LEVEL SECURITY;
+               ALTER TABLE owned OWNER TO "{owner}";"#
         ))
         .await
         .unwrap();
@@ -95,6 +114,8 @@ async fn create_rls(admin: tokio_postgres::Config, prefix: &str) -> Rls {
         auth_role: auth,
         tenant_role: tenant,
         stranger_role: stranger,
+        bypass_role: bypass,
+        owner_role: owner,
     }
 }
 
@@ -113,8 +134,10 @@ enum Sql {
     Notes,
     /// The same, half a second late.
     Slow,
-    /// The same, with a NULL body (which does not map) for ids ending in 7.
+    /// The same, with a NULL body (which does not map) for ids ending in 17.
     Nulls,
+    /// The same, the body in capitals.
+    Upper,
 }
 
 impl Sql {
@@ -123,8 +146,9 @@ impl Sql {
             Sql::Notes => "SELECT id, body FROM notes WHERE id = ANY($1)",
             Sql::Slow => "SELECT id, body FROM notes, pg_sleep(0.5) WHERE id = ANY($1)",
             Sql::Nulls => {
-                "SELECT id, CASE WHEN id % 10 = 7 THEN NULL ELSE body END FROM notes WHERE id = ANY($1)"
+                "SELECT id, CASE WHEN id % 100 = 17 THEN NULL ELSE body END FROM notes WHERE id = ANY($1)"
             }
+            Sql::Upper => "SELECT id, upper(body) FROM notes WHERE id = ANY($1)",
         }
     }
 }
@@ -147,9 +171,17 @@ trait Driver: Sized + Send + Sync + 'static {
     /// The role and `app.tenant` of the pool's next connection (with a
     /// pool of one, the connection the last load used).
     async fn session(&self) -> (String, Option<String>);
+
+    /// Runs `sql` (session-level `SET`s) on the pool's next connection
+    /// and gives it back to the pool as it is: what another client of a
+    /// pooled connection may leave on it.
+    async fn leave(&self, sql: &str);
 }
 
 const SESSION: &str = "SELECT current_user::text, current_setting('app.tenant', true)";
+
+/// Every setting the tests' scopes set.
+const SETTINGS: [&str; 2] = ["app.tenant", "request.jwt.claims"];
 
 mod tokio_pg {
     use pgbatch::pg::tokio_postgres::{Error as PgError, Row};
@@ -171,6 +203,9 @@ mod tokio_pg {
         }
         fn map_row(&self, row: &Row) -> Result<(i64, String), PgError> {
             Ok((row.try_get(0)?, row.try_get(1)?))
+        }
+        fn row_key(&self, row: &Row) -> Option<i64> {
+            row.try_get(0).ok()
         }
     }
 
@@ -196,7 +231,9 @@ mod tokio_pg {
                 pool.clone(),
                 Notes(sql),
                 Statements::default().mode(mode),
-            );
+            )
+            .scoped(SETTINGS)
+            .unwrap();
             (Self(pool), builder.build_scoped(loader).unwrap())
         }
 
@@ -204,6 +241,16 @@ mod tokio_pg {
             let client = self.0.get().await.unwrap();
             let row = client.query_one(SESSION, &[]).await.unwrap();
             (row.get(0), row.get(1))
+        }
+
+        async fn leave(&self, sql: &str) {
+            self.0
+                .get()
+                .await
+                .unwrap()
+                .batch_execute(sql)
+                .await
+                .unwrap();
         }
     }
 }
@@ -232,6 +279,9 @@ mod sqlx_pg {
         fn map_row(&self, row: (i64, String)) -> (i64, String) {
             row
         }
+        fn row_key(&self, row: &sqlx::postgres::PgRow) -> Option<i64> {
+            row.try_get(0).ok()
+        }
     }
 
     pub(super) struct Sqlx(pub(super) PgPool);
@@ -257,7 +307,9 @@ mod sqlx_pg {
             } else {
                 StatementMode::Prepared
             };
-            let loader = SqlxLoader::with_statement_mode(pool.clone(), Notes(sql), mode);
+            let loader = SqlxLoader::with_statement_mode(pool.clone(), Notes(sql), mode)
+                .scoped(SETTINGS)
+                .unwrap();
             (Self(pool), builder.build_scoped(loader).unwrap())
         }
 
@@ -266,6 +318,10 @@ mod sqlx_pg {
             // transaction-mode pooler too.
             let row = sqlx::raw_sql(SESSION).fetch_one(&self.0).await.unwrap();
             (row.get(0), row.get(1))
+        }
+
+        async fn leave(&self, sql: &str) {
+            sqlx::raw_sql(sql).execute(&self.0).await.unwrap();
         }
     }
 }
@@ -336,11 +392,13 @@ async fn nothing_of_a_scope_survives<D: Driver>() {
     );
     clean("after a success").await;
 
-    // After a statement that failed (the strict policy's cast).
+    // After a statement that failed (the strict policy's cast): the
+    // database's message quotes the value, so it is withheld.
     let bad = rls.scope(&rls.tenant_role, "not-a-number");
     let err = batcher.load_as(&bad, 1).await.unwrap_err();
+    let text = err.to_string();
     assert!(
-        err.to_string().contains("invalid input syntax"),
+        text.contains("22P02") && text.contains("withheld") && !text.contains("not-a-number"),
         "{ctx}: {err}"
     );
     assert!(!err.is_retryable(), "{ctx}: {err}");
@@ -429,7 +487,7 @@ async fn a_refused_role_or_failing_statement_fails_its_scope_alone() {
     let (_, batcher) =
         TokioPostgres::open(&rls.auth, 2, false, Sql::Notes, Batcher::builder()).await;
     let err = batcher
-        .load_as(&Scope::builder().build().unwrap(), 1)
+        .load_as(&Scope::builder().login_role().build().unwrap(), 1)
         .await
         .unwrap_err();
     assert!(
@@ -453,10 +511,7 @@ async fn failures_stay_in_their_scope<D: Driver>(rls: &Rls) {
             rls.scope(&rls.stranger_role, "3"),
             Err("permission denied to set role"),
         ),
-        (
-            rls.scope(&rls.tenant_role, "x"),
-            Err("invalid input syntax"),
-        ),
+        (rls.scope(&rls.tenant_role, "x"), Err("SQLSTATE 22P02")),
     ];
     let reads: Vec<_> = scopes
         .iter()
@@ -483,8 +538,9 @@ async fn failures_stay_in_their_scope<D: Driver>(rls: &Rls) {
     }
 }
 
-/// A row that does not map fails the keys without a value; the other
-/// keys of its batch get theirs.
+/// A row that does not map fails its own key alone, with an error naming
+/// the key and the column; the keys of its batch without a row read as
+/// not found; other scopes' loads are untouched.
 async fn a_bad_row_fails_its_keys_alone<D: Driver>() {
     let rls = rls_database().await;
     let builder = Batcher::builder()
@@ -492,8 +548,16 @@ async fn a_bad_row_fails_its_keys_alone<D: Driver>() {
         .max_batch_size(64);
     let (_, batcher) = D::open(&rls.auth, 1, false, Sql::Nulls, builder).await;
     let tenant = rls.tenant(7);
-    let mixed = batcher.load_many_as(&tenant, [7, 8, 17, 27]).await;
-    assert!(mixed[0].is_err(), "{}: {mixed:?}", D::NAME);
+    // 17 is the NULL row; 8 is another tenant's (no row); 27 maps.
+    let mixed = batcher.load_many_as(&tenant, [17, 8, 27]).await;
+    let err = mixed[0].as_ref().unwrap_err().to_string();
+    assert!(
+        err.contains("the row of key 17 did not map") && err.contains("column 1"),
+        "{}: {err}",
+        D::NAME
+    );
+    assert_eq!(mixed[1].as_ref().unwrap(), &None, "{}", D::NAME);
+    assert_eq!(mixed[2].as_ref().unwrap(), &view(7, 27), "{}", D::NAME);
     let ok = batcher.load_many_as(&rls.tenant(1), [1, 11, 12]).await;
     assert_eq!(ok[0].as_ref().unwrap(), &view(1, 1), "{}", D::NAME);
     assert_eq!(ok[1].as_ref().unwrap(), &view(1, 11));
@@ -572,10 +636,39 @@ async fn nothing_survives_behind_the_pooler<D: Driver>(bouncer: &PgBouncer, rls:
         let session = probe.session().await;
         assert!(is_clean(&session, "postgres"), "{}: {session:?}", D::NAME);
     }
+    // Another client's plain `SET` stays on the one server connection; a
+    // scope that does not set `app.tenant` must not read it.
+    probe.leave("SET app.tenant = '3'").await;
+    assert_eq!(probe.session().await.1.as_deref(), Some("3"), "{}", D::NAME);
+    let unset = Scope::builder()
+        .label("no tenant")
+        .role(&rls.tenant_role)
+        .build()
+        .unwrap();
+    let got = batcher.load_as(&unset, 13).await;
+    assert!(
+        got.is_err(),
+        "{}: read as the leftover tenant: {got:?}",
+        D::NAME
+    );
+    probe.leave("RESET app.tenant").await;
+    // The pooler logs in as the superuser: a login-role scope is refused.
+    let login = Scope::builder().login_role().build().unwrap();
+    let err = batcher.load_as(&login, 13).await.unwrap_err();
+    assert!(
+        matches!(
+            scope_error(&err),
+            Some(pgbatch::db::ScopeError::BypassesRls { .. })
+        ),
+        "{}: {err}",
+        D::NAME
+    );
 }
 
+/// Both behind one pooler, which a private cluster and PgBouncer take
+/// seconds to start.
 #[tokio::test]
-async fn nothing_of_a_scope_survives_behind_a_transaction_pooler() {
+async fn nothing_of_a_scope_survives_and_no_statement_collides_behind_a_transaction_pooler() {
     let cluster = embedded_pg::testing::private_cluster()
         .await
         .expect("a private cluster");
@@ -585,6 +678,8 @@ async fn nothing_of_a_scope_survives_behind_a_transaction_pooler() {
         .expect("PgBouncer (scripts/ensure-pgbouncer.sh installs it)");
     nothing_survives_behind_the_pooler::<TokioPostgres>(&bouncer, &rls).await;
     nothing_survives_behind_the_pooler::<Sqlx>(&bouncer, &rls).await;
+    statements_do_not_collide_behind_the_pooler::<TokioPostgres>(&bouncer, &rls).await;
+    statements_do_not_collide_behind_the_pooler::<Sqlx>(&bouncer, &rls).await;
     bouncer.stop();
     cluster.stop().await;
 }
@@ -709,5 +804,264 @@ proptest! {
             }
         });
         prop_assert!(wrong.is_empty(), "answers from another view: {:?}", wrong);
+    }
+}
+
+/// The scope error inside a failed load's error, of either driver.
+fn scope_error(e: &Error) -> Option<pgbatch::db::ScopeError> {
+    if let Some(pg) = e.load_error::<pgbatch::pg::PgError>() {
+        return pg.as_scope_error().cloned();
+    }
+    match e.load_error::<sqlx::Error>()? {
+        sqlx::Error::Configuration(inner) => inner.downcast_ref().cloned(),
+        _ => None,
+    }
+}
+
+/// Loads as a role that row-level security does not apply to are refused
+/// before they run: the login role as a superuser (or as the tables'
+/// owner), a role with BYPASSRLS, a role owning a table whose policies are
+/// not forced. A refusal is not remembered: once the table forces its
+/// policies, the owner's scope runs.
+async fn roles_that_bypass_policies_are_refused<D: Driver>(rls: &Rls) {
+    let ctx = D::NAME;
+    let refused = |e: &Error, why: &str| {
+        let scope = scope_error(e);
+        assert!(
+            matches!(&scope, Some(pgbatch::db::ScopeError::BypassesRls { why: w, .. }) if w.contains(why)),
+            "{ctx}: {why}: {e} ({scope:?})"
+        );
+    };
+    // Logged in as the superuser that owns `notes`.
+    let (_, as_admin) = D::open(&rls.admin, 2, false, Sql::Notes, Batcher::builder()).await;
+    let login = Scope::builder().login_role().build().unwrap();
+    refused(&as_admin.load_as(&login, 1).await.unwrap_err(), "superuser");
+
+    let (_, batcher) = D::open(&rls.auth, 2, false, Sql::Notes, Batcher::builder()).await;
+    for (role, why) in [
+        (&rls.bypass_role, "BYPASSRLS"),
+        (&rls.owner_role, "owns table"),
+    ] {
+        let scope = rls.scope(role, "3");
+        refused(&batcher.load_as(&scope, 13).await.unwrap_err(), why);
+    }
+    // The tenant's scope still reads its own rows only.
+    assert_eq!(
+        batcher.load_as(&rls.tenant(3), 13).await.unwrap(),
+        view(3, 13)
+    );
+    assert_eq!(batcher.load_as(&rls.tenant(3), 14).await.unwrap(), None);
+
+    let (client, conn) = rls.admin.connect(NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute("ALTER TABLE owned FORCE ROW LEVEL SECURITY")
+        .await
+        .unwrap();
+    let owner = rls.scope(&rls.owner_role, "3");
+    assert!(
+        batcher.load_as(&owner, 13).await.is_ok(),
+        "{ctx}: accepted once the policies apply"
+    );
+    client
+        .batch_execute("ALTER TABLE owned NO FORCE ROW LEVEL SECURITY")
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_role_that_bypasses_row_level_security_is_refused_before_it_reads() {
+    for reserved in [
+        "none",
+        "NONE",
+        "current_user",
+        "session_user",
+        "public",
+        "pg_read_all_data",
+    ] {
+        assert!(
+            matches!(
+                Scope::builder().role(reserved).build(),
+                Err(pgbatch::db::ScopeError::ReservedRole(_))
+            ),
+            "{reserved}"
+        );
+    }
+    assert!(matches!(
+        Scope::builder().setting("app.tenant", "2").build(),
+        Err(pgbatch::db::ScopeError::NoRole)
+    ));
+    let rls = rls_database().await;
+    roles_that_bypass_policies_are_refused::<TokioPostgres>(&rls).await;
+    roles_that_bypass_policies_are_refused::<Sqlx>(&rls).await;
+}
+
+/// Another client left a session-level role and settings on the pooled
+/// connection (a plain `SET`): a scope reads none of them. Its loads run as
+/// its own role, and every declared setting it does not set is `''`.
+async fn nothing_left_on_the_connection_is_read<D: Driver>(rls: &Rls) {
+    let ctx = D::NAME;
+    let (probe, batcher) = D::open(&rls.auth, 1, false, Sql::Notes, Batcher::builder()).await;
+    probe
+        .leave(&format!(
+            r#"SET app.tenant = '3'; SET request.jwt.claims = 'left'; SET ROLE "{}""#,
+            rls.tenant_role
+        ))
+        .await;
+    assert_eq!(probe.session().await.1.as_deref(), Some("3"), "{ctx}: left");
+    // A scope of the tenant role that does not set `app.tenant`: the
+    // strict policy casts `''`, which fails; with the leftover `3` it
+    // would have read tenant 3's note.
+    let unset = Scope::builder()
+        .label("no tenant")
+        .role(&rls.tenant_role)
+        .build()
+        .unwrap();
+    let got = batcher.load_as(&unset, 13).await;
+    assert!(
+        got.as_ref().is_err_and(|e| e
+            .to_string()
+            .contains("invalid input syntax for type integer: \"\"")),
+        "{ctx}: {got:?}"
+    );
+    // As the login role: not the tenant role left on the session, so the
+    // table is not readable at all.
+    let login = Scope::builder().login_role().build().unwrap();
+    let got = batcher.load_as(&login, 13).await;
+    assert!(
+        got.as_ref()
+            .is_err_and(|e| e.to_string().contains("permission denied for table notes")),
+        "{ctx}: {got:?}"
+    );
+    // A setting's name is what Postgres reads, whatever its case.
+    let shouting = Scope::builder()
+        .label("tenant 3")
+        .role(&rls.tenant_role)
+        .setting("APP.TENANT", "3")
+        .build()
+        .unwrap();
+    assert_eq!(batcher.load_as(&shouting, 13).await.unwrap(), view(3, 13));
+    // A setting the loader did not declare is refused by name.
+    let stray = Scope::builder()
+        .role(&rls.tenant_role)
+        .setting("app.other", "1")
+        .build()
+        .unwrap();
+    let err = batcher.load_as(&stray, 13).await.unwrap_err();
+    assert_eq!(
+        scope_error(&err),
+        Some(pgbatch::db::ScopeError::UndeclaredSetting(
+            "app.other".into()
+        )),
+        "{ctx}: {err}"
+    );
+}
+
+#[tokio::test]
+async fn a_scope_reads_no_role_or_setting_another_client_left_on_the_connection() {
+    let rls = rls_database().await;
+    nothing_left_on_the_connection_is_read::<TokioPostgres>(&rls).await;
+    nothing_left_on_the_connection_is_read::<Sqlx>(&rls).await;
+}
+
+#[tokio::test]
+async fn the_scoped_loaders_single_key_form_runs_as_its_scope() {
+    use pgbatch::pg::{PgLoader, PoolOptions};
+
+    let rls = rls_database().await;
+    let pool = pgbatch::pg::pool(rls.auth.clone(), &PoolOptions::with_max_size(1)).unwrap();
+    let loader = PgLoader::new(pool, tokio_pg::Notes(Sql::Notes))
+        .scoped(SETTINGS)
+        .unwrap();
+    assert_eq!(
+        loader.load_one(&rls.tenant(3), &13).await.unwrap(),
+        view(3, 13)
+    );
+    assert_eq!(loader.load_one(&rls.tenant(4), &13).await.unwrap(), None);
+    let sqlx_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(crate::sqlx_connect::connect_options(&rls.auth))
+        .await
+        .unwrap();
+    let loader = pgbatch::sqlx::SqlxLoader::new(sqlx_pool, sqlx_pg::Notes(Sql::Notes))
+        .scoped(SETTINGS)
+        .unwrap();
+    assert_eq!(
+        loader.load_one(&rls.tenant(3), &13).await.unwrap(),
+        view(3, 13)
+    );
+    assert_eq!(loader.load_one(&rls.tenant(4), &13).await.unwrap(), None);
+}
+
+/// A value every scope may share is served from the cache only to scopes
+/// whose own loads the database has accepted: never to a role it refuses.
+async fn shared_values_reach_accepted_scopes_alone<D: Driver>(rls: &Rls) {
+    let ctx = D::NAME;
+    let (_, batcher) = D::open(&rls.auth, 2, false, Sql::Notes, Batcher::builder()).await;
+    let cache = Cache::builder()
+        .admission(Admission::Always)
+        // Every value marked the same for everyone, as a public row's is.
+        .shared_when(|_| true)
+        .build_with_batcher(batcher.clone())
+        .unwrap();
+    assert_eq!(cache.get_as(&rls.tenant(3), 13).await.unwrap(), view(3, 13));
+    assert_eq!(
+        cache.get_if_present_as(&rls.tenant(3), &13).await,
+        Some(view(3, 13))
+    );
+    // The stranger's role is refused by the database: no shared value for
+    // it, and its load fails.
+    let stranger = rls.scope(&rls.stranger_role, "3");
+    assert_eq!(cache.get_if_present_as(&stranger, &13).await, None, "{ctx}");
+    let err = cache.get_as(&stranger, 13).await.unwrap_err();
+    assert!(
+        err.to_string().contains("permission denied to set role"),
+        "{ctx}: {err}"
+    );
+    assert_eq!(cache.get_if_present_as(&stranger, &13).await, None, "{ctx}");
+    // Tenant 4's loads succeed: then it is served the shared value.
+    assert_eq!(cache.get_as(&rls.tenant(4), 14).await.unwrap(), view(4, 14));
+    assert_eq!(
+        cache.get_if_present_as(&rls.tenant(4), &13).await,
+        Some(view(3, 13)),
+        "{ctx}: shared once accepted"
+    );
+}
+
+#[tokio::test]
+async fn a_shared_cached_value_is_never_served_to_a_role_the_database_refuses() {
+    let rls = rls_database().await;
+    shared_values_reach_accepted_scopes_alone::<TokioPostgres>(&rls).await;
+    shared_values_reach_accepted_scopes_alone::<Sqlx>(&rls).await;
+}
+
+/// Through PgBouncer in transaction mode with one server connection: two
+/// clients whose statements sqlx and tokio-postgres would name alike
+/// (`sqlx_s_1`, `s0`) but that read different columns. With unnamed
+/// statements, as the pooler docs say, each answer comes from its own
+/// client's statement.
+async fn statements_do_not_collide_behind_the_pooler<D: Driver>(bouncer: &PgBouncer, rls: &Rls) {
+    let through = bouncer.config("postgres");
+    let (_, notes) = D::open(&through, 2, true, Sql::Notes, Batcher::builder()).await;
+    let (_, upper) = D::open(&through, 2, true, Sql::Upper, Batcher::builder()).await;
+    let reads: Vec<_> = (0..200i64)
+        .map(|i| {
+            let (t, id) = ((i % 10) as i32, 1 + i % 60);
+            let (notes, upper, scope) = (notes.clone(), upper.clone(), rls.tenant(t));
+            tokio::spawn(async move {
+                let (a, b) = tokio::join!(notes.load_as(&scope, id), upper.load_as(&scope, id));
+                (t, id, a.unwrap(), b.unwrap())
+            })
+        })
+        .collect();
+    for read in reads {
+        let (t, id, plain, shouted) = read.await.unwrap();
+        assert_eq!(plain, view(t, id), "{} tenant {t} note {id}", D::NAME);
+        assert_eq!(
+            shouted,
+            view(t, id).map(|v| v.to_uppercase()),
+            "{} tenant {t} note {id}",
+            D::NAME
+        );
     }
 }

@@ -1,0 +1,246 @@
+//! A [`ScopedLoader`] over a [`SqlxLoader`]: each load in a transaction of
+//! its own that runs as one [`Scope`].
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use ::sqlx::error::{DatabaseError, ErrorKind};
+use ::sqlx::postgres::{PgDatabaseError, PgPool};
+
+use super::loader::{BatchQuery, SqlxLoader};
+use super::prologue::{Scoping, Start};
+use crate::db::{Scope, ScopeError, StatementMode};
+use crate::{Loaded, ScopedLoader};
+
+/// Runs a [`BatchQuery`] as a [`Scope`]: the [`ScopedLoader`] of a scoped
+/// [`Batcher`](crate::Batcher) (`Batcher<K, V, Scope>`, built with
+/// [`build_scoped`](crate::BatcherBuilder::build_scoped)). Made by
+/// [`SqlxLoader::scoped`].
+///
+/// Each load is one transaction: `BEGIN`, the loader's prologue (`SELECT
+/// set_config('role', $1, true), set_config('app.tenant', $2, true),
+/// ...`: the role and every declared setting, the values bound as
+/// parameters), the statement, `COMMIT`; four round trips, since sqlx
+/// sends one statement at a time (tokio-postgres's `ScopedPgLoader` sends
+/// all four in one). So row-level security applies as it does to the
+/// scope's own requests, no load reads a setting another client left on
+/// the connection, no value of a scope appears in SQL text, and nothing of
+/// the scope is left on the connection.
+///
+/// Before a role's first load, in that load's transaction, the loader
+/// checks it (once per role): a role that is a superuser, has
+/// `BYPASSRLS`, or owns a table whose row-level security is not forced is
+/// refused, since policies would not apply to it. A refused scope fails
+/// with `sqlx::Error::Configuration` holding the [`ScopeError`].
+///
+/// A failure whose database report quotes one of the scope's values (a
+/// policy's failed cast of a setting) reaches the callers as a
+/// `sqlx::Error::Database` with the same SQLSTATE and the message
+/// withheld, so no log line carries the value.
+///
+/// Every way to load here takes a scope: there is no unscoped load on a
+/// scoped loader.
+pub struct ScopedSqlxLoader<Q> {
+    loader: SqlxLoader<Q>,
+    scoping: Arc<Scoping>,
+}
+
+impl<Q> Clone for ScopedSqlxLoader<Q> {
+    fn clone(&self) -> Self {
+        Self {
+            loader: self.loader.clone(),
+            scoping: Arc::clone(&self.scoping),
+        }
+    }
+}
+
+impl<Q> fmt::Debug for ScopedSqlxLoader<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScopedSqlxLoader")
+            .field("loader", &self.loader)
+            .field("settings", &self.scoping.names().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Q: BatchQuery> SqlxLoader<Q> {
+    /// This loader, run as a [`Scope`] per load; `settings` names every
+    /// setting its scopes may set. Each load sets all of them (to `''`
+    /// where its scope has none), so none is read from what another client
+    /// left on a pooled connection; a scope that sets any other is refused
+    /// ([`ScopeError::UndeclaredSetting`]). Declare every setting your
+    /// policies read.
+    ///
+    /// # Errors
+    ///
+    /// [`ScopeError::InvalidSettingName`] for a name no scope could set,
+    /// [`ScopeError::DuplicateSetting`] for one given twice.
+    pub fn scoped<I, N>(self, settings: I) -> Result<ScopedSqlxLoader<Q>, ScopeError>
+    where
+        I: IntoIterator<Item = N>,
+        N: Into<String>,
+    {
+        Ok(ScopedSqlxLoader {
+            loader: self,
+            scoping: Arc::new(Scoping::new(settings)?),
+        })
+    }
+}
+
+impl<Q: BatchQuery> ScopedSqlxLoader<Q> {
+    /// The same loader on another pool (a read replica's, say), sharing
+    /// the query. Its roles are checked again, on that pool's database.
+    #[must_use]
+    pub fn with_pool(&self, pool: PgPool) -> Self {
+        Self {
+            loader: self.loader.with_pool(pool),
+            scoping: Arc::new(self.scoping.anew()),
+        }
+    }
+
+    /// The pool the loader draws connections from.
+    pub fn pool(&self) -> &PgPool {
+        self.loader.pool()
+    }
+
+    /// The query this loader runs.
+    pub fn query(&self) -> &Q {
+        self.loader.query()
+    }
+
+    /// How this loader sends its statements.
+    pub fn statement_mode(&self) -> StatementMode {
+        self.loader.statement_mode()
+    }
+
+    /// The settings every load sets, in lower case.
+    pub fn settings(&self) -> impl Iterator<Item = &str> {
+        self.scoping.names()
+    }
+
+    /// Looks up one key as `scope` with the single-key statement, in a
+    /// transaction of its own, no batching.
+    ///
+    /// # Errors
+    ///
+    /// As [`ScopedLoader::load`].
+    pub async fn load_one(
+        &self,
+        scope: &Scope,
+        key: &Q::Key,
+    ) -> Result<Option<Q::Value>, ::sqlx::Error> {
+        let start = self.start(scope)?;
+        let one = self.loader.load_one_as(key, Some(&start)).await;
+        one.map_err(|e| withhold(e, scope))
+    }
+
+    /// How a load of `scope` starts.
+    fn start<'s>(&'s self, scope: &'s Scope) -> Result<Start<'s>, ::sqlx::Error> {
+        self.scoping.start(scope)
+    }
+}
+
+/// `e`, with its message withheld if the database's report quotes a value
+/// of `scope`.
+fn withhold(e: ::sqlx::Error, scope: &Scope) -> ::sqlx::Error {
+    let ::sqlx::Error::Database(db) = &e else {
+        return e;
+    };
+    let quoted = scope.is_quoted_in(db.message())
+        || db.try_downcast_ref::<PgDatabaseError>().is_some_and(|pg| {
+            [pg.detail(), pg.hint(), pg.r#where()]
+                .into_iter()
+                .flatten()
+                .any(|text| scope.is_quoted_in(text))
+        });
+    if !quoted {
+        return e;
+    }
+    let severity = db.try_downcast_ref::<PgDatabaseError>().map_or_else(
+        || "ERROR".to_owned(),
+        |pg| format!("{:?}", pg.severity()).to_uppercase(),
+    );
+    let code = db.code().map(Cow::into_owned).unwrap_or_default();
+    ::sqlx::Error::Database(Box::new(Withheld {
+        message: format!(
+            "{severity} (SQLSTATE {code}): the message is withheld, since it quotes a value of \
+             the scope"
+        ),
+        code,
+        kind: db.kind(),
+    }))
+}
+
+/// A database report that quoted a scope's value, without its message: the
+/// SQLSTATE (which `classify` sorts by) and kind survive.
+#[derive(Debug)]
+struct Withheld {
+    message: String,
+    code: String,
+    kind: ErrorKind,
+}
+
+impl fmt::Display for Withheld {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Withheld {}
+
+impl DatabaseError for Withheld {
+    fn message(&self) -> &str {
+        &self.message
+    }
+
+    fn code(&self) -> Option<Cow<'_, str>> {
+        Some(Cow::Borrowed(&self.code))
+    }
+
+    fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+        self
+    }
+
+    fn kind(&self) -> ErrorKind {
+        match self.kind {
+            ErrorKind::UniqueViolation => ErrorKind::UniqueViolation,
+            ErrorKind::ForeignKeyViolation => ErrorKind::ForeignKeyViolation,
+            ErrorKind::NotNullViolation => ErrorKind::NotNullViolation,
+            ErrorKind::CheckViolation => ErrorKind::CheckViolation,
+            _ => ErrorKind::Other,
+        }
+    }
+}
+
+/// A scoped load: the statement in a transaction of its own that runs as
+/// the [`Scope`] (see [`ScopedSqlxLoader`]).
+impl<Q: BatchQuery> ScopedLoader<Scope, Q::Key, Q::Value> for ScopedSqlxLoader<Q> {
+    type Error = ::sqlx::Error;
+
+    async fn load(
+        &self,
+        scope: &Scope,
+        keys: Vec<Q::Key>,
+    ) -> Result<Loaded<Q::Key, Q::Value>, ::sqlx::Error> {
+        let start = self.start(scope)?;
+        let loaded = self.loader.load_keys(keys, Some(&start)).await;
+        loaded.map_err(|e| withhold(e, scope))
+    }
+
+    fn is_absent(&self, value: &Q::Value) -> bool {
+        self.loader.query().is_absent(value)
+    }
+
+    fn label<'s>(&self, scope: &'s Scope) -> Option<Cow<'s, str>> {
+        Some(Cow::Owned(scope.name()))
+    }
+}
