@@ -230,6 +230,6 @@ pub use crate::db::{
     DbErrorKind, Scope, ScopeBuilder, ScopeError, StatementMode, UnmappedRow, WriteRequest, Written,
 };
 pub use error::{classify, is_pool_timeout, is_retryable};
-pub use loader::{BatchQuery, PgQuery, SqlxLoader, DEFAULT_ACQUIRE_TIMEOUT};
+pub use loader::{BatchQuery, PageQuery, PgQuery, SqlxLoader, DEFAULT_ACQUIRE_TIMEOUT};
 pub use scoped::ScopedSqlxLoader;
 pub use writer::{RowError, SqlxWriter, UpsertQuery, WriteResult, Writer};

@@ -14,7 +14,10 @@
 //! ```text
 //! scope      Scope: a role and transaction-local settings; the prologue that
 //!            sets them and the role check
-//! rows       UnmappedRow, BadRows: rows that do not map fail their own keys
+//! page       PageSql, PageKey, Page, Cursor: a page's statement, keys and
+//!            answers
+//! rows       Single, List, Paged: how rows answer keys; UnmappedRow,
+//!            BadRows: rows that do not map fail their own keys
 //! write      WriteRequest, Written, RowError, Writer; a batch's plan and answers
 //! import     ConflictPolicy, ImportCounts, ImportError; the SQL around COPY
 //! statement  StatementMode
@@ -24,6 +27,7 @@
 
 mod classify;
 mod import;
+mod page;
 mod rows;
 mod scope;
 mod sqlstate;
@@ -35,8 +39,10 @@ pub(crate) use import::{
     copy_sql, merge_sql, temp_table_sql, NumberedRow, Progress, IMPORT_TABLE, ROW_NUMBER,
 };
 pub use import::{ConflictPolicy, ImportCounts, ImportError};
-pub(crate) use rows::BadRows;
-pub use rows::UnmappedRow;
+pub(crate) use page::gather_pages;
+pub use page::{Cursor, Page, PageError, PageKey, PageSql, PageSqlBuilder, DEFAULT_MAX_FIRST};
+pub(crate) use rows::{gather_lists, BadRows};
+pub use rows::{List, Paged, Single, UnmappedRow};
 pub(crate) use scope::{judge_role, CheckedRoles, Prologue, ROLE_CHECK_SQL};
 pub use scope::{Scope, ScopeBuilder, ScopeError};
 pub use sqlstate::DbErrorKind;

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::hash::Hash;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use deadpool_postgres::{Pool, PoolError};
@@ -11,7 +12,10 @@ use tokio_postgres::Row;
 
 use super::error::DbErrorKind;
 use super::statements::{Sql, Start, Statements};
-use crate::db::{again_if_lost, BadRows, Classify, ScopeError};
+use crate::db::{
+    again_if_lost, gather_lists, gather_pages, BadRows, Classify, List, Page, PageKey, PageSql,
+    Paged, ScopeError, Single,
+};
 use crate::error::Chain;
 use crate::{Loaded, Loader};
 
@@ -268,11 +272,70 @@ impl From<tokio_postgres::Error> for PgError {
     }
 }
 
-/// Runs a [`BatchQuery`] on a connection pool; a [`Loader`] for a
-/// [`Batcher`](crate::Batcher).
-pub struct PgLoader<Q> {
+/// How to read pages of each parent's children (see [`PageSql`]): the
+/// statement, the parent's type, and how a row's columns (from position 0,
+/// in [`PageSqlBuilder::columns`](crate::db::PageSqlBuilder::columns)'s
+/// order) map to an item. Run by [`PgLoader::pages`].
+///
+/// ```
+/// use pgbatch::pg::{PageQuery, PageSql, PageError};
+/// use pgbatch::pg::tokio_postgres::{Error, Row};
+///
+/// /// `reviews(id bigint PRIMARY KEY, book_id bigint, stars int, created_at timestamptz)`.
+/// struct ReviewsOfBook(PageSql);
+///
+/// impl ReviewsOfBook {
+///     fn new() -> Result<Self, PageError> {
+///         Ok(Self(
+///             PageSql::builder("reviews")
+///                 .parent("book_id", "bigint")
+///                 .columns(["id", "stars"])
+///                 .order_by("created_at", "timestamptz")
+///                 .order_by("id", "bigint")
+///                 .build()?,
+///         ))
+///     }
+/// }
+///
+/// impl PageQuery for ReviewsOfBook {
+///     type Parent = i64;
+///     type Value = (i64, i32);
+///
+///     fn page_sql(&self) -> &PageSql {
+///         &self.0
+///     }
+///     fn map_row(&self, row: &Row) -> Result<(i64, i32), Error> {
+///         Ok((row.try_get(0)?, row.try_get(1)?))
+///     }
+/// }
+/// ```
+pub trait PageQuery: Send + Sync + 'static {
+    /// The parent column's type (bound as an array of them).
+    type Parent: ToSql + Clone + Eq + Hash + fmt::Debug + Send + Sync + 'static;
+    /// What an item maps to.
+    type Value: Clone + Send + Sync + 'static;
+
+    /// The statement.
+    fn page_sql(&self) -> &PageSql;
+    /// The item of a row, read from its columns at positions 0 and on.
+    ///
+    /// # Errors
+    ///
+    /// When a column is missing or has an unexpected type.
+    fn map_row(&self, row: &Row) -> Result<Self::Value, tokio_postgres::Error>;
+}
+
+/// Runs a [`BatchQuery`] (or, [`Paged`], a [`PageQuery`]) on a connection
+/// pool; a [`Loader`] for a [`Batcher`](crate::Batcher).
+///
+/// `R` says how rows answer keys: [`Single`] (made by [`new`](Self::new):
+/// a key's row), [`List`] (made by [`lists`](Self::lists): every row of a
+/// key, in the statement's order, an empty list for none), or [`Paged`]
+/// (made by [`pages`](PgLoader::pages): a page of a parent's children).
+pub struct PgLoader<Q, R = Single> {
     pool: Pool,
     query: Arc<Queries<Q>>,
+    rows: PhantomData<fn() -> R>,
 }
 
 /// The query, its two statements and how they are sent, shared by the
@@ -284,19 +347,21 @@ struct Queries<Q> {
     statements: Statements,
 }
 
-impl<Q> Clone for PgLoader<Q> {
+impl<Q, R> Clone for PgLoader<Q, R> {
     fn clone(&self) -> Self {
         Self {
             pool: self.pool.clone(),
             query: Arc::clone(&self.query),
+            rows: PhantomData,
         }
     }
 }
 
-impl<Q> fmt::Debug for PgLoader<Q> {
+impl<Q, R> fmt::Debug for PgLoader<Q, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgLoader")
             .field("pool", &self.pool.status())
+            .field("rows", &std::any::type_name::<R>())
             .finish_non_exhaustive()
     }
 }
@@ -312,40 +377,22 @@ impl<Q: BatchQuery> PgLoader<Q> {
     /// statements as `statements` say: unnamed through a transaction-mode
     /// pooler (see [`StatementMode`](super::StatementMode)).
     pub fn with_statements(pool: Pool, query: Q, statements: Statements) -> Self {
-        Self {
-            pool,
-            query: Arc::new(Queries {
-                batch: Sql::new(query.batch_sql()),
-                single: Sql::new(query.single_sql()),
-                query,
-                statements,
-            }),
-        }
+        let (batch, single) = (Sql::new(query.batch_sql()), Sql::new(query.single_sql()));
+        Self::made(pool, query, batch, single, statements)
     }
 
-    /// How this loader sends its statements.
-    pub fn statements(&self) -> Statements {
-        self.query.statements
-    }
-
-    /// The same query on another pool (a read replica's, say), sharing
-    /// the query rather than copying it.
+    /// This loader, answering each key with all of its rows' values, in
+    /// the order the statement returns them (an empty list for a key with
+    /// none): a parent's children, say, with `ORDER BY parent_id, ...` in
+    /// the statement. A row that does not map fails its own key's list
+    /// (with [`row_key`](BatchQuery::row_key)).
     #[must_use]
-    pub fn with_pool(&self, pool: Pool) -> Self {
-        Self {
-            pool,
-            ..self.clone()
+    pub fn lists(self) -> PgLoader<Q, List> {
+        PgLoader {
+            pool: self.pool,
+            query: self.query,
+            rows: PhantomData,
         }
-    }
-
-    /// The pool the loader draws connections from.
-    pub fn pool(&self) -> &Pool {
-        &self.pool
-    }
-
-    /// The query this loader runs.
-    pub fn query(&self) -> &Q {
-        &self.query.query
     }
 
     /// Looks up one key with the single-key statement: one round trip per
@@ -374,6 +421,153 @@ impl<Q: BatchQuery> PgLoader<Q> {
         }
     }
 
+    /// Runs the batch statement for `keys` (the single-key one for one
+    /// key), in a scope's transaction if `start` is given, and maps each
+    /// row. A row that does not map fails its own key if
+    /// [`row_key`](BatchQuery::row_key) can read it, else the keys left
+    /// without a value: not the batch, and never a key read as missing
+    /// that had a row.
+    pub(super) async fn load_keys(
+        &self,
+        keys: Vec<Q::Key>,
+        start: Option<Start<'_>>,
+    ) -> Result<Loaded<Q::Key, Q::Value>, PgError> {
+        let q = &*self.query;
+        let rows = self.rows_of(&keys, start).await?;
+        let mut loaded = Loaded::with_capacity(rows.len());
+        let mut bad = BadRows::default();
+        for row in &rows {
+            match q.query.map_row(row) {
+                Ok((key, value)) => {
+                    loaded.insert(key, value);
+                }
+                Err(e) => bad.add(&mut loaded, q.query.row_key(row), e),
+            }
+        }
+        bad.settle(&mut loaded, PgError::Query);
+        Ok(loaded)
+    }
+}
+
+impl<Q: BatchQuery, R> PgLoader<Q, R> {
+    /// The rows of the batch statement for `keys` (the single-key one for
+    /// one key), in a scope's transaction if `start` is given.
+    async fn rows_of(
+        &self,
+        keys: &[Q::Key],
+        start: Option<Start<'_>>,
+    ) -> Result<Vec<Row>, PgError> {
+        let q = &*self.query;
+        let (sql, params) = match keys {
+            [key] => (&q.single, q.query.single_params(key)),
+            _ => (&q.batch, q.query.batch_params(keys)),
+        };
+        self.run(sql, &as_refs(&params), start).await
+    }
+}
+
+impl<Q: BatchQuery> PgLoader<Q, List> {
+    /// Each key's list: every row of it, in the statement's order.
+    pub(super) async fn load_lists(
+        &self,
+        keys: Vec<Q::Key>,
+        start: Option<Start<'_>>,
+    ) -> Result<Loaded<Q::Key, Vec<Q::Value>>, PgError> {
+        let q = &self.query.query;
+        let rows = self.rows_of(&keys, start).await?;
+        let rows = rows.iter().map(|row| {
+            q.map_row(row)
+                .map_err(|e| (q.row_key(row), PgError::Query(e)))
+        });
+        Ok(gather_lists(&keys, rows))
+    }
+}
+
+impl<Q: PageQuery> PgLoader<Q, Paged> {
+    /// A loader of pages of each parent's children, running `query` on
+    /// connections from `pool`, with prepared statements cached per
+    /// connection. Its keys are [`PageKey`]s, from the query's
+    /// [`PageSql::key`]; keys of any size and cursor share a load.
+    pub fn pages(pool: Pool, query: Q) -> Self {
+        Self::pages_with_statements(pool, query, Statements::default())
+    }
+
+    /// [`pages`](Self::pages), sending its statements as `statements` say.
+    pub fn pages_with_statements(pool: Pool, query: Q, statements: Statements) -> Self {
+        let sql = Sql::new(query.page_sql().sql());
+        let single = Sql::new(query.page_sql().sql());
+        Self::made(pool, query, sql, single, statements)
+    }
+
+    /// Each key's page.
+    pub(super) async fn load_pages(
+        &self,
+        keys: Vec<PageKey<Q::Parent>>,
+        start: Option<Start<'_>>,
+    ) -> Result<Loaded<PageKey<Q::Parent>, Page<Q::Value>>, PgError> {
+        let q = &*self.query;
+        let page = q.query.page_sql();
+        let parents: Vec<Q::Parent> = keys.iter().map(|k| k.parent().clone()).collect();
+        let (limits, afters) = page.bounds(&keys);
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&parents, &limits];
+        params.extend(afters.iter().map(|a| a as &(dyn ToSql + Sync)));
+        let rows = self.run(&q.batch, &params, start).await?;
+        let at = page.value_columns();
+        let mut read = Vec::with_capacity(rows.len());
+        for row in &rows {
+            // The key's position first: a row whose value does not map
+            // still fails its own key.
+            let position: i64 = row.try_get(at)?;
+            let order = (0..page.order_columns())
+                .map(|i| row.try_get::<_, String>(at + 1 + i))
+                .collect::<Result<Vec<_>, _>>()?;
+            let value = q.query.map_row(row).map_err(PgError::Query);
+            let index = usize::try_from(position - 1).unwrap_or(usize::MAX);
+            read.push((index, order, value));
+        }
+        Ok(gather_pages(keys, read))
+    }
+}
+
+impl<Q, R> PgLoader<Q, R> {
+    fn made(pool: Pool, query: Q, batch: Sql, single: Sql, statements: Statements) -> Self {
+        Self {
+            pool,
+            query: Arc::new(Queries {
+                batch,
+                single,
+                query,
+                statements,
+            }),
+            rows: PhantomData,
+        }
+    }
+
+    /// How this loader sends its statements.
+    pub fn statements(&self) -> Statements {
+        self.query.statements
+    }
+
+    /// The same query on another pool (a read replica's, say), sharing
+    /// the query rather than copying it.
+    #[must_use]
+    pub fn with_pool(&self, pool: Pool) -> Self {
+        Self {
+            pool,
+            ..self.clone()
+        }
+    }
+
+    /// The pool the loader draws connections from.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The query this loader runs.
+    pub fn query(&self) -> &Q {
+        &self.query.query
+    }
+
     /// Runs `sql` on a leased connection, in a scope's transaction if
     /// `start` is given; if the node turned out to be gone or no longer a
     /// primary, once more on a new connection (a read is safe to repeat;
@@ -396,37 +590,6 @@ impl<Q: BatchQuery> PgLoader<Q> {
             Ok(rows?)
         })
         .await
-    }
-
-    /// Runs the batch statement for `keys` (the single-key one for one
-    /// key), in a scope's transaction if `start` is given, and maps each
-    /// row. A row that does not map fails its own key if
-    /// [`row_key`](BatchQuery::row_key) can read it, else the keys left
-    /// without a value: not the batch, and never a key read as missing
-    /// that had a row.
-    pub(super) async fn load_keys(
-        &self,
-        keys: Vec<Q::Key>,
-        start: Option<Start<'_>>,
-    ) -> Result<Loaded<Q::Key, Q::Value>, PgError> {
-        let q = &*self.query;
-        let (sql, params) = match keys.as_slice() {
-            [key] => (&q.single, q.query.single_params(key)),
-            _ => (&q.batch, q.query.batch_params(&keys)),
-        };
-        let rows = self.run(sql, &as_refs(&params), start).await?;
-        let mut loaded = Loaded::with_capacity(rows.len());
-        let mut bad = BadRows::default();
-        for row in &rows {
-            match q.query.map_row(row) {
-                Ok((key, value)) => {
-                    loaded.insert(key, value);
-                }
-                Err(e) => bad.add(&mut loaded, q.query.row_key(row), e),
-            }
-        }
-        bad.settle(&mut loaded, PgError::Query);
-        Ok(loaded)
     }
 }
 
@@ -452,5 +615,36 @@ impl<Q: BatchQuery> Loader<Q::Key, Q::Value> for PgLoader<Q> {
 
     fn is_absent(&self, value: &Q::Value) -> bool {
         self.query.query.is_absent(value)
+    }
+}
+
+/// Every row of each key, in the statement's order.
+impl<Q: BatchQuery> Loader<Q::Key, Vec<Q::Value>> for PgLoader<Q, List> {
+    type Error = PgError;
+
+    async fn load(&self, keys: Vec<Q::Key>) -> Result<Loaded<Q::Key, Vec<Q::Value>>, PgError> {
+        self.load_lists(keys, None).await
+    }
+
+    /// An empty list counts as "not found" in the statistics.
+    fn is_absent(&self, value: &Vec<Q::Value>) -> bool {
+        value.is_empty()
+    }
+}
+
+/// Each key's page of its parent's children.
+impl<Q: PageQuery> Loader<PageKey<Q::Parent>, Page<Q::Value>> for PgLoader<Q, Paged> {
+    type Error = PgError;
+
+    async fn load(
+        &self,
+        keys: Vec<PageKey<Q::Parent>>,
+    ) -> Result<Loaded<PageKey<Q::Parent>, Page<Q::Value>>, PgError> {
+        self.load_pages(keys, None).await
+    }
+
+    /// An empty page counts as "not found" in the statistics.
+    fn is_absent(&self, value: &Page<Q::Value>) -> bool {
+        value.items.is_empty()
     }
 }

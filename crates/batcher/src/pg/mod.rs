@@ -65,14 +65,17 @@ mod scoped;
 mod statements;
 mod writer;
 
-pub use crate::db::{Scope, ScopeBuilder, ScopeError, UnmappedRow, WriteRequest, Written};
+pub use crate::db::{
+    Cursor, List, Page, PageError, PageKey, PageSql, PageSqlBuilder, Paged, Scope, ScopeBuilder,
+    ScopeError, Single, UnmappedRow, WriteRequest, Written,
+};
 pub use connect::{
     parse_config, ConfigError, Connector, TargetSessionAttrs, UnknownTargetSessionAttrs,
     DEFAULT_HOST_TIMEOUT,
 };
 pub use error::{classify, DbErrorKind};
 pub(crate) use loader::pool_error_is_retryable;
-pub use loader::{BatchQuery, Params, PgError, PgLoader, Withheld};
+pub use loader::{BatchQuery, PageQuery, Params, PgError, PgLoader, Withheld};
 pub use pool::{pool, pool_with_connector, pool_with_tls, AsPgError, Lease, PoolOptions};
 pub use scoped::ScopedPgLoader;
 pub use statements::{Sql, StatementMode, Statements};

@@ -10,9 +10,12 @@ use deadpool_postgres::Pool;
 use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 use tokio_postgres::Row;
 
-use super::loader::{BatchQuery, PgError, PgLoader, Withheld};
+use super::loader::{BatchQuery, PageQuery, PgError, PgLoader, Withheld};
 use super::statements::{Sql, Start, Statements};
-use crate::db::{judge_role, CheckedRoles, Prologue, Scope, ScopeError, ROLE_CHECK_SQL};
+use crate::db::{
+    judge_role, CheckedRoles, List, Page, PageKey, Paged, Prologue, Scope, ScopeError, Single,
+    ROLE_CHECK_SQL,
+};
 use crate::{Loaded, ScopedLoader};
 
 /// Runs a [`BatchQuery`] as a [`Scope`]: the [`ScopedLoader`] of a scoped
@@ -36,8 +39,8 @@ use crate::{Loaded, ScopedLoader};
 ///
 /// Every way to load here takes a scope: there is no unscoped load on a
 /// scoped loader.
-pub struct ScopedPgLoader<Q> {
-    loader: PgLoader<Q>,
+pub struct ScopedPgLoader<Q, R = Single> {
+    loader: PgLoader<Q, R>,
     scoping: Arc<Scoping>,
 }
 
@@ -51,7 +54,7 @@ struct Scoping {
     checked: CheckedRoles,
 }
 
-impl<Q> Clone for ScopedPgLoader<Q> {
+impl<Q, R> Clone for ScopedPgLoader<Q, R> {
     fn clone(&self) -> Self {
         Self {
             loader: self.loader.clone(),
@@ -60,7 +63,7 @@ impl<Q> Clone for ScopedPgLoader<Q> {
     }
 }
 
-impl<Q> fmt::Debug for ScopedPgLoader<Q> {
+impl<Q, R> fmt::Debug for ScopedPgLoader<Q, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ScopedPgLoader")
             .field("loader", &self.loader)
@@ -69,7 +72,7 @@ impl<Q> fmt::Debug for ScopedPgLoader<Q> {
     }
 }
 
-impl<Q: BatchQuery> PgLoader<Q> {
+impl<Q, R> PgLoader<Q, R> {
     /// This loader, run as a [`Scope`] per load; `settings` names every
     /// setting its scopes may set. Each load sets all of them (to `''`
     /// where its scope has none), so none is read from what another client
@@ -89,7 +92,7 @@ impl<Q: BatchQuery> PgLoader<Q> {
     ///
     /// [`ScopeError::InvalidSettingName`] for a name no scope could set,
     /// [`ScopeError::DuplicateSetting`] for one given twice.
-    pub fn scoped<I, N>(self, settings: I) -> Result<ScopedPgLoader<Q>, ScopeError>
+    pub fn scoped<I, N>(self, settings: I) -> Result<ScopedPgLoader<Q, R>, ScopeError>
     where
         I: IntoIterator<Item = N>,
         N: Into<String>,
@@ -101,7 +104,7 @@ impl<Q: BatchQuery> PgLoader<Q> {
     }
 }
 
-impl<Q: BatchQuery> ScopedPgLoader<Q> {
+impl<Q, R> ScopedPgLoader<Q, R> {
     /// The same loader on another pool (a read replica's, say), sharing
     /// the query. Its roles are checked again, on that pool's database.
     #[must_use]
@@ -130,20 +133,6 @@ impl<Q: BatchQuery> ScopedPgLoader<Q> {
     /// The settings every load sets, in lower case.
     pub fn settings(&self) -> impl Iterator<Item = &str> {
         self.scoping.prologue.names()
-    }
-
-    /// Looks up one key as `scope` with the single-key statement, in a
-    /// transaction of its own: one round trip, no batching.
-    ///
-    /// # Errors
-    ///
-    /// As [`ScopedLoader::load`].
-    pub async fn load_one(&self, scope: &Scope, key: &Q::Key) -> Result<Option<Q::Value>, PgError> {
-        let values = self.prepare(scope).await?;
-        let params = as_params(&values);
-        let start = self.start(&params);
-        let one = self.loader.load_one_as(key, Some(start)).await;
-        one.map_err(|e| withhold(e, scope))
     }
 
     /// Runs any statement of yours as `scope`, in a transaction of its own
@@ -204,6 +193,22 @@ impl<Q: BatchQuery> ScopedPgLoader<Q> {
         judge_role(role, row).map_err(PgError::Scope)?;
         checked.accept(role);
         Ok(())
+    }
+}
+
+impl<Q: BatchQuery> ScopedPgLoader<Q> {
+    /// Looks up one key as `scope` with the single-key statement, in a
+    /// transaction of its own: one round trip, no batching.
+    ///
+    /// # Errors
+    ///
+    /// As [`ScopedLoader::load`].
+    pub async fn load_one(&self, scope: &Scope, key: &Q::Key) -> Result<Option<Q::Value>, PgError> {
+        let values = self.prepare(scope).await?;
+        let params = as_params(&values);
+        let start = self.start(&params);
+        let one = self.loader.load_one_as(key, Some(start)).await;
+        one.map_err(|e| withhold(e, scope))
     }
 }
 
@@ -287,6 +292,58 @@ impl<Q: BatchQuery> ScopedLoader<Scope, Q::Key, Q::Value> for ScopedPgLoader<Q> 
 
     fn is_absent(&self, value: &Q::Value) -> bool {
         self.loader.query().is_absent(value)
+    }
+
+    fn label<'s>(&self, scope: &'s Scope) -> Option<Cow<'s, str>> {
+        Some(Cow::Owned(scope.name()))
+    }
+}
+
+/// Each key's list, as the [`Scope`].
+impl<Q: BatchQuery> ScopedLoader<Scope, Q::Key, Vec<Q::Value>> for ScopedPgLoader<Q, List> {
+    type Error = PgError;
+
+    async fn load(
+        &self,
+        scope: &Scope,
+        keys: Vec<Q::Key>,
+    ) -> Result<Loaded<Q::Key, Vec<Q::Value>>, PgError> {
+        let values = self.prepare(scope).await?;
+        let params = as_params(&values);
+        let start = self.start(&params);
+        let loaded = self.loader.load_lists(keys, Some(start)).await;
+        loaded.map_err(|e| withhold(e, scope))
+    }
+
+    fn is_absent(&self, value: &Vec<Q::Value>) -> bool {
+        value.is_empty()
+    }
+
+    fn label<'s>(&self, scope: &'s Scope) -> Option<Cow<'s, str>> {
+        Some(Cow::Owned(scope.name()))
+    }
+}
+
+/// Each key's page, as the [`Scope`].
+impl<Q: PageQuery> ScopedLoader<Scope, PageKey<Q::Parent>, Page<Q::Value>>
+    for ScopedPgLoader<Q, Paged>
+{
+    type Error = PgError;
+
+    async fn load(
+        &self,
+        scope: &Scope,
+        keys: Vec<PageKey<Q::Parent>>,
+    ) -> Result<Loaded<PageKey<Q::Parent>, Page<Q::Value>>, PgError> {
+        let values = self.prepare(scope).await?;
+        let params = as_params(&values);
+        let start = self.start(&params);
+        let loaded = self.loader.load_pages(keys, Some(start)).await;
+        loaded.map_err(|e| withhold(e, scope))
+    }
+
+    fn is_absent(&self, value: &Page<Q::Value>) -> bool {
+        value.items.is_empty()
     }
 
     fn label<'s>(&self, scope: &'s Scope) -> Option<Cow<'s, str>> {

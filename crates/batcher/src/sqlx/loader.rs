@@ -2,16 +2,20 @@
 
 use std::fmt;
 use std::hash::Hash;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ::sqlx::pool::PoolConnection;
-use ::sqlx::postgres::{PgArguments, PgConnection, PgPool, PgRow, Postgres};
+use ::sqlx::postgres::{PgArguments, PgConnection, PgHasArrayType, PgPool, PgRow, Postgres};
 use ::sqlx::query::Query;
-use ::sqlx::{Connection, Executor, FromRow};
+use ::sqlx::{Connection, Encode, Executor, FromRow, Type};
 
 use super::prologue::Start;
-use crate::db::{again_if_lost, BadRows, StatementMode};
+use crate::db::{
+    again_if_lost, gather_lists, gather_pages, BadRows, List, Page, PageKey, PageSql, Paged,
+    Single, StatementMode,
+};
 use crate::{Loaded, Loader};
 
 /// A Postgres query whose parameters are bound one by one with
@@ -128,10 +132,11 @@ pub trait BatchQuery: Send + Sync + 'static {
 /// A load dropped before it ends (a batcher's timeout) leaves its
 /// connection to sqlx's pool, which tests it before reuse; an
 /// [`Unnamed`](StatementMode::Unnamed) load's transaction is rolled back.
-pub struct SqlxLoader<Q> {
+pub struct SqlxLoader<Q, R = Single> {
     pool: PgPool,
     inner: Arc<Inner<Q>>,
     acquire_timeout: Duration,
+    rows: PhantomData<fn() -> R>,
 }
 
 /// How long a load waits for a connection by default: well inside the
@@ -150,17 +155,18 @@ struct Inner<Q> {
     mode: StatementMode,
 }
 
-impl<Q> Clone for SqlxLoader<Q> {
+impl<Q, R> Clone for SqlxLoader<Q, R> {
     fn clone(&self) -> Self {
         Self {
             pool: self.pool.clone(),
             inner: Arc::clone(&self.inner),
             acquire_timeout: self.acquire_timeout,
+            rows: PhantomData,
         }
     }
 }
 
-impl<Q> fmt::Debug for SqlxLoader<Q> {
+impl<Q, R> fmt::Debug for SqlxLoader<Q, R> {
     // Not the pool's own `Debug`: the loader's is for logs, and the
     // pool's size says what matters there.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -169,6 +175,7 @@ impl<Q> fmt::Debug for SqlxLoader<Q> {
             .field("pool_idle", &self.pool.num_idle())
             .field("pool_closed", &self.pool.is_closed())
             .field("mode", &self.inner.mode)
+            .field("rows", &std::any::type_name::<R>())
             .finish_non_exhaustive()
     }
 }
@@ -184,10 +191,32 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
     /// statements as `mode` says: [`StatementMode::Unnamed`] through a
     /// transaction-mode pooler.
     pub fn with_statement_mode(pool: PgPool, query: Q, mode: StatementMode) -> Self {
+        Self::made(pool, query, mode)
+    }
+
+    /// This loader, answering each key with all of its rows' values, in
+    /// the order the statement returns them (an empty list for a key with
+    /// none): a parent's children, say, with `ORDER BY parent_id, ...` in
+    /// the statement. A row that does not map fails its own key's list
+    /// (with [`row_key`](BatchQuery::row_key)).
+    #[must_use]
+    pub fn lists(self) -> SqlxLoader<Q, List> {
+        SqlxLoader {
+            pool: self.pool,
+            inner: self.inner,
+            acquire_timeout: self.acquire_timeout,
+            rows: PhantomData,
+        }
+    }
+}
+
+impl<Q, R> SqlxLoader<Q, R> {
+    fn made(pool: PgPool, query: Q, mode: StatementMode) -> Self {
         Self {
             pool,
             inner: Arc::new(Inner { query, mode }),
             acquire_timeout: DEFAULT_ACQUIRE_TIMEOUT,
+            rows: PhantomData,
         }
     }
 
@@ -229,7 +258,9 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
     pub fn query(&self) -> &Q {
         &self.inner.query
     }
+}
 
+impl<Q: BatchQuery> SqlxLoader<Q> {
     /// Looks up one key with the single-key statement: one round trip per
     /// key (with [`StatementMode::Prepared`]), no batching.
     ///
@@ -248,20 +279,23 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
         key: &Q::Key,
         start: Option<&Start<'_>>,
     ) -> Result<Option<Q::Value>, ::sqlx::Error> {
-        let rows = self.fetch(std::slice::from_ref(key), start).await?;
+        let keys = std::slice::from_ref(key);
+        let rows = self.fetch(|| self.statement(keys), start).await?;
         match rows.first() {
             Some(row) => Ok(Some(self.map(row)?.1)),
             None => Ok(None),
         }
     }
+}
 
+impl<Q, R> SqlxLoader<Q, R> {
     /// Runs the statement for `keys`, in a scope's transaction if `start`
     /// is given; if the connection was lost, once more: a read is safe to
     /// repeat, and the pool does not hand out the lost connection again
     /// (it tests a connection coming back).
-    async fn fetch(
-        &self,
-        keys: &[Q::Key],
+    async fn fetch<'q>(
+        &'q self,
+        statement: impl Fn() -> PgQuery<'q> + Sync,
         start: Option<&Start<'_>>,
     ) -> Result<Vec<PgRow>, ::sqlx::Error> {
         // `Executor::fetch_all` returns a boxed `Send` future, so the
@@ -270,16 +304,16 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
         again_if_lost("reading", true, || async {
             let mut conn = acquire(&self.pool, self.acquire_timeout).await?;
             match (self.inner.mode, start) {
-                (_, Some(start)) => self.fetch_as(conn, keys, start).await,
+                (_, Some(start)) => self.fetch_as(conn, statement(), start).await,
                 (StatementMode::Prepared, None) => {
-                    Executor::fetch_all(&mut *conn, self.statement(keys)).await
+                    Executor::fetch_all(&mut *conn, statement()).await
                 }
                 (StatementMode::Unnamed, None) => {
                     // The transaction keeps the statement's parse and its
                     // execution on one server connection behind a pooler.
                     // A failure drops `tx`, which rolls it back.
                     let mut tx = Connection::begin(&mut *conn).await?;
-                    let rows = Executor::fetch_all(&mut *tx, self.statement(keys)).await?;
+                    let rows = Executor::fetch_all(&mut *tx, statement()).await?;
                     tx.commit().await?;
                     Ok(rows)
                 }
@@ -303,7 +337,7 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
     async fn fetch_as(
         &self,
         conn: PoolConnection<Postgres>,
-        keys: &[Q::Key],
+        statement: PgQuery<'_>,
         start: &Start<'_>,
     ) -> Result<Vec<PgRow>, ::sqlx::Error> {
         let mut conn = CloseUnlessEnded(Some(conn));
@@ -312,7 +346,7 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
         let done = async {
             Executor::execute(&mut *c, ::sqlx::raw_sql("BEGIN")).await?;
             start.run(&mut *c, mode).await?;
-            let rows = Executor::fetch_all(&mut *c, self.statement(keys)).await?;
+            let rows = Executor::fetch_all(&mut *c, statement).await?;
             Executor::execute(&mut *c, ::sqlx::raw_sql("COMMIT")).await?;
             Ok(rows)
         }
@@ -328,7 +362,9 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
         drop(conn.0.take());
         done
     }
+}
 
+impl<Q: BatchQuery, R> SqlxLoader<Q, R> {
     /// The statement for `keys` with the keys bound: the single-key one
     /// for one key.
     fn statement<'a>(&'a self, keys: &'a [Q::Key]) -> PgQuery<'a> {
@@ -412,7 +448,7 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
         keys: Vec<Q::Key>,
         start: Option<&Start<'_>>,
     ) -> Result<Loaded<Q::Key, Q::Value>, ::sqlx::Error> {
-        let rows = self.fetch(&keys, start).await?;
+        let rows = self.fetch(|| self.statement(&keys), start).await?;
         let mut loaded = Loaded::with_capacity(rows.len());
         let mut bad = BadRows::default();
         for row in &rows {
@@ -441,5 +477,136 @@ impl<Q: BatchQuery> Loader<Q::Key, Q::Value> for SqlxLoader<Q> {
 
     fn is_absent(&self, value: &Q::Value) -> bool {
         self.inner.query.is_absent(value)
+    }
+}
+
+impl<Q: BatchQuery> SqlxLoader<Q, List> {
+    /// Each key's list: every row of it, in the statement's order.
+    pub(super) async fn load_lists(
+        &self,
+        keys: Vec<Q::Key>,
+        start: Option<&Start<'_>>,
+    ) -> Result<Loaded<Q::Key, Vec<Q::Value>>, ::sqlx::Error> {
+        let rows = self.fetch(|| self.statement(&keys), start).await?;
+        let q = &self.inner.query;
+        let rows = rows
+            .iter()
+            .map(|row| self.map(row).map_err(|e| (q.row_key(row), e)));
+        Ok(gather_lists(&keys, rows))
+    }
+}
+
+/// Every row of each key, in the statement's order.
+impl<Q: BatchQuery> Loader<Q::Key, Vec<Q::Value>> for SqlxLoader<Q, List> {
+    type Error = ::sqlx::Error;
+
+    async fn load(
+        &self,
+        keys: Vec<Q::Key>,
+    ) -> Result<Loaded<Q::Key, Vec<Q::Value>>, ::sqlx::Error> {
+        self.load_lists(keys, None).await
+    }
+
+    /// An empty list counts as "not found" in the statistics.
+    fn is_absent(&self, value: &Vec<Q::Value>) -> bool {
+        value.is_empty()
+    }
+}
+
+/// How to read pages of each parent's children with sqlx (see
+/// [`PageSql`]): the statement, the parent's type, and how a row (read
+/// into [`Row`](Self::Row) from its columns at positions 0 and on, in
+/// [`PageSqlBuilder::columns`](crate::db::PageSqlBuilder::columns)'s
+/// order: a tuple, or your `FromRow` type) maps to an item. Run by
+/// [`SqlxLoader::pages`].
+pub trait PageQuery: Send + Sync + 'static {
+    /// The parent column's type (bound as an array of them).
+    type Parent: for<'q> Encode<'q, Postgres>
+        + Type<Postgres>
+        + PgHasArrayType
+        + Clone
+        + Eq
+        + Hash
+        + fmt::Debug
+        + Send
+        + Sync
+        + 'static;
+    /// What a returned row is read into.
+    type Row: for<'r> FromRow<'r, PgRow> + Send + Unpin + 'static;
+    /// What an item maps to.
+    type Value: Clone + Send + Sync + 'static;
+
+    /// The statement.
+    fn page_sql(&self) -> &PageSql;
+    /// The item of a row.
+    fn map_row(&self, row: Self::Row) -> Self::Value;
+}
+
+impl<Q: PageQuery> SqlxLoader<Q, Paged> {
+    /// A loader of pages of each parent's children, running `query` on
+    /// connections from `pool` as statements prepared and cached per
+    /// connection. Its keys are [`PageKey`]s, from the query's
+    /// [`PageSql::key`]; keys of any size and cursor share a load.
+    pub fn pages(pool: PgPool, query: Q) -> Self {
+        Self::pages_with_statement_mode(pool, query, StatementMode::default())
+    }
+
+    /// [`pages`](Self::pages), sending its statements as `mode` says.
+    pub fn pages_with_statement_mode(pool: PgPool, query: Q, mode: StatementMode) -> Self {
+        Self::made(pool, query, mode)
+    }
+
+    /// Each key's page.
+    pub(super) async fn load_pages(
+        &self,
+        keys: Vec<PageKey<Q::Parent>>,
+        start: Option<&Start<'_>>,
+    ) -> Result<Loaded<PageKey<Q::Parent>, Page<Q::Value>>, ::sqlx::Error> {
+        let q = &self.inner.query;
+        let page = q.page_sql();
+        let parents: Vec<Q::Parent> = keys.iter().map(|k| k.parent().clone()).collect();
+        let (limits, afters) = page.bounds(&keys);
+        let prepared = self.inner.mode == StatementMode::Prepared;
+        let statement = || {
+            let query = ::sqlx::query::<Postgres>(page.sql())
+                .bind(&parents[..])
+                .bind(&limits[..]);
+            afters
+                .iter()
+                .fold(query, |query, after| query.bind(&after[..]))
+                .persistent(prepared)
+        };
+        let rows = self.fetch(statement, start).await?;
+        let at = page.value_columns();
+        let mut read = Vec::with_capacity(rows.len());
+        for row in &rows {
+            // The key's position first: a row whose value does not read
+            // still fails its own key.
+            let position: i64 = ::sqlx::Row::try_get(row, at)?;
+            let order = (0..page.order_columns())
+                .map(|i| ::sqlx::Row::try_get::<String, _>(row, at + 1 + i))
+                .collect::<Result<Vec<_>, _>>()?;
+            let value = <Q::Row as FromRow<'_, PgRow>>::from_row(row).map(|r| q.map_row(r));
+            let index = usize::try_from(position - 1).unwrap_or(usize::MAX);
+            read.push((index, order, value));
+        }
+        Ok(gather_pages(keys, read))
+    }
+}
+
+/// Each key's page of its parent's children.
+impl<Q: PageQuery> Loader<PageKey<Q::Parent>, Page<Q::Value>> for SqlxLoader<Q, Paged> {
+    type Error = ::sqlx::Error;
+
+    async fn load(
+        &self,
+        keys: Vec<PageKey<Q::Parent>>,
+    ) -> Result<Loaded<PageKey<Q::Parent>, Page<Q::Value>>, ::sqlx::Error> {
+        self.load_pages(keys, None).await
+    }
+
+    /// An empty page counts as "not found" in the statistics.
+    fn is_absent(&self, value: &Page<Q::Value>) -> bool {
+        value.items.is_empty()
     }
 }

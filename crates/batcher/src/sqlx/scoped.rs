@@ -8,9 +8,9 @@ use std::sync::Arc;
 use ::sqlx::error::{DatabaseError, ErrorKind};
 use ::sqlx::postgres::{PgDatabaseError, PgPool};
 
-use super::loader::{BatchQuery, SqlxLoader};
+use super::loader::{BatchQuery, PageQuery, SqlxLoader};
 use super::prologue::{Scoping, Start};
-use crate::db::{Scope, ScopeError, StatementMode};
+use crate::db::{List, Page, PageKey, Paged, Scope, ScopeError, Single, StatementMode};
 use crate::{Loaded, ScopedLoader};
 
 /// Runs a [`BatchQuery`] as a [`Scope`]: the [`ScopedLoader`] of a scoped
@@ -41,12 +41,12 @@ use crate::{Loaded, ScopedLoader};
 ///
 /// Every way to load here takes a scope: there is no unscoped load on a
 /// scoped loader.
-pub struct ScopedSqlxLoader<Q> {
-    loader: SqlxLoader<Q>,
+pub struct ScopedSqlxLoader<Q, R = Single> {
+    loader: SqlxLoader<Q, R>,
     scoping: Arc<Scoping>,
 }
 
-impl<Q> Clone for ScopedSqlxLoader<Q> {
+impl<Q, R> Clone for ScopedSqlxLoader<Q, R> {
     fn clone(&self) -> Self {
         Self {
             loader: self.loader.clone(),
@@ -55,7 +55,7 @@ impl<Q> Clone for ScopedSqlxLoader<Q> {
     }
 }
 
-impl<Q> fmt::Debug for ScopedSqlxLoader<Q> {
+impl<Q, R> fmt::Debug for ScopedSqlxLoader<Q, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ScopedSqlxLoader")
             .field("loader", &self.loader)
@@ -64,7 +64,7 @@ impl<Q> fmt::Debug for ScopedSqlxLoader<Q> {
     }
 }
 
-impl<Q: BatchQuery> SqlxLoader<Q> {
+impl<Q, R> SqlxLoader<Q, R> {
     /// This loader, run as a [`Scope`] per load; `settings` names every
     /// setting its scopes may set. Each load sets all of them (to `''`
     /// where its scope has none), so none is read from what another client
@@ -76,7 +76,7 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
     ///
     /// [`ScopeError::InvalidSettingName`] for a name no scope could set,
     /// [`ScopeError::DuplicateSetting`] for one given twice.
-    pub fn scoped<I, N>(self, settings: I) -> Result<ScopedSqlxLoader<Q>, ScopeError>
+    pub fn scoped<I, N>(self, settings: I) -> Result<ScopedSqlxLoader<Q, R>, ScopeError>
     where
         I: IntoIterator<Item = N>,
         N: Into<String>,
@@ -88,7 +88,7 @@ impl<Q: BatchQuery> SqlxLoader<Q> {
     }
 }
 
-impl<Q: BatchQuery> ScopedSqlxLoader<Q> {
+impl<Q, R> ScopedSqlxLoader<Q, R> {
     /// The same loader on another pool (a read replica's, say), sharing
     /// the query. Its roles are checked again, on that pool's database.
     #[must_use]
@@ -119,6 +119,13 @@ impl<Q: BatchQuery> ScopedSqlxLoader<Q> {
         self.scoping.names()
     }
 
+    /// How a load of `scope` starts.
+    fn start<'s>(&'s self, scope: &'s Scope) -> Result<Start<'s>, ::sqlx::Error> {
+        self.scoping.start(scope)
+    }
+}
+
+impl<Q: BatchQuery> ScopedSqlxLoader<Q> {
     /// Looks up one key as `scope` with the single-key statement, in a
     /// transaction of its own, no batching.
     ///
@@ -133,11 +140,6 @@ impl<Q: BatchQuery> ScopedSqlxLoader<Q> {
         let start = self.start(scope)?;
         let one = self.loader.load_one_as(key, Some(&start)).await;
         one.map_err(|e| withhold(e, scope))
-    }
-
-    /// How a load of `scope` starts.
-    fn start<'s>(&'s self, scope: &'s Scope) -> Result<Start<'s>, ::sqlx::Error> {
-        self.scoping.start(scope)
     }
 }
 
@@ -238,6 +240,54 @@ impl<Q: BatchQuery> ScopedLoader<Scope, Q::Key, Q::Value> for ScopedSqlxLoader<Q
 
     fn is_absent(&self, value: &Q::Value) -> bool {
         self.loader.query().is_absent(value)
+    }
+
+    fn label<'s>(&self, scope: &'s Scope) -> Option<Cow<'s, str>> {
+        Some(Cow::Owned(scope.name()))
+    }
+}
+
+/// Each key's list, as the [`Scope`].
+impl<Q: BatchQuery> ScopedLoader<Scope, Q::Key, Vec<Q::Value>> for ScopedSqlxLoader<Q, List> {
+    type Error = ::sqlx::Error;
+
+    async fn load(
+        &self,
+        scope: &Scope,
+        keys: Vec<Q::Key>,
+    ) -> Result<Loaded<Q::Key, Vec<Q::Value>>, ::sqlx::Error> {
+        let start = self.start(scope)?;
+        let loaded = self.loader.load_lists(keys, Some(&start)).await;
+        loaded.map_err(|e| withhold(e, scope))
+    }
+
+    fn is_absent(&self, value: &Vec<Q::Value>) -> bool {
+        value.is_empty()
+    }
+
+    fn label<'s>(&self, scope: &'s Scope) -> Option<Cow<'s, str>> {
+        Some(Cow::Owned(scope.name()))
+    }
+}
+
+/// Each key's page, as the [`Scope`].
+impl<Q: PageQuery> ScopedLoader<Scope, PageKey<Q::Parent>, Page<Q::Value>>
+    for ScopedSqlxLoader<Q, Paged>
+{
+    type Error = ::sqlx::Error;
+
+    async fn load(
+        &self,
+        scope: &Scope,
+        keys: Vec<PageKey<Q::Parent>>,
+    ) -> Result<Loaded<PageKey<Q::Parent>, Page<Q::Value>>, ::sqlx::Error> {
+        let start = self.start(scope)?;
+        let loaded = self.loader.load_pages(keys, Some(&start)).await;
+        loaded.map_err(|e| withhold(e, scope))
+    }
+
+    fn is_absent(&self, value: &Page<Q::Value>) -> bool {
+        value.items.is_empty()
     }
 
     fn label<'s>(&self, scope: &'s Scope) -> Option<Cow<'s, str>> {

@@ -103,6 +103,15 @@ async fn graphql_once_answers_each_tenant_and_exits() {
         );
     }
     assert!(out.contains("author lookups:"), "{out}");
+    for tenant in 0..3 {
+        assert!(
+            out.contains(&format!(
+                "tenant {tenant}: authors, their books and reviews in statements: 1 for authors, \
+                 1 for books, 1 for reviews"
+            )),
+            "{out}"
+        );
+    }
 }
 
 /// The `N` numbers of the line of `out` that starts with `start`.

@@ -139,3 +139,91 @@ async fn tenants_at_once_each_get_their_own_books_and_authors() {
         .unwrap()
         .is_none());
 }
+
+/// `{ authors { books(first: 5, after: ...) { reviews(first: 3) } } }`:
+/// each level is one statement for every parent of the level, and a
+/// book's next page starts where the last ended. On one thread, as the
+/// example's `--once` runs, so that a busy machine cannot hold the
+/// request's task up past the gathering delay.
+#[tokio::test]
+async fn each_level_of_pages_is_one_statement_for_the_whole_query() {
+    let (schema, _db) = schema().await;
+    let query = "{ authors(first: 20) { id books(first: 5) { \
+                   pageInfo { hasNextPage endCursor } \
+                   nodes { id title reviews(first: 3) { nodes { id stars } pageInfo { hasNextPage } } } } } }";
+    let response = schema.execute(as_tenant(query, 1)).await;
+    assert!(response.errors.is_empty(), "{:?}", response.errors);
+    let loaders = loaders(&schema);
+    let (books, reviews) = (
+        loaders.book_pages.stats().batches,
+        loaders.review_pages.stats().batches,
+    );
+    assert_eq!((books, reviews), (1, 1), "one statement per level");
+    let data = response.data.into_json().unwrap();
+    let authors = data["authors"].as_array().unwrap();
+    assert_eq!(authors.len(), 20);
+    let mut with_more = None;
+    for author in authors {
+        let id = author["id"].as_i64().unwrap();
+        assert_eq!(example::tenant_of(id), 1, "{author}");
+        let page = &author["books"];
+        let nodes = page["nodes"].as_array().unwrap();
+        assert!(nodes.len() <= 5);
+        let ids: Vec<i64> = nodes.iter().map(|b| b["id"].as_i64().unwrap()).collect();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "by id: {ids:?}");
+        for book in nodes {
+            let reviews = book["reviews"]["nodes"].as_array().unwrap();
+            assert!(reviews.len() <= 3);
+            let stars: Vec<i64> = reviews
+                .iter()
+                .map(|r| r["stars"].as_i64().unwrap())
+                .collect();
+            assert!(
+                stars.windows(2).all(|w| w[0] >= w[1]),
+                "most stars first: {stars:?}"
+            );
+        }
+        if page["pageInfo"]["hasNextPage"] == true {
+            with_more = Some((id, ids, page["pageInfo"]["endCursor"].clone()));
+        }
+    }
+    // The next page of an author with more: after the last book of the
+    // first, no book twice.
+    let (author, first_ids, cursor) = with_more.expect("an author with more than 5 books");
+    let next = format!(
+        "{{ authors(first: 20) {{ id books(first: 5, after: {cursor}) {{ nodes {{ id }} }} }} }}"
+    );
+    let response = schema.execute(as_tenant(&next, 1)).await;
+    assert!(response.errors.is_empty(), "{:?}", response.errors);
+    let data = response.data.into_json().unwrap();
+    let page = data["authors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["id"] == author)
+        .unwrap()["books"]["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["id"].as_i64().unwrap())
+        .collect::<Vec<_>>();
+    assert!(!page.is_empty());
+    assert!(
+        page[0] > *first_ids.last().unwrap(),
+        "{first_ids:?} then {page:?}"
+    );
+    assert_eq!(loaders.book_pages.stats().batches, 2, "still one statement");
+
+    // Bad input is a GraphQL error naming it, never a database read.
+    for (args, says) in [
+        ("first: 0", "at least one item"),
+        ("first: 51", "at most 50 items"),
+        (r#"first: 5, after: "garbage""#, "cursor does not decode"),
+    ] {
+        let bad = format!("{{ authors(first: 1) {{ books({args}) {{ nodes {{ id }} }} }} }}");
+        let response = schema.execute(as_tenant(&bad, 1)).await;
+        let error = response.errors.first().expect("an error");
+        assert!(error.message.contains(says), "{args}: {error:?}");
+    }
+    assert_eq!(loaders.book_pages.stats().batches, 2);
+}

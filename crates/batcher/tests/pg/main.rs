@@ -15,6 +15,8 @@ mod errors;
 mod examples;
 #[cfg(all(feature = "postgres", feature = "cache"))]
 mod graphql;
+#[cfg(all(feature = "postgres", feature = "sqlx", feature = "cache"))]
+mod lists;
 #[cfg(feature = "postgres")]
 mod pg_failover;
 #[cfg(feature = "postgres")]
