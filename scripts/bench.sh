@@ -13,8 +13,8 @@
 #   ./scripts/bench.sh            # everything
 #   ./scripts/bench.sh loadgen    # only the named parts: criterion, loadgen,
 #                                 # autotune, latency, http, randomread, pooler,
-#                                 # dataloader, openloop, scopes, coherence,
-#                                 # replicas
+#                                 # dataloader, openloop, scopes, pages,
+#                                 # coherence, replicas
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # PostgreSQL 18 unless PGBATCH_PG_VERSION says otherwise (15 is Debian's).
@@ -34,7 +34,7 @@ fi
 ./scripts/ensure-pgbouncer.sh
 
 parts=("$@")
-[[ ${#parts[@]} -gt 0 ]] || parts=(criterion loadgen autotune latency http randomread pooler dataloader openloop scopes coherence replicas)
+[[ ${#parts[@]} -gt 0 ]] || parts=(criterion loadgen autotune latency http randomread pooler dataloader openloop scopes pages coherence replicas)
 cargo build --release -p benches --bins
 for part in "${parts[@]}"; do
     echo "=== $part" >&2
@@ -46,13 +46,14 @@ for part in "${parts[@]}"; do
     dataloader) ./target/release/dataloader ;;
     openloop) ./target/release/openloop ;;
     scopes) ./target/release/scopes ;;
+    pages) ./target/release/pages ;;
     randomread) ./target/release/randomread ;;
     latency) ./target/release/latency ;;
     http) ./target/release/httpload ;;
     coherence) ./target/release/coherence ;;
     replicas) ./target/release/replicas ;;
     *)
-        echo "unknown part '$part' (criterion, loadgen, autotune, latency, http, randomread, pooler, dataloader, openloop, scopes, coherence, replicas)" >&2
+        echo "unknown part '$part' (criterion, loadgen, autotune, latency, http, randomread, pooler, dataloader, openloop, scopes, pages, coherence, replicas)" >&2
         exit 2
         ;;
     esac

@@ -37,6 +37,8 @@
 //! errors, deadlines, cancellation, backpressure, shutdown) and
 //! [`BatcherBuilder`] for the settings. A multi-tenant service shares one
 //! batcher across tenants or database roles with scopes: see [`scopes`].
+//! A parent's children, and the first N of each of many parents in one
+//! statement: see [`lists`].
 //!
 //! # Features
 //!
@@ -76,6 +78,8 @@ pub mod pg;
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx;
+#[doc = include_str!("../docs/lists.md")]
+pub mod lists {}
 #[doc = include_str!("../docs/scopes.md")]
 pub mod scopes {}
 pub mod stats;
