@@ -227,7 +227,8 @@ mod writer;
 pub use ::sqlx;
 
 pub use crate::db::{
-    DbErrorKind, Scope, ScopeBuilder, ScopeError, StatementMode, UnmappedRow, WriteRequest, Written,
+    Cursor, DbErrorKind, List, Page, PageError, PageKey, PageSql, PageSqlBuilder, Paged, Scope,
+    ScopeBuilder, ScopeError, Single, StatementMode, UnmappedRow, WriteRequest, Written,
 };
 pub use error::{classify, is_pool_timeout, is_retryable};
 pub use loader::{BatchQuery, PageQuery, PgQuery, SqlxLoader, DEFAULT_ACQUIRE_TIMEOUT};

@@ -519,6 +519,39 @@ impl<Q: BatchQuery> Loader<Q::Key, Vec<Q::Value>> for SqlxLoader<Q, List> {
 /// [`PageSqlBuilder::columns`](crate::db::PageSqlBuilder::columns)'s
 /// order: a tuple, or your `FromRow` type) maps to an item. Run by
 /// [`SqlxLoader::pages`].
+///
+/// ```
+/// use pgbatch::sqlx::{PageQuery, PageSql, PageError};
+///
+/// /// `reviews(id bigint PRIMARY KEY, book_id bigint, stars int, created_at timestamptz)`.
+/// struct ReviewsOfBook(PageSql);
+///
+/// impl ReviewsOfBook {
+///     fn new() -> Result<Self, PageError> {
+///         Ok(Self(
+///             PageSql::builder("reviews")
+///                 .parent("book_id", "bigint")
+///                 .columns(["id", "stars"])
+///                 .order_by("created_at", "timestamptz")
+///                 .order_by("id", "bigint")
+///                 .build()?,
+///         ))
+///     }
+/// }
+///
+/// impl PageQuery for ReviewsOfBook {
+///     type Parent = i64;
+///     type Row = (i64, i32);
+///     type Value = (i64, i32);
+///
+///     fn page_sql(&self) -> &PageSql {
+///         &self.0
+///     }
+///     fn map_row(&self, row: (i64, i32)) -> (i64, i32) {
+///         row
+///     }
+/// }
+/// ```
 pub trait PageQuery: Send + Sync + 'static {
     /// The parent column's type (bound as an array of them).
     type Parent: for<'q> Encode<'q, Postgres>
