@@ -226,7 +226,10 @@ mod scope_values {
     /// one it accepts, and claims.
     const FAILING: &str = "tenant-secret-4f1c";
     const ACCEPTED_CLAIMS: &str = "claims-secret-9b2e";
-    const SECRETS: [&str; 2] = [FAILING, ACCEPTED_CLAIMS];
+    /// Claims of a scope whose role the database refuses: the prologue
+    /// itself fails, with these among its parameters.
+    const REFUSED_CLAIMS: &str = "claims-secret-7d3a";
+    const SECRETS: [&str; 3] = [FAILING, ACCEPTED_CLAIMS, REFUSED_CLAIMS];
     const SETTINGS: [&str; 2] = ["app.tenant", "request.jwt.claims"];
 
     /// Every `log` record, as text: what tokio-postgres (and sqlx, where
@@ -255,9 +258,13 @@ mod scope_values {
     }
 
     fn scope(tenant: &str, claims: &str) -> Scope {
+        scope_as("vals_tenant", tenant, claims)
+    }
+
+    fn scope_as(role: &str, tenant: &str, claims: &str) -> Scope {
         Scope::builder()
-            .label(format!("tenant of {}", tenant.len()))
-            .role("vals_tenant")
+            .label(format!("{role} of {}", tenant.len()))
+            .role(role)
             .setting("app.tenant", tenant)
             .setting("request.jwt.claims", format!(r#"{{"sub":"{claims}"}}"#))
             .build()
@@ -289,6 +296,11 @@ mod scope_values {
         }
         let direct = loader.load(&bad, vec![3]).await.expect_err("fails");
         errors.push(format!("{direct:?}"));
+        let stranger = scope_as("vals_stranger", "3", REFUSED_CLAIMS);
+        for answer in batcher.load_many_as(&stranger, [3, 13]).await {
+            let e = answer.expect_err("the role is refused");
+            errors.push(format!("{e} {e:?}"));
+        }
         errors
     }
 
@@ -360,6 +372,7 @@ mod scope_values {
                 .batch_execute(
                     "CREATE ROLE vals_auth LOGIN PASSWORD 'pw';
                      CREATE ROLE vals_tenant NOLOGIN;
+                     CREATE ROLE vals_stranger NOLOGIN;
                      GRANT vals_tenant TO vals_auth;
                      CREATE TABLE notes (id bigint PRIMARY KEY, tenant int NOT NULL, body text);
                      INSERT INTO notes SELECT n, n % 10, 'note ' || n FROM generate_series(1, 500) n;
@@ -396,6 +409,10 @@ mod scope_values {
             });
 
             let mut errors = Vec::new();
+            // What another client of the login role may leave on a pooled
+            // connection: parameters logged in full with a failed
+            // statement.
+            let poison = "SET log_parameter_max_length_on_error = -1";
             for prepared in [true, false] {
                 let mode = if prepared {
                     pgbatch::pg::StatementMode::Prepared
@@ -411,6 +428,11 @@ mod scope_values {
                 )
                 .scoped(SETTINGS)
                 .unwrap();
+                // Both of the pool's connections, held at once.
+                let (a, b) = (loader.pool().get().await.unwrap(), loader.pool().get().await.unwrap());
+                a.batch_execute(poison).await.unwrap();
+                b.batch_execute(poison).await.unwrap();
+                drop((a, b));
                 let batcher = Batcher::builder()
                     .name("notes")
                     .scope_stats(8)
@@ -435,6 +457,10 @@ mod scope_values {
                 } else {
                     pgbatch::sqlx::StatementMode::Unnamed
                 };
+                let (mut a, mut b) = (pool.acquire().await.unwrap(), pool.acquire().await.unwrap());
+                sqlx::raw_sql(poison).execute(&mut *a).await.unwrap();
+                sqlx::raw_sql(poison).execute(&mut *b).await.unwrap();
+                drop((a, b));
                 let loader =
                     pgbatch::sqlx::SqlxLoader::with_statement_mode(pool, sqlx_driver::Notes, mode)
                         .scoped(SETTINGS)
@@ -490,10 +516,10 @@ mod scope_values {
         assert!(server_log.contains("STATEMENT:"), "{server_log}");
         // Postgres writes its own error message (which quotes the value the
         // policy failed on) into its log; what the service sent, the
-        // statements, it must never find there.
+        // statements and their parameters, it must never find there.
         let statements: Vec<&str> = server_log
             .lines()
-            .filter(|l| l.contains("STATEMENT:"))
+            .filter(|l| l.contains("STATEMENT:") || l.contains("parameters:"))
             .collect();
         for (place, lines) in [
             (
@@ -510,7 +536,7 @@ mod scope_values {
                 activity.iter().map(String::as_str).collect(),
             ),
             ("metrics", metric_keys.iter().map(String::as_str).collect()),
-            ("the server log's statements", statements),
+            ("the server log's statements and parameters", statements),
         ] {
             for secret in SECRETS {
                 let found: Vec<&&str> = lines.iter().filter(|l| l.contains(secret)).collect();

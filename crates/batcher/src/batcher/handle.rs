@@ -145,6 +145,16 @@ where
     (Batcher { inner }, worker)
 }
 
+#[cfg(feature = "cache")]
+impl<K, V, S> Batcher<K, V, S> {
+    /// Whether the loader counts `value` as "not found" (an empty list or
+    /// page, a `LEFT JOIN`'s empty side): a cache shares none such between
+    /// scopes.
+    pub(crate) fn is_absent(&self, value: &V) -> bool {
+        !self.inner.load.found(Some(value))
+    }
+}
+
 impl<K, V> Batcher<K, V>
 where
     K: Clone + Eq + Hash + Send + 'static,

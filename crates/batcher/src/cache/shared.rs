@@ -186,7 +186,7 @@ impl<K: Hash, V: Clone, S: Clone> Inner<K, V, S> {
     /// and nothing the doorkeeper turns away (whose values are not
     /// cloned). A value [shared](super::CacheBuilder::shared_when) is kept
     /// for every scope; "not found" never is (another scope may see the
-    /// row).
+    /// row), nor a value the loader counts as not found.
     pub(super) fn to_store(&self, scope: &S, hash: u64, value: Option<&V>) -> Option<Held<S, V>> {
         if value.is_none() && !self.cache_not_found {
             return None;
@@ -195,7 +195,14 @@ impl<K: Hash, V: Clone, S: Clone> Inner<K, V, S> {
             self.counters.not_admitted.fetch_add(1, Relaxed);
             return None;
         }
-        let shared = value.is_some_and(|v| self.shared_when.as_ref().is_some_and(|f| f(v)));
+        // Never a value the loader counts as not found (an empty list or
+        // page): another scope may see rows where this one sees none.
+        let absent = |v: &V| match &self.source {
+            Source::Batcher(batcher) => batcher.is_absent(v),
+            Source::Load(_) => false,
+        };
+        let shared =
+            value.is_some_and(|v| self.shared_when.as_ref().is_some_and(|f| f(v)) && !absent(v));
         let value = value.map_or(Cached::NotFound, |v| Cached::Found(v.clone()));
         Some(Held {
             owner: if shared {

@@ -40,10 +40,12 @@ pub(crate) use import::{
 };
 pub use import::{ConflictPolicy, ImportCounts, ImportError};
 pub(crate) use page::gather_pages;
-pub use page::{Cursor, Page, PageError, PageKey, PageSql, PageSqlBuilder, DEFAULT_MAX_FIRST};
+pub use page::{
+    Cursor, Page, PageError, PageKey, PageSql, PageSqlBuilder, DEFAULT_MAX_FIRST, MAX_FIRST,
+};
 pub(crate) use rows::{gather_lists, BadRows};
 pub use rows::{List, Paged, Single, UnmappedRow};
-pub(crate) use scope::{judge_role, CheckedRoles, Prologue, ROLE_CHECK_SQL};
+pub(crate) use scope::{judge_role, CheckedRoles, Prologue, CLEAN_START, ROLE_CHECK_SQL};
 pub use scope::{Scope, ScopeBuilder, ScopeError};
 pub use sqlstate::DbErrorKind;
 pub use statement::StatementMode;

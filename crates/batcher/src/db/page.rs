@@ -47,31 +47,38 @@ impl Cursor {
         Cursor(URL_SAFE_NO_PAD.encode(raw))
     }
 
-    /// The order columns' values this cursor carries.
+    /// The order columns' values this cursor carries: exactly `count`
+    /// of them, each read in place (a cursor is a client's input: its
+    /// length is bounded before it is decoded, and reading it costs its
+    /// length once).
     fn values(text: &str, count: usize) -> Result<Vec<String>, PageError> {
         let bad = PageError::BadCursor;
+        if text.len() > MAX_CURSOR_PER_COLUMN.saturating_mul(count.max(1)) {
+            return Err(bad("it is longer than any this statement makes"));
+        }
         let raw = URL_SAFE_NO_PAD
             .decode(text)
             .map_err(|_| bad("not base64url"))?;
-        let mut raw = String::from_utf8(raw).map_err(|_| bad("not UTF-8"))?;
+        let raw = String::from_utf8(raw).map_err(|_| bad("not UTF-8"))?;
         let mut values = Vec::with_capacity(count);
-        while !raw.is_empty() {
-            let colon = raw.find(':').ok_or(bad("a value has no length"))?;
-            let len: usize = raw[..colon]
+        let mut rest = raw.as_str();
+        while !rest.is_empty() {
+            if values.len() == count {
+                return Err(bad("it holds more values than the order has columns"));
+            }
+            let colon = rest.find(':').ok_or(bad("a value has no length"))?;
+            let len: usize = rest[..colon]
                 .parse()
                 .map_err(|_| bad("a length is not a number"))?;
-            let rest = raw.split_off(colon + 1);
-            if rest.len() < len || !rest.is_char_boundary(len) {
+            let tail = &rest[colon + 1..];
+            if tail.len() < len || !tail.is_char_boundary(len) {
                 return Err(bad("a value is cut short"));
             }
-            let (value, tail) = rest.split_at(len);
-            values.push(value.to_owned());
-            raw = tail.to_owned();
+            values.push(tail[..len].to_owned());
+            rest = &tail[len..];
         }
         if values.len() != count {
-            return Err(bad(
-                "it holds another number of values than the order has columns",
-            ));
+            return Err(bad("it holds fewer values than the order has columns"));
         }
         Ok(values)
     }
@@ -99,6 +106,10 @@ pub struct PageKey<P> {
     first: u32,
     /// The cursor's order-column values, as text.
     after: Option<Vec<String>>,
+    /// Which statement made the key (a hash of its text): a loader of
+    /// another fails it rather than read its cursor with other columns
+    /// and types.
+    sql: u64,
 }
 
 impl<P> PageKey<P> {
@@ -168,6 +179,15 @@ pub enum PageError {
     /// The cursor is not one this statement made.
     #[error("the cursor does not decode: {0}")]
     BadCursor(&'static str),
+    /// The cursor's value of this order column is not of its type.
+    #[error("the cursor's value of order column {0:?} is not of its type")]
+    BadCursorValue(String),
+    /// The key was made by another page statement than the loader's.
+    #[error("the page key was made by another page statement")]
+    OtherStatement,
+    /// A row's order column is NULL: a cursor cannot name its place.
+    #[error("an order column of the page is NULL: order by NOT NULL columns")]
+    NullOrder,
     /// A table or column name is not a plain identifier.
     #[error(
         "{0:?} is not a plain identifier (letters, digits and `_`, not starting with a digit)"
@@ -237,6 +257,10 @@ pub enum PageError {
 #[derive(Debug, Clone)]
 pub struct PageSql {
     sql: String,
+    /// A hash of the statement, which its keys carry.
+    id: u64,
+    /// The order columns and their types, as given.
+    order: Vec<(String, String)>,
     /// How many columns the page's values are read from, before the key's
     /// position and the cursor's values.
     columns: usize,
@@ -258,6 +282,13 @@ pub struct PageSqlBuilder {
 
 /// The largest page by default.
 pub const DEFAULT_MAX_FIRST: u32 = 100;
+
+/// The largest page a statement may allow: a page is read whole, plus one
+/// row.
+pub const MAX_FIRST: u32 = 10_000;
+
+/// The longest cursor, per order column, that decoding looks at.
+const MAX_CURSOR_PER_COLUMN: usize = 1_024;
 
 impl PageSql {
     /// Starts describing the pages of `table`'s rows (`schema.table` for
@@ -313,11 +344,25 @@ impl PageSql {
         let after = after
             .map(|text| Cursor::values(text, self.orders))
             .transpose()?;
+        if let Some(values) = &after {
+            for (value, (column, sql_type)) in values.iter().zip(&self.order) {
+                if !reads_as(value, sql_type) {
+                    return Err(PageError::BadCursorValue(column.clone()));
+                }
+            }
+        }
         Ok(PageKey {
             parent,
             first,
             after,
+            sql: self.id,
         })
+    }
+
+    /// Whether `key` was made by this statement ([`key`](Self::key)), with
+    /// a size it allows.
+    pub(crate) fn made<P>(&self, key: &PageKey<P>) -> bool {
+        key.sql == self.id && key.first <= self.max_first
     }
 
     /// How many columns hold an item's value, read from position 0.
@@ -331,13 +376,13 @@ impl PageSql {
     pub(crate) fn bounds<P>(&self, keys: &[PageKey<P>]) -> (Vec<i32>, Vec<Vec<Option<String>>>) {
         let limits = keys
             .iter()
-            .map(|k| i32::try_from(k.first).unwrap_or(i32::MAX - 1) + 1)
+            .map(|k| i32::try_from(k.first.min(self.max_first)).unwrap_or(i32::MAX - 1) + 1)
             .collect();
         let afters = (0..self.orders)
             .map(|c| {
                 keys.iter()
-                    // `get`: a key made by another statement, with fewer
-                    // order columns, reads as a first page, never panics.
+                    // `get`: never a panic (a loader reads only keys its
+                    // statement `made`, whose cursors have every column).
                     .map(|k| k.after.as_ref().and_then(|values| values.get(c).cloned()))
                     .collect()
             })
@@ -404,6 +449,12 @@ impl PageSqlBuilder {
         if self.max_first == 0 {
             return Err(PageError::EmptyPage);
         }
+        if self.max_first > MAX_FIRST {
+            return Err(PageError::TooLarge {
+                first: self.max_first,
+                max: MAX_FIRST,
+            });
+        }
         let table = self
             .table
             .split('.')
@@ -458,10 +509,14 @@ impl PageSqlBuilder {
              ) c \
              ORDER BY p.i, {order_c}"
         );
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        Hash::hash(&sql, &mut hasher);
         Ok(PageSql {
+            id: std::hash::Hasher::finish(&hasher),
             sql,
             columns: columns.len(),
             orders: n,
+            order: self.order,
             max_first: self.max_first,
         })
     }
@@ -480,17 +535,111 @@ fn name(text: &str) -> Result<&str, PageError> {
     }
 }
 
-/// `text`, if it can only be a type name.
+/// `text`, if it can only be a type name: an identifier, or one qualified
+/// by a schema (`bigint`, `public.my_type`), or one of SQL's types of
+/// several words (`double precision`, `timestamp with time zone`,
+/// `character varying`), each with an optional modifier of one or two
+/// numbers (`numeric(10, 2)`) and an optional `[]`. Nothing else: the type
+/// is written into the statement unquoted.
 fn sql_type(text: &str) -> Result<&str, PageError> {
-    let plain = !text.trim().is_empty()
-        && text.len() <= 100
-        && text
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || " _.(),".contains(c));
-    if plain {
+    if is_type_name(text) {
         Ok(text)
     } else {
         Err(PageError::BadType(text.to_owned()))
+    }
+}
+
+/// SQL's type names of several words.
+const SEVERAL_WORDS: [&str; 9] = [
+    "double precision",
+    "character varying",
+    "bit varying",
+    "timestamp with time zone",
+    "timestamp without time zone",
+    "time with time zone",
+    "time without time zone",
+    "national character varying",
+    "national character",
+];
+
+fn is_type_name(text: &str) -> bool {
+    let text = text.trim();
+    let text = text.strip_suffix("[]").unwrap_or(text);
+    // The modifier, if any: `(n)` or `(n, m)`.
+    let (base, modifier) = match text.find('(') {
+        Some(at) => (text[..at].trim_end(), Some(&text[at..])),
+        None => (text, None),
+    };
+    let modifier_ok = modifier.is_none_or(|m| {
+        m.strip_prefix('(')
+            .and_then(|m| m.strip_suffix(')'))
+            .is_some_and(|inside| {
+                let numbers: Vec<&str> = inside.split(',').map(str::trim).collect();
+                numbers.len() <= 2
+                    && numbers.iter().all(|n| {
+                        !n.is_empty() && n.len() <= 6 && n.bytes().all(|b| b.is_ascii_digit())
+                    })
+            })
+    });
+    let words: Vec<String> = base
+        .split_whitespace()
+        .map(str::to_ascii_lowercase)
+        .collect();
+    let base_ok = match words.as_slice() {
+        [] => false,
+        [one] => {
+            let parts: Vec<&str> = one.split('.').collect();
+            parts.len() <= 2 && parts.iter().all(|p| name(p).is_ok())
+        }
+        several => SEVERAL_WORDS.contains(&several.join(" ").as_str()),
+    };
+    base_ok && modifier_ok
+}
+
+/// Whether a cursor's `value` reads as `sql_type`, where the type is one
+/// whose text form is checked cheaply here (integers, booleans, UUIDs,
+/// numbers, dates and times); other types are left to the database. A
+/// cursor is a client's input, and a value the database cannot cast fails
+/// the load it is in (its keys are then loaded one by one, so only the
+/// forger's fails).
+fn reads_as(value: &str, sql_type: &str) -> bool {
+    let ty = sql_type.trim().to_ascii_lowercase();
+    let ty = ty.split('(').next().unwrap_or("").trim();
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    match ty {
+        "smallint" | "int2" => value.parse::<i16>().is_ok(),
+        "integer" | "int" | "int4" => value.parse::<i32>().is_ok(),
+        "bigint" | "int8" => value.parse::<i64>().is_ok(),
+        "boolean" | "bool" => matches!(value, "true" | "false" | "t" | "f"),
+        "uuid" => {
+            value.len() == 36
+                && value.char_indices().all(|(i, c)| {
+                    if [8, 13, 18, 23].contains(&i) {
+                        c == '-'
+                    } else {
+                        c.is_ascii_hexdigit()
+                    }
+                })
+        }
+        "numeric" | "decimal" => {
+            let (whole, fraction) = value.split_once('.').unwrap_or((value, "0"));
+            digits(whole.strip_prefix('-').unwrap_or(whole)) && digits(fraction)
+        }
+        "date"
+        | "timestamp"
+        | "timestamptz"
+        | "timestamp with time zone"
+        | "timestamp without time zone"
+        | "time"
+        | "timetz" => {
+            !value.is_empty()
+                && value.len() <= 64
+                && value.starts_with(|c: char| c.is_ascii_digit())
+                && value
+                    .chars()
+                    .all(|c| c.is_ascii_digit() || "-:.+ T".contains(c))
+        }
+        _ => true,
     }
 }
 
@@ -499,7 +648,7 @@ fn sql_type(text: &str) -> Result<&str, PageError> {
 /// or why it did not map)`, in the statement's order.
 pub(crate) fn gather_pages<P, V, E>(
     keys: Vec<PageKey<P>>,
-    rows: impl IntoIterator<Item = (usize, Vec<String>, Result<V, E>)>,
+    rows: impl IntoIterator<Item = (usize, Option<Vec<String>>, Result<V, E>)>,
 ) -> Loaded<PageKey<P>, Page<V>>
 where
     P: Eq + Hash + fmt::Debug,
@@ -507,6 +656,7 @@ where
 {
     let mut pages: Vec<Page<V>> = keys.iter().map(|_| Page::default()).collect();
     let mut failed: Vec<Option<E>> = keys.iter().map(|_| None).collect();
+    let mut null_order = vec![false; keys.len()];
     for (at, order, value) in rows {
         let (Some(page), Some(key)) = (pages.get_mut(at), keys.get(at)) else {
             continue; // not a position of this load: the statement is not ours
@@ -515,22 +665,26 @@ where
             page.has_next_page = true;
             continue;
         }
-        match value {
-            Ok(value) => {
+        match (value, order) {
+            (Ok(value), Some(order)) => {
                 page.items.push(value);
                 page.cursors
                     .push(Cursor::new(order.iter().map(String::as_str)));
             }
-            Err(e) => {
+            // A NULL order column: no cursor can name the item's place.
+            (Ok(_), None) => null_order[at] = true,
+            (Err(e), _) => {
                 failed[at].get_or_insert(e);
             }
         }
     }
     let mut loaded = Loaded::with_capacity(keys.len());
     let mut bad = super::BadRows::default();
-    for ((key, page), failure) in keys.into_iter().zip(pages).zip(failed) {
+    let outcomes = pages.into_iter().zip(failed).zip(null_order);
+    for (key, ((page, failure), null)) in keys.into_iter().zip(outcomes) {
         match failure {
             Some(e) => bad.add(&mut loaded, Some(key), e),
+            None if null => loaded.fail(key, PageError::NullOrder),
             None => {
                 loaded.insert(key, page);
             }
@@ -629,14 +783,21 @@ mod tests {
         );
         let keys = vec![
             sql.key(1, 3, None).unwrap(),
-            sql.key(2, 5, Some(Cursor::new(["t", "9"]).as_str()))
-                .unwrap(),
+            sql.key(
+                2,
+                5,
+                Some(Cursor::new(["2024-01-01 00:00:00+00", "9"]).as_str()),
+            )
+            .unwrap(),
         ];
         let (limits, afters) = sql.bounds(&keys);
         assert_eq!(limits, [4, 6]);
         assert_eq!(
             afters,
-            [vec![None, Some("t".into())], vec![None, Some("9".into())]]
+            [
+                vec![None, Some("2024-01-01 00:00:00+00".into())],
+                vec![None, Some("9".into())]
+            ]
         );
         let descending = PageSql::builder("s.r")
             .parent("p", "uuid")
@@ -663,7 +824,7 @@ mod tests {
             sql.key(40, 2, None).unwrap(),
         ];
         let row = |at: usize, id: &str, value: Result<&'static str, std::io::Error>| {
-            (at, vec!["t".to_owned(), id.to_owned()], value)
+            (at, Some(vec!["t".to_owned(), id.to_owned()]), value)
         };
         let rows = vec![
             // 10: three rows for a page of two: a next page.

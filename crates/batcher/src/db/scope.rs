@@ -4,7 +4,7 @@
 //!
 //! Both drivers run a scoped load in a transaction of its own that starts
 //! with one prepared statement, the loader's [`Prologue`]:
-//! `SELECT set_config('role', $1, true), set_config('app.tenant', $2,
+//! `SELECT pg_catalog.set_config('role', $1, true), pg_catalog.set_config('app.tenant', $2,
 //! true), ...`, with the role and every value bound as parameters, never
 //! written into SQL text (which drivers log, the server logs when a
 //! statement fails, and `pg_stat_activity` shows to other sessions). It
@@ -142,14 +142,27 @@ impl Scope {
 /// ones as whole words.
 const QUOTED_ANYWHERE: usize = 6;
 
-/// Whether `text` holds `value`: anywhere if it is long, else as a word
-/// (not next to a letter, digit or `_`).
+/// The shortest piece of a long value that counts as quoting it.
+const FRAGMENT: usize = 8;
+
+/// Whether `text` holds `value`: anywhere if it is long, or any
+/// [`FRAGMENT`]-byte piece of it (Postgres quotes a window of a long value
+/// it failed to parse, a JSON claim's, say); else as a word (not next to a
+/// letter, digit or `_`).
 fn quotes(text: &str, value: &str) -> bool {
     if value.is_empty() {
         return false;
     }
     if value.len() >= QUOTED_ANYWHERE {
-        return text.contains(value);
+        if text.contains(value) {
+            return true;
+        }
+        return value.len() > FRAGMENT
+            && value
+                .char_indices()
+                .map(|(at, _)| at)
+                .filter(|at| value.is_char_boundary(at + FRAGMENT))
+                .any(|at| text.contains(&value[at..at + FRAGMENT]));
     }
     let is_word = |c: char| c.is_alphanumeric() || c == '_';
     text.match_indices(value).any(|(at, _)| {
@@ -225,10 +238,10 @@ pub enum ScopeError {
     /// or a name starting with `pg_`, reserved for Postgres's own roles.
     #[error("role name {0:?} is reserved: Postgres reads it as something other than a role")]
     ReservedRole(String),
-    /// A setting's name is not a settable name: letters, digits, `_` and
-    /// `.`, not starting with a digit or a dot, at most 63 bytes. (`role`
-    /// and `session_authorization` are set with [`ScopeBuilder::role`] or
-    /// not at all.)
+    /// A setting's name is not a custom setting's: dotted (`app.tenant`),
+    /// of letters, digits, `_` and `.`, not starting with a digit or a dot,
+    /// at most 63 bytes. Postgres's own settings (`search_path`,
+    /// `statement_timeout`, `role`, ...) are not a scope's to set.
     #[error("invalid setting name {0:?}")]
     InvalidSettingName(String),
     /// A setting's value holds a NUL, which Postgres text cannot.
@@ -364,23 +377,26 @@ fn check_role(role: String) -> Result<String, ScopeError> {
 }
 
 /// `name` as Postgres reads it (in lower case), if a scope may set it: a
-/// plain or dotted name, and not one of the two that change who the
-/// session is.
+/// custom setting, dotted (`app.tenant`, `request.jwt.claims`). Postgres's
+/// own settings are undotted, and a tenant's value in one of them would
+/// change more than what its policies read: `search_path` what the
+/// statement's names mean, `statement_timeout` the loader's own, the
+/// encodings and formats how rows and cursors read, `application_name`
+/// what other sessions see.
 fn setting_name(name: String) -> Result<String, ScopeError> {
     let well_formed = !name.is_empty()
         && name.len() <= MAX_NAME
+        && name.contains('.')
         && !name.starts_with(|c: char| c.is_ascii_digit() || c == '.')
         && !name.ends_with('.')
         && !name.contains("..")
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
-    let folded = name.to_ascii_lowercase();
-    let reserved = ["role", "session_authorization"].contains(&folded.as_str());
-    if !well_formed || reserved {
+    if !well_formed {
         return Err(ScopeError::InvalidSettingName(name));
     }
-    Ok(folded)
+    Ok(name.to_ascii_lowercase())
 }
 
 /// What starts every scoped transaction of one loader: one statement that
@@ -414,11 +430,17 @@ impl Prologue {
             }
             declared.push(name);
         }
-        // The names are plain or dotted identifiers (checked above), so
+        // The names are dotted identifiers (checked above), so
         // they stand in a literal as they are.
-        let mut sql = String::from("SELECT set_config('role', $1, true)");
+        // `pg_catalog.` names the function whatever the search path: the
+        // clean start resets a path another client left, but the prologue
+        // must not depend on that.
+        let mut sql = String::from("SELECT pg_catalog.set_config('role', $1, true)");
         for (i, name) in declared.iter().enumerate() {
-            sql.push_str(&format!(", set_config('{name}', ${}, true)", i + 2));
+            sql.push_str(&format!(
+                ", pg_catalog.set_config('{name}', ${}, true)",
+                i + 2
+            ));
         }
         Ok(Self {
             names: declared,
@@ -468,13 +490,31 @@ impl Prologue {
 /// superuser, `BYPASSRLS`), and a table with row-level security that it
 /// owns (or whose owner's privileges it has) and whose policies therefore
 /// do not apply to it, unless forced. No row: no such role.
+///
+/// Every name in it is qualified (`pg_catalog.`, `OPERATOR(pg_catalog.=)`):
+/// it runs on whatever search path the connection carries, which another
+/// client may have pointed at functions and operators of its own.
 pub(crate) const ROLE_CHECK_SQL: &str = "\
-SELECT r.rolname::text, r.rolsuper, r.rolbypassrls, \
-       (SELECT c.oid::regclass::text FROM pg_catalog.pg_class c \
+SELECT r.rolname::pg_catalog.text, r.rolsuper, r.rolbypassrls, \
+       (SELECT c.oid::pg_catalog.regclass::pg_catalog.text FROM pg_catalog.pg_class c \
          WHERE c.relrowsecurity AND NOT c.relforcerowsecurity \
            AND pg_catalog.pg_has_role(r.oid, c.relowner, 'USAGE') \
          ORDER BY c.oid LIMIT 1) \
-FROM pg_catalog.pg_roles r WHERE r.rolname = coalesce($1, session_user)";
+FROM pg_catalog.pg_roles r \
+WHERE r.rolname OPERATOR(pg_catalog.=) COALESCE($1::pg_catalog.name, session_user)";
+
+/// What a scope's transaction runs first, before its prologue, as one
+/// simple query (no value in it): the search path back to the session's
+/// default (not what another client `SET` on a pooled connection), with
+/// temporary tables searched last (another client's `CREATE TEMP TABLE
+/// notes` must not hide the application's), and no statement parameters
+/// in the server's log of a failed statement (another client may have
+/// raised `log_parameter_max_length_on_error`).
+pub(crate) const CLEAN_START: &str = "\
+SET LOCAL search_path TO DEFAULT; \
+SET LOCAL log_parameter_max_length_on_error = 0; \
+SELECT pg_catalog.set_config('search_path', pg_catalog.concat_ws(', ', \
+    NULLIF(pg_catalog.current_setting('search_path'), ''), 'pg_temp'), true)";
 
 /// What [`ROLE_CHECK_SQL`] answered about `asked` (`None`: the login
 /// role), as a verdict.
@@ -508,27 +548,38 @@ pub(crate) fn judge_role(
 
 /// The roles a loader has checked (by [`ROLE_CHECK_SQL`]) and found
 /// subject to row-level security: each is checked before its first load,
-/// and never again by that loader. A refusal is not remembered, so a role
-/// fixed in the database is accepted on its next load.
+/// and again once its check is [`RECHECK_AFTER`] old (a role granted
+/// `BYPASSRLS`, or a table, since is then refused). A refusal is not
+/// remembered, so a role fixed in the database is accepted on its next
+/// load.
 #[derive(Debug, Default)]
 pub(crate) struct CheckedRoles {
     /// std Mutex: held for a lookup or an insert, never across an await.
-    /// `None` is the login role.
-    roles: std::sync::Mutex<std::collections::HashSet<Option<String>>>,
+    /// `None` is the login role; each with when it was accepted.
+    roles: std::sync::Mutex<std::collections::HashMap<Option<String>, std::time::Instant>>,
 }
 
+/// How long a role's check holds.
+pub(crate) const RECHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl CheckedRoles {
-    /// Whether `role` was checked and accepted.
+    /// Whether `role` was checked and accepted within [`RECHECK_AFTER`].
     pub(crate) fn is_accepted(&self, role: Option<&str>) -> bool {
-        self.lock().contains(&role.map(str::to_owned))
+        self.lock()
+            .get(&role.map(str::to_owned))
+            .is_some_and(|at| at.elapsed() < RECHECK_AFTER)
     }
 
-    /// Remembers that `role` was accepted.
+    /// Remembers that `role` was accepted now.
     pub(crate) fn accept(&self, role: Option<&str>) {
-        self.lock().insert(role.map(str::to_owned));
+        self.lock()
+            .insert(role.map(str::to_owned), std::time::Instant::now());
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<Option<String>>> {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<Option<String>, std::time::Instant>>
+    {
         // Single inserts and lookups: a panic cannot leave it half-done.
         self.roles
             .lock()
@@ -555,8 +606,9 @@ mod tests {
         let prologue = Prologue::new(["request.jwt.claims", "App.Tenant"]).unwrap();
         assert_eq!(
             prologue.sql(),
-            "SELECT set_config('role', $1, true), set_config('request.jwt.claims', $2, true), \
-             set_config('app.tenant', $3, true)"
+            "SELECT pg_catalog.set_config('role', $1, true), \
+             pg_catalog.set_config('request.jwt.claims', $2, true), \
+             pg_catalog.set_config('app.tenant', $3, true)"
         );
         let s = scope(
             "t",
@@ -643,6 +695,16 @@ mod tests {
                 ScopeError::InvalidSettingName("app..x".into()),
             ),
             (
+                Scope::builder().login_role().setting("search_path", "evil"),
+                ScopeError::InvalidSettingName("search_path".into()),
+            ),
+            (
+                Scope::builder()
+                    .login_role()
+                    .setting("statement_timeout", "0"),
+                ScopeError::InvalidSettingName("statement_timeout".into()),
+            ),
+            (
                 Scope::builder().login_role().setting("app.x", "a\0"),
                 ScopeError::InvalidSettingValue("app.x".into()),
             ),
@@ -698,6 +760,8 @@ mod tests {
         assert!(shown.contains("tenant 7"), "{shown}");
         assert!(scope.is_quoted_in(r#"invalid input syntax: "secret-token""#));
         assert!(scope.is_quoted_in("no such user secret-tokenx"));
+        assert!(scope.is_quoted_in("...et-token..."), "a window of it");
+        assert!(!scope.is_quoted_in("a secret"), "under eight bytes of it");
         assert!(!scope.is_quoted_in("permission denied for table notes"));
         let short = Scope::builder()
             .login_role()

@@ -13,8 +13,8 @@ use tokio_postgres::Row;
 use super::error::DbErrorKind;
 use super::statements::{Sql, Start, Statements};
 use crate::db::{
-    again_if_lost, gather_lists, gather_pages, BadRows, Classify, List, Page, PageKey, PageSql,
-    Paged, ScopeError, Single,
+    again_if_lost, gather_lists, gather_pages, BadRows, Classify, List, Page, PageError, PageKey,
+    PageSql, Paged, ScopeError, Single,
 };
 use crate::error::Chain;
 use crate::{Loaded, Loader};
@@ -122,11 +122,11 @@ pub enum PgError {
     /// The statement failed, or a row did not map to a key and value.
     #[error("database query failed: {}", Chain(.0))]
     Query(tokio_postgres::Error),
-    /// A scoped load's statement failed, and the database's report quotes
-    /// a value of the scope (a policy's failed cast of a setting, say):
-    /// its `Display` gives the severity and SQLSTATE, not the message, so
-    /// the value reaches no log. [`as_db_error`](Self::as_db_error) still
-    /// gives the whole report back, value included.
+    /// A scoped load's statement failed: the database's report as
+    /// [`Withheld`] shows it (its message, unless it quotes a value of the
+    /// scope; never the parts where Postgres quotes what it was given), so
+    /// no value reaches a log. [`as_db_error`](Self::as_db_error) still
+    /// gives the whole report back.
     #[error("database query failed: {0}")]
     Withheld(Withheld),
     /// The scope cannot run on this loader: a setting the loader did not
@@ -135,36 +135,55 @@ pub enum PgError {
     Scope(ScopeError),
 }
 
-/// A database report that quoted a value of a scope: its `Display` and
-/// `Debug` give the severity and SQLSTATE, never the message.
-pub struct Withheld(pub(crate) tokio_postgres::Error);
+/// A database report of a scoped load, as the scope's callers and logs may
+/// see it: its severity, SQLSTATE and message, and never its detail, hint,
+/// context or internal query, where Postgres quotes pieces of what it was
+/// given (a window of a JSON claim it failed to parse, the text of a
+/// dynamic statement). The message too is withheld when it quotes a value
+/// of the scope (a policy's failed cast of a setting).
+pub struct Withheld {
+    pub(crate) error: tokio_postgres::Error,
+    /// Whether the message may be shown: it quotes no value of the scope.
+    pub(crate) message_shown: bool,
+}
 
 impl Withheld {
     /// The whole report, value included: handle it as a secret.
     pub fn as_db_error(&self) -> Option<&DbError> {
-        self.0.as_db_error()
+        self.error.as_db_error()
     }
 }
 
 impl fmt::Display for Withheld {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0.as_db_error() {
+        match self.error.as_db_error() {
+            Some(db) if self.message_shown => write!(
+                f,
+                "{}: {} (SQLSTATE {})",
+                db.severity(),
+                db.message(),
+                db.code().code()
+            ),
             Some(db) => write!(
                 f,
                 "{} (SQLSTATE {}): the message is withheld, since it quotes a value of the scope",
                 db.severity(),
                 db.code().code()
             ),
-            None => write!(f, "{}", self.0),
+            None => write!(f, "{}", self.error),
         }
     }
 }
 
 impl fmt::Debug for Withheld {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let code = self.0.as_db_error().map(|db| db.code().code());
+        let db = self.error.as_db_error();
         f.debug_struct("Withheld")
-            .field("code", &code)
+            .field("code", &db.map(|db| db.code().code()))
+            .field(
+                "message",
+                &db.filter(|_| self.message_shown).map(DbError::message),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -190,7 +209,9 @@ impl PgError {
     pub fn is_retryable(&self) -> bool {
         match self {
             PgError::Pool(e) => pool_error_is_retryable(e),
-            PgError::Query(e) | PgError::Withheld(Withheld(e)) => super::classify(e).is_retryable(),
+            PgError::Query(e) | PgError::Withheld(Withheld { error: e, .. }) => {
+                super::classify(e).is_retryable()
+            }
             PgError::Scope(_) => false,
         }
     }
@@ -209,7 +230,7 @@ impl PgError {
     pub fn kind(&self) -> DbErrorKind {
         match self {
             PgError::Query(e)
-            | PgError::Withheld(Withheld(e))
+            | PgError::Withheld(Withheld { error: e, .. })
             | PgError::Pool(PoolError::Backend(e)) => super::classify(e),
             PgError::Pool(PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)) => {
                 DbErrorKind::Other
@@ -224,7 +245,7 @@ impl PgError {
     /// value its `Display` leaves out: handle it as a secret.
     pub fn as_db_error(&self) -> Option<&DbError> {
         match self {
-            PgError::Query(e) | PgError::Withheld(Withheld(e)) => e.as_db_error(),
+            PgError::Query(e) | PgError::Withheld(Withheld { error: e, .. }) => e.as_db_error(),
             PgError::Pool(PoolError::Backend(e)) => e.as_db_error(),
             PgError::Pool(_) | PgError::Scope(_) => None,
         }
@@ -499,12 +520,51 @@ impl<Q: PageQuery> PgLoader<Q, Paged> {
         Self::made(pool, query, sql, single, statements)
     }
 
-    /// Each key's page.
+    /// Each key's page. A key another page statement made fails alone
+    /// ([`PageError::OtherStatement`]). A load whose statement the
+    /// database refuses as a data error (a forged cursor whose value does
+    /// not cast) is run again key by key, so only that key fails.
     pub(super) async fn load_pages(
         &self,
         keys: Vec<PageKey<Q::Parent>>,
         start: Option<Start<'_>>,
     ) -> Result<Loaded<PageKey<Q::Parent>, Page<Q::Value>>, PgError> {
+        let page = self.query.query.page_sql();
+        let (ours, others): (Vec<_>, Vec<_>) = keys.into_iter().partition(|k| page.made(k));
+        let mut loaded = match self.pages_at_once(ours.clone(), start).await {
+            Err(e) if ours.len() > 1 && e.kind() == DbErrorKind::OtherRowFault => {
+                let mut loaded = Loaded::with_capacity(ours.len());
+                for key in ours {
+                    match self.pages_at_once(vec![key.clone()], start).await {
+                        Ok(mut one) => match one.take(&key) {
+                            Ok(Some(page)) => {
+                                loaded.insert(key, page);
+                            }
+                            Ok(None) => {}
+                            Err(e) => loaded.fail_shared(key, e),
+                        },
+                        Err(e) => loaded.fail(key, e),
+                    }
+                }
+                loaded
+            }
+            done => done?,
+        };
+        for key in others {
+            loaded.fail(key, PageError::OtherStatement);
+        }
+        Ok(loaded)
+    }
+
+    /// `keys`' pages, in one statement.
+    async fn pages_at_once(
+        &self,
+        keys: Vec<PageKey<Q::Parent>>,
+        start: Option<Start<'_>>,
+    ) -> Result<Loaded<PageKey<Q::Parent>, Page<Q::Value>>, PgError> {
+        if keys.is_empty() {
+            return Ok(Loaded::new());
+        }
         let q = &*self.query;
         let page = q.query.page_sql();
         let parents: Vec<Q::Parent> = keys.iter().map(|k| k.parent().clone()).collect();
@@ -518,9 +578,12 @@ impl<Q: PageQuery> PgLoader<Q, Paged> {
             // The key's position first: a row whose value does not map
             // still fails its own key.
             let position: i64 = row.try_get(at)?;
-            let order = (0..page.order_columns())
-                .map(|i| row.try_get::<_, String>(at + 1 + i))
-                .collect::<Result<Vec<_>, _>>()?;
+            // `None` if an order column is NULL: the key then fails.
+            let order: Option<Vec<String>> = (0..page.order_columns())
+                .map(|i| row.try_get::<_, Option<String>>(at + 1 + i))
+                .collect::<Result<Vec<_>, _>>()?
+                .into_iter()
+                .collect();
             let value = q.query.map_row(row).map_err(PgError::Query);
             let index = usize::try_from(position - 1).unwrap_or(usize::MAX);
             read.push((index, order, value));

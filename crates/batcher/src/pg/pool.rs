@@ -355,7 +355,8 @@ impl AsPgError for tokio_postgres::Error {
 impl AsPgError for super::PgError {
     fn as_pg_error(&self) -> Option<&tokio_postgres::Error> {
         match self {
-            super::PgError::Query(e) | super::PgError::Withheld(super::Withheld(e)) => Some(e),
+            super::PgError::Query(e)
+            | super::PgError::Withheld(super::Withheld { error: e, .. }) => Some(e),
             super::PgError::Pool(PoolError::Backend(e)) => Some(e),
             super::PgError::Pool(_) | super::PgError::Scope(_) => None,
         }

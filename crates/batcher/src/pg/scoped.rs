@@ -229,18 +229,18 @@ fn as_params<'a>(values: &'a [Secret<'_>]) -> Vec<&'a (dyn ToSql + Sync)> {
     values.iter().map(|v| v as &(dyn ToSql + Sync)).collect()
 }
 
-/// `e`, withheld if the database's report quotes a value of `scope`.
+/// `e` as a scope's callers may see it: a database report is [`Withheld`]
+/// (its message too, if it quotes a value of `scope`).
 fn withhold(e: PgError, scope: &Scope) -> PgError {
     match e {
-        PgError::Query(e)
-            if e.as_db_error().is_some_and(|db| {
-                [Some(db.message()), db.detail(), db.hint(), db.where_()]
-                    .into_iter()
-                    .flatten()
-                    .any(|text| scope.is_quoted_in(text))
-            }) =>
-        {
-            PgError::Withheld(Withheld(e))
+        PgError::Query(error) if error.as_db_error().is_some() => {
+            let message_shown = error
+                .as_db_error()
+                .is_some_and(|db| !scope.is_quoted_in(db.message()));
+            PgError::Withheld(Withheld {
+                error,
+                message_shown,
+            })
         }
         e => e,
     }

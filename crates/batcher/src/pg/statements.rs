@@ -13,6 +13,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 pub use crate::db::StatementMode;
+use crate::db::CLEAN_START;
 
 /// The statement settings of a loader, a writer or an import.
 ///
@@ -242,10 +243,17 @@ impl Statements {
                 client.query_typed(&sql.text, &typed(params, types)).await
             }
             (_, timeout, start) => {
-                let begin = match timeout {
-                    Some(set) => format!("BEGIN; {set}"),
-                    None => "BEGIN".to_owned(),
-                };
+                let mut begin = String::from("BEGIN");
+                if let Some(set) = timeout {
+                    begin.push_str("; ");
+                    begin.push_str(&set);
+                }
+                if start.is_some() {
+                    // Before the prologue: nothing of the connection's own
+                    // session settings decides what the scope reads.
+                    begin.push_str("; ");
+                    begin.push_str(CLEAN_START);
+                }
                 let prologue = match start {
                     Some(start) => Some(self.statement(client, start.sql, start.params).await?),
                     None => None,

@@ -13,8 +13,8 @@ use ::sqlx::{Connection, Encode, Executor, FromRow, Type};
 
 use super::prologue::Start;
 use crate::db::{
-    again_if_lost, gather_lists, gather_pages, BadRows, List, Page, PageKey, PageSql, Paged,
-    Single, StatementMode,
+    again_if_lost, gather_lists, gather_pages, BadRows, DbErrorKind, List, Page, PageError,
+    PageKey, PageSql, Paged, Single, StatementMode, CLEAN_START,
 };
 use crate::{Loaded, Loader};
 
@@ -344,7 +344,10 @@ impl<Q, R> SqlxLoader<Q, R> {
         let c: &mut PgConnection = conn.0.as_mut().expect("held until released");
         let mode = self.inner.mode;
         let done = async {
-            Executor::execute(&mut *c, ::sqlx::raw_sql("BEGIN")).await?;
+            // One round trip: `BEGIN` and the clean start, as a simple
+            // query (no value in it).
+            let begin = format!("BEGIN; {CLEAN_START}");
+            Executor::execute(&mut *c, ::sqlx::raw_sql(&begin)).await?;
             start.run(&mut *c, mode).await?;
             let rows = Executor::fetch_all(&mut *c, statement).await?;
             Executor::execute(&mut *c, ::sqlx::raw_sql("COMMIT")).await?;
@@ -589,12 +592,51 @@ impl<Q: PageQuery> SqlxLoader<Q, Paged> {
         Self::made(pool, query, mode)
     }
 
-    /// Each key's page.
+    /// Each key's page. A key another page statement made fails alone
+    /// ([`PageError::OtherStatement`]). A load whose statement the
+    /// database refuses as a data error (a forged cursor whose value does
+    /// not cast) is run again key by key, so only that key fails.
     pub(super) async fn load_pages(
         &self,
         keys: Vec<PageKey<Q::Parent>>,
         start: Option<&Start<'_>>,
     ) -> Result<Loaded<PageKey<Q::Parent>, Page<Q::Value>>, ::sqlx::Error> {
+        let page = self.inner.query.page_sql();
+        let (ours, others): (Vec<_>, Vec<_>) = keys.into_iter().partition(|k| page.made(k));
+        let mut loaded = match self.pages_at_once(ours.clone(), start).await {
+            Err(e) if ours.len() > 1 && super::classify(&e) == DbErrorKind::OtherRowFault => {
+                let mut loaded = Loaded::with_capacity(ours.len());
+                for key in ours {
+                    match self.pages_at_once(vec![key.clone()], start).await {
+                        Ok(mut one) => match one.take(&key) {
+                            Ok(Some(page)) => {
+                                loaded.insert(key, page);
+                            }
+                            Ok(None) => {}
+                            Err(e) => loaded.fail_shared(key, e),
+                        },
+                        Err(e) => loaded.fail(key, e),
+                    }
+                }
+                loaded
+            }
+            done => done?,
+        };
+        for key in others {
+            loaded.fail(key, PageError::OtherStatement);
+        }
+        Ok(loaded)
+    }
+
+    /// `keys`' pages, in one statement.
+    async fn pages_at_once(
+        &self,
+        keys: Vec<PageKey<Q::Parent>>,
+        start: Option<&Start<'_>>,
+    ) -> Result<Loaded<PageKey<Q::Parent>, Page<Q::Value>>, ::sqlx::Error> {
+        if keys.is_empty() {
+            return Ok(Loaded::new());
+        }
         let q = &self.inner.query;
         let page = q.page_sql();
         let parents: Vec<Q::Parent> = keys.iter().map(|k| k.parent().clone()).collect();
@@ -616,9 +658,12 @@ impl<Q: PageQuery> SqlxLoader<Q, Paged> {
             // The key's position first: a row whose value does not read
             // still fails its own key.
             let position: i64 = ::sqlx::Row::try_get(row, at)?;
-            let order = (0..page.order_columns())
-                .map(|i| ::sqlx::Row::try_get::<String, _>(row, at + 1 + i))
-                .collect::<Result<Vec<_>, _>>()?;
+            // `None` if an order column is NULL: the key then fails.
+            let order: Option<Vec<String>> = (0..page.order_columns())
+                .map(|i| ::sqlx::Row::try_get::<Option<String>, _>(row, at + 1 + i))
+                .collect::<Result<Vec<_>, _>>()?
+                .into_iter()
+                .collect();
             let value = <Q::Row as FromRow<'_, PgRow>>::from_row(row).map(|r| q.map_row(r));
             let index = usize::try_from(position - 1).unwrap_or(usize::MAX);
             read.push((index, order, value));

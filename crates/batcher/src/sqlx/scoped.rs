@@ -34,10 +34,12 @@ use crate::{Loaded, ScopedLoader};
 /// refused, since policies would not apply to it. A refused scope fails
 /// with `sqlx::Error::Configuration` holding the [`ScopeError`].
 ///
-/// A failure whose database report quotes one of the scope's values (a
-/// policy's failed cast of a setting) reaches the callers as a
-/// `sqlx::Error::Database` with the same SQLSTATE and the message
-/// withheld, so no log line carries the value.
+/// A database report of a failed load reaches the callers as a
+/// `sqlx::Error::Database` with the same SQLSTATE and message, without the
+/// report's detail, hint, context and internal query (where Postgres
+/// quotes pieces of what it was given), and with the message withheld too
+/// when it quotes one of the scope's values (a policy's failed cast of a
+/// setting): no log line carries a value.
 ///
 /// Every way to load here takes a scope: there is no unscoped load on a
 /// scoped loader.
@@ -149,33 +151,31 @@ fn withhold(e: ::sqlx::Error, scope: &Scope) -> ::sqlx::Error {
     let ::sqlx::Error::Database(db) = &e else {
         return e;
     };
-    let quoted = scope.is_quoted_in(db.message())
-        || db.try_downcast_ref::<PgDatabaseError>().is_some_and(|pg| {
-            [pg.detail(), pg.hint(), pg.r#where()]
-                .into_iter()
-                .flatten()
-                .any(|text| scope.is_quoted_in(text))
-        });
-    if !quoted {
-        return e;
-    }
     let severity = db.try_downcast_ref::<PgDatabaseError>().map_or_else(
         || "ERROR".to_owned(),
         |pg| format!("{:?}", pg.severity()).to_uppercase(),
     );
     let code = db.code().map(Cow::into_owned).unwrap_or_default();
-    ::sqlx::Error::Database(Box::new(Withheld {
-        message: format!(
+    let message = if scope.is_quoted_in(db.message()) {
+        format!(
             "{severity} (SQLSTATE {code}): the message is withheld, since it quotes a value of \
              the scope"
-        ),
+        )
+    } else {
+        format!("{severity}: {} (SQLSTATE {code})", db.message())
+    };
+    ::sqlx::Error::Database(Box::new(Withheld {
+        message,
         code,
         kind: db.kind(),
     }))
 }
 
-/// A database report that quoted a scope's value, without its message: the
-/// SQLSTATE (which `classify` sorts by) and kind survive.
+/// A database report of a scoped load, as the scope's callers and logs may
+/// see it: its severity, SQLSTATE and message, and never its detail, hint,
+/// context or internal query, where Postgres quotes pieces of what it was
+/// given; the message too is withheld when it quotes a value of the scope.
+/// The SQLSTATE (which `classify` sorts by) and kind survive.
 #[derive(Debug)]
 struct Withheld {
     message: String,

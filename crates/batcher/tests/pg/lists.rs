@@ -40,6 +40,10 @@ async fn children(config: &tokio_postgres::Config, role: &str) {
                  (52, 5, 1, 0, 'c52'), (56, 5, 1, 0, 'c56'), (54, 5, 1, 0, 'c54'),
                  (61, 6, 1, 1, NULL), (62, 6, 2, 0, 'c62');
              CREATE INDEX ON children (parent_id, pos, id);
+             -- A date column to order by, and a column NULL for child 43.
+             ALTER TABLE children ADD COLUMN created date, ADD COLUMN rank int;
+             UPDATE children SET created = date '2024-01-01' + pos,
+                                 rank = CASE WHEN id = 43 THEN NULL ELSE pos END;
              CREATE ROLE {role} NOLOGIN;
              GRANT {role} TO CURRENT_USER;
              GRANT SELECT ON children TO {role};
@@ -494,4 +498,122 @@ async fn pages_of_every_parent_start_at_their_cursors_in_one_statement() {
     let db = database().await;
     pages_start_at_their_cursors::<TokioPostgres>(&db.config, &db.name).await;
     pages_start_at_their_cursors::<Sqlx>(&db.config, &db.name).await;
+}
+
+/// What a client sends as a page's size and cursor cannot fail other
+/// clients' pages, read a page of another statement, or reach the
+/// database unchecked.
+async fn bad_page_input_fails_its_own_key<D: Driver>(config: &tokio_postgres::Config) {
+    let ctx = D::NAME;
+    let driver = D::open(config).await;
+    let sql = page_sql("pos");
+    let pages = driver.pages(sql.clone());
+    // Refused before any read: a value not of its column's type.
+    assert!(
+        matches!(
+            sql.key(4, 2, Some(Cursor::new(["1", "x"]).as_str())),
+            Err(pgbatch::db::PageError::BadCursorValue(c)) if c == "id"
+        ),
+        "{ctx}"
+    );
+    // A value of the right form the database still refuses (an int out of
+    // range for `int`): only its own key fails; the others in its load
+    // are answered.
+    let forged = sql
+        .key(4, 2, Some(Cursor::new(["99999999999", "42"]).as_str()))
+        .err();
+    assert!(
+        forged.is_some(),
+        "{ctx}: out of range for int, refused here"
+    );
+    let cast = PageSql::builder("children")
+        .parent("parent_id", "bigint")
+        .columns(["id", "body"])
+        .order_by("created", "date")
+        .order_by("id", "bigint")
+        .build()
+        .unwrap();
+    let by_date = driver.pages(cast.clone());
+    let got = by_date
+        .load_many([
+            cast.key(3, 2, Some(Cursor::new(["2024-99-99", "1"]).as_str()))
+                .unwrap(),
+            cast.key(2, 2, None).unwrap(),
+        ])
+        .await;
+    assert!(got[0].is_err(), "{ctx}: the forger's page fails");
+    assert_eq!(
+        got[1].as_ref().unwrap().as_ref().unwrap().items,
+        [child(22), child(21)],
+        "{ctx}: the other's is answered"
+    );
+    // A key made by another statement fails alone.
+    let other = page_sql("id");
+    let mixed = pages
+        .load_many([other.key(3, 1, None).unwrap(), sql.key(3, 1, None).unwrap()])
+        .await;
+    let err = mixed[0].as_ref().unwrap_err().to_string();
+    assert!(err.contains("another page statement"), "{ctx}: {err}");
+    assert_eq!(
+        mixed[1].as_ref().unwrap().as_ref().unwrap().items,
+        [child(31)]
+    );
+    // A NULL order column fails its own key: no cursor can name its place.
+    let by_rank = PageSql::builder("children")
+        .parent("parent_id", "bigint")
+        .columns(["id", "body"])
+        .order_by("rank", "int")
+        .order_by("id", "bigint")
+        .build()
+        .unwrap();
+    let nulls = driver.pages(by_rank.clone());
+    let got = nulls
+        .load_many([
+            by_rank.key(4, 5, None).unwrap(),
+            by_rank.key(2, 5, None).unwrap(),
+        ])
+        .await;
+    let err = got[0].as_ref().unwrap_err().to_string();
+    assert!(err.contains("NULL"), "{ctx}: {err}");
+    assert_eq!(got[1].as_ref().unwrap().as_ref().unwrap().items.len(), 2);
+}
+
+#[tokio::test]
+async fn bad_page_input_is_refused_or_fails_its_own_key_alone() {
+    for (bad, what) in [
+        ("bigint) OR (true", "an expression"),
+        ("int; DROP TABLE x", "a statement"),
+        ("(SELECT 1)", "a subquery"),
+        ("double x", "an unknown type of two words"),
+    ] {
+        let built = PageSql::builder("children")
+            .parent("parent_id", "bigint")
+            .columns(["id"])
+            .order_by("id", bad)
+            .build();
+        assert!(
+            matches!(built, Err(pgbatch::db::PageError::BadType(_))),
+            "{what}: {built:?}"
+        );
+    }
+    for fine in [
+        "bigint",
+        "timestamp with time zone",
+        "numeric(10, 2)",
+        "public.my_type",
+        "text[]",
+    ] {
+        assert!(
+            PageSql::builder("children")
+                .parent("parent_id", "bigint")
+                .columns(["id"])
+                .order_by("id", fine)
+                .build()
+                .is_ok(),
+            "{fine}"
+        );
+    }
+    let db = database().await;
+    bad_page_input_fails_its_own_key::<TokioPostgres>(&db.config).await;
+    bad_page_input_fails_its_own_key::<Sqlx>(&db.config).await;
 }

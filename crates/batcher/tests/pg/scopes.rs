@@ -102,7 +102,13 @@ async fn create_rls(admin: tokio_postgres::Config, prefix: &str) -> Rls {
                GRANT SELECT ON notes TO "{bypass}", "{owner}";
                CREATE TABLE owned (id bigint PRIMARY KEY);
                ALTER TABLE owned ENABLE ROW LEVEL SECURITY;
-               ALTER TABLE owned OWNER TO "{owner}";"#
+               ALTER TABLE owned OWNER TO "{owner}";
+               -- What another client of the login role could point a
+               -- pooled connection's search path at.
+               CREATE SCHEMA evil;
+               CREATE FUNCTION evil.set_config(text, text, boolean) RETURNS text
+                 LANGUAGE sql AS $f$ SELECT $2 $f$;
+               GRANT USAGE ON SCHEMA evil TO PUBLIC;"#
         ))
         .await
         .unwrap();
@@ -933,6 +939,24 @@ async fn nothing_left_on_the_connection_is_read<D: Driver>(rls: &Rls) {
             .is_err_and(|e| e.to_string().contains("permission denied for table notes")),
         "{ctx}: {got:?}"
     );
+    // A search path and a temporary table another client left: a scope's
+    // load still sets its role and settings with Postgres's own
+    // `set_config`, and reads the application's table.
+    probe
+        .leave(
+            "SET search_path = evil, pg_catalog, public; \
+             CREATE TEMP TABLE notes (id bigint, tenant int, body text); \
+             INSERT INTO notes VALUES (13, 3, 'forged')",
+        )
+        .await;
+    assert_eq!(
+        batcher.load_as(&rls.tenant(3), 13).await.unwrap(),
+        view(3, 13),
+        "{ctx}: the left search path chose what the load read"
+    );
+    probe
+        .leave("RESET search_path; DROP TABLE pg_temp.notes")
+        .await;
     // A setting's name is what Postgres reads, whatever its case.
     let shouting = Scope::builder()
         .label("tenant 3")
