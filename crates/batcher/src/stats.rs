@@ -517,6 +517,42 @@ impl Stats {
         self.load_time_recent.store(ns(recent), Relaxed);
     }
 
+    /// Publishes the worker's gauges: keys pending, loads running, the
+    /// limit in force, scopes with a lane, requests queued (read only if
+    /// exported: it takes the queue's lock).
+    pub(crate) fn publish(
+        &self,
+        pending: usize,
+        running: usize,
+        limit: usize,
+        scopes: usize,
+        queued: impl FnOnce() -> usize,
+    ) {
+        self.pending_keys.store(pending as u64, Relaxed);
+        self.in_flight_batches.store(running as u64, Relaxed);
+        self.scopes.store(scopes as u64, Relaxed);
+        #[cfg(feature = "metrics")]
+        if let Some(gauges) = self.gauges.get() {
+            gauges.pending.set(pending as f64);
+            gauges.in_flight.set(running as f64);
+            gauges.limit.set(limit as f64);
+            gauges.scopes.set(scopes as f64);
+            // Only the automatic limit has them (0: none).
+            for (gauge, ns) in [
+                (&gauges.load_least, &self.load_time_least),
+                (&gauges.load_recent, &self.load_time_recent),
+            ] {
+                let ns = ns.load(Relaxed);
+                if ns != 0 {
+                    gauge.set(ns as f64 * 1e-9);
+                }
+            }
+            gauges.queued.set(queued() as f64);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (limit, queued);
+    }
+
     pub(crate) fn snapshot(&self, queued: usize, concurrency_limit: usize) -> StatsSnapshot {
         StatsSnapshot {
             concurrency_limit: concurrency_limit as u64,

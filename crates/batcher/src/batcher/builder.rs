@@ -230,12 +230,22 @@ where
         self
     }
 
+    /// Caps how many scopes one load serves, below what the loader allows
+    /// ([`ScopedLoader::scopes_per_load`](crate::ScopedLoader::scopes_per_load)):
+    /// 1 gives every scope loads of its own. Must be at least 1. Default:
+    /// as many as the loader allows.
+    pub fn max_scopes_per_load(mut self, most: usize) -> Self {
+        self.config.scopes_per_load = most;
+        self
+    }
+
     fn validate(&self) -> Result<(), BuildError> {
         let c = &self.config;
         for (setting, value) in [
             ("max_batch_size", c.max_batch_size),
             ("concurrency", c.concurrency.max()),
             ("channel_capacity", c.channel_capacity),
+            ("max_scopes_per_load", c.scopes_per_load),
         ] {
             if value == 0 {
                 return Err(BuildError::TooSmall {

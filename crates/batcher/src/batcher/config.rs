@@ -137,6 +137,8 @@ pub(crate) struct Config {
     pub(crate) direct_when_idle: bool,
     /// The most scope names counted apart (0: no counts per scope).
     pub(crate) scope_stats: usize,
+    /// The most scopes one load serves, below what the loader allows.
+    pub(crate) scopes_per_load: usize,
 }
 
 impl Config {
@@ -162,6 +164,7 @@ impl Default for Config {
             join_in_flight: false,
             direct_when_idle: true,
             scope_stats: 0,
+            scopes_per_load: usize::MAX,
         }
     }
 }

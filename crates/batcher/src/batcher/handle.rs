@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
+use std::iter;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use tokio::time::{timeout_at, Instant};
 use tracing::Instrument as _;
 
 use super::config::{Config, Overflow};
+use super::ledger::{self, Idle};
 use super::loader::Loader;
 use super::message::{Message, Reply, Rx};
 #[cfg(feature = "cache")]
@@ -371,26 +373,20 @@ where
     /// batcher is busy.
     fn direct_slot(&self) -> Option<LoadSlot> {
         let shared = &self.inner.shared;
-        // Cheapest first: under load, a slot is taken nearly always, and
-        // the queue's lock is reached only when no load runs.
-        if !policy::allows_direct_loads(&shared.config)
-            || shared.running_loads() != 0
-            || !shared.is_worker_running()
-            || shared.shutdown.is_cancelled()
-            || self.inner.tx.is_closed()
-            // Nothing waits for the worker either: a direct load must not
-            // pass requests already queued, which (adaptive) could then
-            // wait for the delay with a slot taken.
-            || shared.stats.pending_keys.load(Relaxed) != 0
-            || self.inner.tx.len() != 0
-        {
+        let idle = || Idle {
+            serving: shared.is_worker_running()
+                && !shared.shutdown.is_cancelled()
+                && !self.inner.tx.is_closed(),
+            waiting: shared.stats.pending_keys.load(Relaxed) as usize + self.inner.tx.len(),
+        };
+        if !ledger::loads_directly(&shared.config, shared.running_loads(), idle) {
             return None;
         }
         LoadSlot::try_take_first(shared)
     }
 
-    /// A batch of one, loaded in the caller's task: the same answers,
-    /// errors and statistics as through the worker, without the hand-offs.
+    /// A load of one key in the caller's task: the same answers, errors,
+    /// statistics and span as through the worker, without the hand-offs.
     async fn load_direct(
         &self,
         scope: S,
@@ -399,33 +395,30 @@ where
         deadline: Option<Instant>,
         _slot: LoadSlot,
     ) -> Result<Option<V>, Error> {
-        let stats = &self.inner.shared.stats;
-        Stats::incr(&stats.requests, 1);
-        Stats::incr(&stats.batches, 1);
-        stats.batch_size.record(1);
-        Stats::record_duration(&stats.queue_wait, now.elapsed());
-        let span = run::batch_span(&self.inner.shared, 1, true, || {
-            self.inner.load.label(&scope).map(Into::into)
-        });
-        let load = run::contain(
-            self.inner.load.start(scope, vec![key.clone()]),
-            self.inner.shared.config.load_timeout,
+        let (shared, load) = (&self.inner.shared, &self.inner.load);
+        Stats::incr(&shared.stats.requests, 1);
+        let none = tracing::Span::none();
+        let label = |_| load.label(&scope).map(Into::into);
+        let span = run::begin(shared, true, &[1], label, iter::once((now, &none)), now);
+        let started = Instant::now();
+        let outcome = run::contain(
+            load.start(vec![(scope, vec![key.clone()])]),
+            shared.config.load_timeout,
         )
         .instrument(span.clone());
-        let started = Instant::now();
-        let outcome = self.within(deadline, load).await.map_err(|e| match e {
+        let outcome = self.within(deadline, outcome).await.map_err(|e| match e {
             Error::Timeout(t) => {
                 Error::Timeout(TimedOut::new(t.after(), Waited::InALoad(started.elapsed())))
             }
             e => e,
         })?;
+        let stats = &shared.stats;
         Stats::record_duration(&stats.load_duration, started.elapsed());
         let _enter = span.enter();
-        let answer = outcome.settle(stats, 1)?.take(&key);
+        let settled = outcome.settle(stats, &[1]).pop().expect("one group");
+        let answer = settled?.take(&key);
         let mut answered = Answered::default();
-        let found = answer
-            .as_ref()
-            .is_ok_and(|v| self.inner.load.found(v.as_ref()));
+        let found = answer.as_ref().is_ok_and(|v| load.found(v.as_ref()));
         answered.count(&answer, found);
         answered.record(stats);
         answer.map_err(Error::Load)

@@ -134,6 +134,9 @@ enum Phase {
     Probing(Direction, usize, Option<Sample>),
 }
 
+/// The least and the latest window's mean load time, where known.
+pub(crate) type LoadTimes = (Option<Duration>, Option<Duration>);
+
 /// The state of the search.
 #[derive(Debug)]
 pub(crate) struct AutoLimit {
@@ -212,7 +215,7 @@ impl AutoLimit {
 
     /// The least and the latest window's mean load time (see
     /// `StatsSnapshot::load_time_least`).
-    pub(crate) fn load_times(&self) -> (Option<Duration>, Option<Duration>) {
+    pub(crate) fn load_times(&self) -> LoadTimes {
         (self.least_load, self.recent_load)
     }
 

@@ -50,8 +50,15 @@ pub trait Loader<K, V>: Send + Sync + 'static {
 /// Loads many keys at once as one scope `S`: who the load runs as (a
 /// tenant, a database role and its settings). A batcher built with
 /// [`build_scoped`](crate::BatcherBuilder::build_scoped) never puts keys
-/// of two scopes into one call: each call serves exactly one scope, and
-/// its answers reach only that scope's callers.
+/// of two scopes into one [`load`](Self::load): each call serves exactly
+/// one scope, and its answers reach only that scope's callers.
+///
+/// A loader that can serve several scopes in one round trip (several
+/// transactions pipelined on one connection, say) says how many with
+/// [`scopes_per_load`](Self::scopes_per_load) and does it in
+/// [`load_scopes`](Self::load_scopes): the batcher then fills a load from
+/// several scopes' waiting keys, taking turns, and answers each key from
+/// its own scope's result only. By default a load serves one scope.
 ///
 /// Otherwise as [`Loader`]: distinct keys, at most
 /// [`max_batch_size`](crate::BatcherBuilder::max_batch_size) of them, each
@@ -69,6 +76,35 @@ pub trait ScopedLoader<S, K, V>: Send + Sync + 'static {
         scope: &S,
         keys: Vec<K>,
     ) -> impl Future<Output = Result<Loaded<K, V>, Self::Error>> + Send;
+
+    /// How many scopes one load may serve: up to this many batches, each
+    /// of one scope, go to [`load_scopes`](Self::load_scopes) together. By
+    /// default 1: every load is one call of [`load`](Self::load).
+    fn scopes_per_load(&self) -> usize {
+        1
+    }
+
+    /// Loads several scopes' batches in one call: each scope's keys as that
+    /// scope, one result per scope in the order given. A scope that fails
+    /// (its role refused, say) fails its own keys alone. Called only with
+    /// two scopes or more, at most [`scopes_per_load`](Self::scopes_per_load).
+    ///
+    /// By default each scope's [`load`](Self::load), run concurrently in
+    /// the load's task.
+    fn load_scopes(
+        &self,
+        batches: Vec<(S, Vec<K>)>,
+    ) -> impl Future<Output = Vec<Result<Loaded<K, V>, Self::Error>>> + Send
+    where
+        S: Send + Sync,
+        K: Send,
+        V: Send,
+    {
+        let loads = batches
+            .into_iter()
+            .map(|(scope, keys)| async move { self.load(&scope, keys).await });
+        futures_util::future::join_all(loads)
+    }
 
     /// As [`Loader::is_absent`].
     fn is_absent(&self, value: &V) -> bool {
@@ -139,6 +175,29 @@ where
 #[derive(Clone)]
 pub struct ScopedLoaderFn<F> {
     f: F,
+    scopes_per_load: usize,
+}
+
+impl<F> ScopedLoaderFn<F> {
+    /// Lets one load serve up to `n` scopes (at least 1): the closure is
+    /// called once per scope, the calls running concurrently in the
+    /// load's task (see [`ScopedLoader::load_scopes`]).
+    ///
+    /// ```
+    /// use std::collections::HashMap;
+    /// use std::convert::Infallible;
+    ///
+    /// let loader = pgbatch::scoped_loader_fn(|tenant: u32, keys: Vec<u64>| async move {
+    ///     Ok::<_, Infallible>(keys.into_iter().map(|k| (k, (tenant, k))).collect::<HashMap<_, _>>())
+    /// })
+    /// .scopes_per_load(16);
+    /// # let _ = loader;
+    /// ```
+    #[must_use]
+    pub fn scopes_per_load(mut self, n: usize) -> Self {
+        self.scopes_per_load = n.max(1);
+        self
+    }
 }
 
 impl<F> fmt::Debug for ScopedLoaderFn<F> {
@@ -171,7 +230,10 @@ where
     M: Into<Loaded<K, V>>,
     E: std::error::Error + Send + Sync + 'static,
 {
-    ScopedLoaderFn { f }
+    ScopedLoaderFn {
+        f,
+        scopes_per_load: 1,
+    }
 }
 
 impl<S, K, V, M, E, F, Fut> ScopedLoader<S, K, V> for ScopedLoaderFn<F>
@@ -192,5 +254,9 @@ where
     ) -> impl Future<Output = Result<Loaded<K, V>, E>> + Send {
         let load = (self.f)(scope.clone(), keys);
         async move { load.await.map(Into::into) }
+    }
+
+    fn scopes_per_load(&self) -> usize {
+        self.scopes_per_load
     }
 }

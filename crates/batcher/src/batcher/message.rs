@@ -3,6 +3,7 @@
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::ledger::Request;
 use super::observer::Stamp;
 use crate::Error;
 
@@ -29,10 +30,8 @@ pub(crate) struct Message<S, K, V> {
     pub(crate) stamp: Option<Stamp>,
 }
 
-/// Who waits for one key: almost always one caller, kept inline.
-pub(crate) type Waiters<V> = smallvec::SmallVec<[Waiter<V>; 1]>;
-
-/// A caller waiting for a key, as the worker keeps it.
+/// A caller waiting for a key, as the worker keeps it in its
+/// [ledger](super::ledger).
 #[derive(Debug)]
 pub(crate) struct Waiter<V> {
     pub(crate) tx: Tx<V>,
@@ -41,9 +40,19 @@ pub(crate) struct Waiter<V> {
     pub(crate) stamp: Option<Stamp>,
 }
 
-impl<V> Waiter<V> {
-    /// Whether the caller dropped its future (cancelled or timed out).
-    pub(crate) fn is_abandoned(&self) -> bool {
+impl<V> Request for Waiter<V> {
+    type Tag = Stamp;
+
+    fn asked_at(&self) -> Instant {
+        self.enqueued_at
+    }
+
+    fn tag(&self) -> Option<Stamp> {
+        self.stamp
+    }
+
+    /// The caller dropped its future (cancelled or timed out).
+    fn is_gone(&self) -> bool {
         self.tx.is_closed()
     }
 }

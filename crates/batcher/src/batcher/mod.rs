@@ -34,13 +34,17 @@
 //! ```text
 //! builder   BatcherBuilder: validates a Config, builds a pair or spawns it
 //! handle    Batcher: enqueues keys, loads directly when idle, shuts down
-//! worker    Worker: receives, forms batches, dispatches, answers waiters
+//! worker    Worker: the async shell over the ledger: receives, times,
+//!           runs each load in a task, answers
+//! intake    a request into the ledger; what it hands back answered
 //! run       one load: timeout, panic capture, Outcome, its statistics
+//! ledger    every decision, no I/O: lanes, running loads, deadlines,
+//!           which keys of which scopes a load takes (and its lanes,
+//!           running loads)
 //! policy    the flush policy's decisions, as pure functions
 //! limit     the automatic concurrency limit: the search, as arithmetic
 //! shared    state of the handles and the worker; the LoadSlot guard
 //! queue     the bounded queue from the handles to the worker
-//! lanes     each scope's pending and running keys, and whose turn it is
 //! message   what travels from a handle to the worker
 //! observer  what a load tells whoever watches it (a cache built over it)
 //! config    the validated settings and their defaults
@@ -48,10 +52,12 @@
 //! loaded    Loaded: what a load returns, per key
 //! ```
 
+mod alarm;
 mod builder;
 mod config;
 mod handle;
-mod lanes;
+mod intake;
+mod ledger;
 mod limit;
 mod loaded;
 mod loader;

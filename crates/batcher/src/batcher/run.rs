@@ -5,35 +5,42 @@
 //! whichever ran it.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::future::Future;
+use std::hash::Hash;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt as _;
+use tokio::time::Instant;
 
+use super::ledger::{Expired, Group, Waiters};
 use super::loaded::Loaded;
 use super::loader::{Loader, ScopedLoader};
-use super::observer::{Ended, Stamp};
+use super::message::Waiter;
+use super::observer::{Ended, ObserverFn, Stamp};
 use super::shared::Shared;
-use crate::error::SharedError;
+use crate::error::{SharedError, TimedOut};
 use crate::stats::Stats;
 use crate::Error;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-/// A load started by a [`LoadFn`], not yet polled.
-pub(crate) type Load<K, V> = BoxFuture<Result<Loaded<K, V>, SharedError>>;
+/// A load started by a [`LoadFn`], not yet polled: one result per group.
+pub(crate) type Load<K, V> = BoxFuture<Vec<Result<Loaded<K, V>, SharedError>>>;
 
 /// A loader with its error type erased, and with a scope `S` (`()` for a
 /// plain [`Loader`]), so `Worker` and `Batcher` need no loader type
 /// parameter.
 pub(crate) trait ErasedLoader<S, K, V>: Send + Sync {
-    /// Starts a load of `keys` as `scope`. The loader is called inside the
-    /// returned future, so even a panic in its synchronous part happens
-    /// where the future is polled, inside [`run`]'s panic capture, not in
-    /// the worker.
-    fn start(&self, scope: S, keys: Vec<K>) -> Load<K, V>;
+    /// Starts a load of each group's keys as its scope. The loader is
+    /// called inside the returned future, so even a panic in its
+    /// synchronous part happens where the future is polled, inside
+    /// [`contain`]'s panic capture, not in the worker.
+    fn start(&self, groups: Vec<(S, Vec<K>)>) -> Load<K, V>;
+    /// How many scopes one load may serve.
+    fn scopes_per_load(&self) -> usize;
     /// Whether a key's answer counts as found in the statistics.
     fn found(&self, value: Option<&V>) -> bool;
     /// How `scope` is named in spans and logs, if at all.
@@ -70,12 +77,37 @@ where
     V: Send + 'static,
     L: ScopedLoader<S, K, V>,
 {
-    fn start(&self, scope: S, keys: Vec<K>) -> Load<K, V> {
+    fn start(&self, mut groups: Vec<(S, Vec<K>)>) -> Load<K, V> {
         let loader = Arc::clone(self);
+        let shared = |e: L::Error| Arc::new(e) as SharedError;
+        if groups.len() == 1 {
+            let (scope, keys) = groups.pop().expect("one group");
+            return Box::pin(async move { vec![loader.load(&scope, keys).await.map_err(shared)] });
+        }
         Box::pin(async move {
-            let loaded = loader.load(&scope, keys).await;
-            loaded.map_err(|e| Arc::new(e) as SharedError)
+            let asked = groups.len();
+            let mut answers: Vec<_> = loader
+                .load_scopes(groups)
+                .await
+                .into_iter()
+                .map(|r| r.map_err(shared))
+                .collect();
+            if answers.len() != asked {
+                // Never another group's answer: a loader that miscounts
+                // fails every group it did not answer in order.
+                let e: SharedError = Arc::new(ScopesMiscounted {
+                    asked,
+                    answered: answers.len(),
+                });
+                answers.resize_with(asked, || Err(Arc::clone(&e)));
+                answers.truncate(asked);
+            }
+            answers
         })
+    }
+
+    fn scopes_per_load(&self) -> usize {
+        L::scopes_per_load(self).max(1)
     }
 
     fn found(&self, value: Option<&V>) -> bool {
@@ -85,6 +117,15 @@ where
     fn label<'s>(&self, scope: &'s S) -> Option<Cow<'s, str>> {
         L::label(self, scope)
     }
+}
+
+/// A [`ScopedLoader::load_scopes`] that returned more or fewer results
+/// than it was given scopes.
+#[derive(Debug, thiserror::Error)]
+#[error("the loader answered {answered} scopes of the {asked} it was given")]
+struct ScopesMiscounted {
+    asked: usize,
+    answered: usize,
 }
 
 /// Erases `loader`'s type.
@@ -110,8 +151,8 @@ where
 
 /// How a load ended.
 pub(crate) enum Outcome<K, V> {
-    Loaded(Loaded<K, V>),
-    Failed(SharedError),
+    /// Each group's answers, or its failure.
+    Loaded(Vec<Result<Loaded<K, V>, SharedError>>),
     TimedOut(Duration),
     Panicked(Arc<str>),
 }
@@ -131,53 +172,209 @@ pub(crate) async fn contain<K, V>(
         None => load.await,
     };
     match result {
-        Ok(Ok(values)) => Outcome::Loaded(values),
-        Ok(Err(e)) => Outcome::Failed(e),
+        Ok(groups) => Outcome::Loaded(groups),
         Err(panic) => Outcome::Panicked(crate::error::panic_message(&*panic).into()),
     }
 }
 
 impl<K, V> Outcome<K, V> {
-    /// How this load ended, for the observer of its `stamped` keys.
-    pub(crate) fn ended(&self, stamped: Vec<(K, Stamp)>) -> Ended<'_, K, V> {
+    /// Whether the load failed as a whole (timed out or panicked).
+    pub(crate) fn is_whole_failure(&self) -> bool {
+        !matches!(self, Outcome::Loaded(_))
+    }
+
+    /// How group `g` of this load ended, for the observer of its
+    /// `stamped` keys.
+    pub(crate) fn ended(&self, g: usize, stamped: Vec<(K, Stamp)>) -> Ended<'_, K, V> {
         match self {
-            Outcome::Loaded(loaded) => Ended::Loaded { stamped, loaded },
+            Outcome::Loaded(groups) => match groups.get(g) {
+                Some(Ok(loaded)) => Ended::Loaded { stamped, loaded },
+                _ => Ended::Failed(stamped.len()),
+            },
             _ => Ended::Failed(stamped.len()),
         }
     }
 
-    /// The answers of a successful load, or the error every waiter of a
-    /// failed one receives. A failure is counted and logged here, once per
-    /// batch of `keys` distinct keys; a success is counted by the caller,
-    /// which knows how many keys were found ([`record_found`]).
-    pub(crate) fn settle(self, stats: &Stats, keys: usize) -> Result<Loaded<K, V>, Error> {
-        let failure = match self {
-            Outcome::Loaded(values) => return Ok(values),
-            Outcome::Failed(e) => {
-                Stats::incr(&stats.failed_batches, 1);
-                let retryable = Error::Load(Arc::clone(&e)).is_retryable();
-                tracing::warn!(
-                    error = %crate::error::Chain(&*e),
-                    retryable,
-                    keys,
-                    "batch load failed"
-                );
-                Error::Load(e)
+    /// Each group's answers, or the error every waiter of a failed group
+    /// receives, for groups of `keys` distinct keys each. A failure is
+    /// counted and logged here, once per group (once per load for a
+    /// timeout or a panic); a success is counted by the caller, which
+    /// knows how many keys were found ([`Answered`]).
+    pub(crate) fn settle(self, stats: &Stats, keys: &[usize]) -> Vec<Result<Loaded<K, V>, Error>> {
+        let all: usize = keys.iter().sum();
+        let whole = match self {
+            Outcome::Loaded(groups) => {
+                return groups
+                    .into_iter()
+                    .zip(keys)
+                    .map(|(group, &keys)| {
+                        group.map_err(|e| {
+                            Stats::incr(&stats.failed_batches, 1);
+                            Stats::incr(&stats.failed_keys, keys as u64);
+                            let retryable = Error::Load(Arc::clone(&e)).is_retryable();
+                            tracing::warn!(
+                                error = %crate::error::Chain(&*e),
+                                retryable,
+                                keys,
+                                "batch load failed"
+                            );
+                            Error::Load(e)
+                        })
+                    })
+                    .collect();
             }
             Outcome::TimedOut(t) => {
                 Stats::incr(&stats.timed_out_batches, 1);
-                tracing::warn!(timeout = ?t, keys, "batch load timed out");
+                tracing::warn!(timeout = ?t, keys = all, "batch load timed out");
                 Error::LoadTimeout(t)
             }
             Outcome::Panicked(msg) => {
                 Stats::incr(&stats.panicked_batches, 1);
-                tracing::error!(panic = %msg, keys, "batch loader panicked");
+                tracing::error!(panic = %msg, keys = all, "batch loader panicked");
                 Error::LoaderPanicked(msg)
             }
         };
-        Stats::incr(&stats.failed_keys, keys as u64);
-        Err(failure)
+        Stats::incr(&stats.failed_keys, all as u64);
+        keys.iter().map(|_| Err(whole.clone())).collect()
     }
+}
+
+/// The future of a load the ledger took, to run in a task of its own: each
+/// group's keys as its scope (see [`contain`] and [`observed`]).
+pub(crate) fn launch<S, K, V>(
+    load: &LoadFn<S, K, V>,
+    shared: &Arc<Shared>,
+    observer: Option<ObserverFn<S, K, V>>,
+    groups: Vec<Group<S, K, Stamp>>,
+) -> impl Future<Output = Outcome<K, V>> + Send + 'static
+where
+    S: Clone + Send + Sync + 'static,
+    K: Send + 'static,
+    V: Send + 'static,
+{
+    let mut stamped = Vec::new();
+    let mut batches = Vec::with_capacity(groups.len());
+    for group in groups {
+        if observer.is_some() {
+            stamped.push((group.scope.clone(), group.tagged));
+        }
+        batches.push((group.scope, group.keys));
+    }
+    let started = contain(load.start(batches), shared.config.load_timeout);
+    observed(started, Arc::clone(shared), observer, stamped)
+}
+
+/// Answers a finished load's waiters, each group's from its own result
+/// only, and counts what they got.
+pub(crate) fn answer<S, K, V>(
+    load: &LoadFn<S, K, V>,
+    stats: &Stats,
+    groups: Vec<HashMap<K, Waiters<Waiter<V>>>>,
+    settled: Vec<Result<Loaded<K, V>, Error>>,
+) where
+    K: Eq + Hash,
+    V: Clone,
+{
+    let mut answered = Answered::default();
+    for (waiters, settled) in groups.into_iter().zip(settled) {
+        match settled {
+            Ok(mut loaded) => {
+                for (key, waiters) in waiters {
+                    let answer = loaded.take(&key);
+                    let found = answer.as_ref().is_ok_and(|v| load.found(v.as_ref()));
+                    answered.count(&answer, found);
+                    reply_all(waiters, answer.map_err(Error::Load));
+                }
+            }
+            Err(failure) => waiters
+                .into_values()
+                .for_each(|w| reply_all(w, Err(failure.clone()))),
+        }
+    }
+    answered.record(stats);
+}
+
+/// Each group's answers, or its error: as [`Outcome::settle`], and
+/// [`Error::Closed`] for a load whose task was cancelled (`None`: the
+/// runtime is shutting down).
+pub(crate) fn settle<K, V>(
+    outcome: Option<Outcome<K, V>>,
+    stats: &Stats,
+    keys: &[usize],
+) -> Vec<Result<Loaded<K, V>, Error>> {
+    if let Some(outcome) = outcome {
+        return outcome.settle(stats, keys);
+    }
+    Stats::incr(&stats.failed_keys, keys.iter().sum::<usize>() as u64);
+    keys.iter().map(|_| Err(Error::Closed)).collect()
+}
+
+/// Answers [`Error::Timeout`] to waiters whose deadline passed.
+pub(crate) fn time_out<V>(shared: &Shared, expired: Expired<Waiter<V>>) {
+    let Some(after) = shared.config.timeout else {
+        return;
+    };
+    let (mut timed_out, mut gone) = (0, 0);
+    for (w, waited) in expired {
+        // A caller already gone was abandoned, not timed out (and one that
+        // timed out by its own timer counted it).
+        match w.tx.send(Err(Error::Timeout(TimedOut::new(after, waited)))) {
+            Ok(()) => timed_out += 1,
+            Err(_) => gone += 1,
+        }
+    }
+    Stats::incr(&shared.stats.timed_out, timed_out);
+    Stats::incr(&shared.stats.abandoned, gone);
+}
+
+/// Sends `reply` to every waiter, cloning for all but the last.
+fn reply_all<V: Clone>(waiters: Waiters<Waiter<V>>, reply: Result<Option<V>, Error>) {
+    let mut waiters = waiters.into_iter();
+    let last = waiters.next_back();
+    for w in waiters {
+        let _ = w.tx.send(reply.clone()); // caller dropped its future; nothing to do
+    }
+    if let Some(w) = last {
+        let _ = w.tx.send(reply); // caller dropped its future; nothing to do
+    }
+}
+
+/// Runs a started load (see [`contain`]) in its own task, and tells
+/// `observer` how each group with stamped keys ended before any caller is
+/// answered. Timed here, not by the worker: its view of a load also holds
+/// the wait for the task's first poll and for its own turn to see the
+/// end, which are no part of the loader's time.
+pub(crate) async fn observed<S, K, V>(
+    load: impl Future<Output = Outcome<K, V>>,
+    shared: Arc<Shared>,
+    observer: Option<ObserverFn<S, K, V>>,
+    stamped: Vec<(S, Vec<(K, Stamp)>)>,
+) -> Outcome<K, V> {
+    let started = Instant::now();
+    let outcome = load.await;
+    Stats::record_duration(&shared.stats.load_duration, started.elapsed());
+    let Some(observer) = observer else {
+        return outcome;
+    };
+    for (g, (scope, stamped)) in stamped.into_iter().enumerate() {
+        if stamped.is_empty() {
+            continue;
+        }
+        // The observer runs the caller's code (a cache's weigher): a panic
+        // there must not fail the load its waiters are owed.
+        let work = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            observer.ended(&scope, outcome.ended(g, stamped))
+        }));
+        let done = match work {
+            Ok(Some(work)) => AssertUnwindSafe(work).catch_unwind().await.is_ok(),
+            Ok(None) => true,
+            Err(_) => false,
+        };
+        if !done {
+            tracing::error!("the load's observer panicked; its values are not kept");
+        }
+    }
+    outcome
 }
 
 /// What a successful load answered its keys, key by key, for the
@@ -219,32 +416,51 @@ impl Answered {
     }
 }
 
-/// The span every load runs in, whoever runs it, and the load counted for
-/// its scope (when the batcher counts per scope): the scope appears only
-/// by its `label`, asked for once and only if something uses it.
-pub(crate) fn batch_span(
+/// Begins a load of groups of `sizes` keys (a caller's own load of one
+/// key is `direct`), whoever runs it: counts the load, its size and how
+/// long each of its callers (`waits`: when each asked, and its span)
+/// waited for it, and makes the span it runs in, linked to the callers'
+/// spans. A scope appears only by its `label`, asked for only if something
+/// uses it: the span (for a load of one scope) or the per-scope counts.
+pub(crate) fn begin<'w>(
     shared: &Shared,
-    size: usize,
     direct: bool,
-    label: impl FnOnce() -> Option<String>,
+    sizes: &[usize],
+    label: impl Fn(usize) -> Option<String>,
+    waits: impl Iterator<Item = (Instant, &'w tracing::Span)>,
+    now: Instant,
 ) -> tracing::Span {
+    let stats = &shared.stats;
+    let size: usize = sizes.iter().sum();
+    Stats::incr(&stats.batches, 1);
+    stats.batch_size.record(size as u64);
     let span = tracing::debug_span!(
         "batch",
         batcher = %shared.config.name,
         size,
         direct,
+        scopes = sizes.len(),
         scope = tracing::field::Empty
     );
-    let counts = shared.stats.by_scope.get();
-    if span.is_disabled() && counts.is_none() {
+    let link = !span.is_disabled();
+    for (asked_at, caller) in waits {
+        Stats::record_duration(&stats.queue_wait, now.saturating_duration_since(asked_at));
+        if link {
+            span.follows_from(caller);
+        }
+    }
+    let counts = stats.by_scope.get();
+    if !link && counts.is_none() {
         return span;
     }
-    let label = label();
-    if let Some(label) = &label {
-        span.record("scope", label.as_str());
-    }
-    if let Some(counts) = counts {
-        counts.record(label, size);
+    for (g, &keys) in sizes.iter().enumerate() {
+        let label = label(g);
+        if let (true, [_], Some(label)) = (link, sizes, &label) {
+            span.record("scope", label.as_str());
+        }
+        if let Some(counts) = counts {
+            counts.record(label, keys);
+        }
     }
     span
 }
@@ -266,9 +482,9 @@ mod tests {
             }
             Ok::<Loaded<u32, u32>, std::io::Error>(Loaded::new())
         }));
-        let outcome = contain(load.start((), vec![1, 2]), None).await;
+        let outcome = contain(load.start(vec![((), vec![1, 2])]), None).await;
         let s = stats();
-        let err = outcome.settle(&s, 2).unwrap_err();
+        let err = outcome.settle(&s, &[2]).pop().unwrap().unwrap_err();
         assert!(
             matches!(&err, Error::LoaderPanicked(m) if &**m == "boom 7"),
             "{err:?}"
@@ -285,9 +501,11 @@ mod tests {
         }));
         let t = Duration::from_millis(10);
         let s = stats();
-        let err = contain(load.start((), vec![1]), Some(t))
+        let err = contain(load.start(vec![((), vec![1])]), Some(t))
             .await
-            .settle(&s, 1)
+            .settle(&s, &[1])
+            .pop()
+            .unwrap()
             .unwrap_err();
         assert!(matches!(err, Error::LoadTimeout(d) if d == t), "{err:?}");
         assert_eq!(s.snapshot(0, 1).timed_out_batches, 1);
@@ -305,14 +523,18 @@ mod tests {
                 .collect::<Loaded<_, _>>())
         }));
         let s = stats();
-        let values = contain(load.start((), vec![1, 2]), None)
+        let values = contain(load.start(vec![((), vec![1, 2])]), None)
             .await
-            .settle(&s, 2)
+            .settle(&s, &[2])
+            .pop()
+            .unwrap()
             .unwrap();
         assert_eq!(values.get(&2), Some(&4));
-        let err = contain(load.start((), vec![0]), None)
+        let err = contain(load.start(vec![((), vec![0])]), None)
             .await
-            .settle(&s, 1)
+            .settle(&s, &[1])
+            .pop()
+            .unwrap()
             .unwrap_err();
         assert!(err.load_error::<std::io::Error>().is_some(), "{err:?}");
         let snap = s.snapshot(0, 1);

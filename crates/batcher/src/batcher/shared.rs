@@ -8,7 +8,7 @@ use crossbeam_utils::CachePadded;
 use tokio_util::sync::CancellationToken;
 
 use super::config::{Concurrency, Config};
-use super::limit::start;
+use super::limit::{start, LoadTimes};
 use super::policy;
 use crate::stats::Stats;
 
@@ -80,6 +80,18 @@ impl Shared {
     /// lowered limit finish; no new one starts until they have.
     pub(crate) fn set_limit(&self, limit: usize) {
         self.slots.limit.store(limit, SeqCst);
+    }
+
+    /// Takes in what the automatic limit made of a load: its new value,
+    /// if it changed, and its least and latest mean load time.
+    pub(crate) fn adopt(&self, limit: Option<usize>, load_times: Option<LoadTimes>) {
+        if let Some(limit) = limit {
+            self.set_limit(limit);
+            tracing::debug!(batcher = %self.config.name, limit, "concurrency limit");
+        }
+        if let Some((least, recent)) = load_times {
+            self.stats.set_load_times(least, recent);
+        }
     }
 
     pub(crate) fn mark_worker_running(&self) {

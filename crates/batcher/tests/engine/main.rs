@@ -1,6 +1,7 @@
 //! The engine against in-memory loaders, on virtual time where it can: the
 //! batcher's behaviour, the automatic concurrency limit, a property test
-//! under random concurrency, cancellation and failures, and the cache.
+//! under random concurrency, cancellation and failures, a seeded
+//! simulation on the paused clock, and the cache.
 //!
 //! One test binary per folder, each file a module: every binary is a link
 //! of its own on 2 cores, so fewer binaries build faster.
@@ -18,3 +19,4 @@ mod cache;
 // above the test that holds a `main.rs` (this one), not beside the file.
 mod property;
 mod scopes;
+mod sim;

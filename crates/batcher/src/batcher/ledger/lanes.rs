@@ -21,21 +21,19 @@ use std::hash::Hash;
 use std::mem;
 use std::time::Duration;
 
-use tokio::task;
 use tokio::time::Instant;
 
-use super::message::{Waiter, Waiters};
-use super::observer::Stamp;
+use super::{LoadId, Request, Waiters};
 
 /// One scope's keys.
-pub(crate) struct Lane<S, K, V> {
+pub(crate) struct Lane<S, K, W: Request> {
     pub(crate) scope: S,
     /// Keys of the scope's next batch (at most a batch), and who waits for
     /// each.
-    pub(crate) pending: HashMap<K, Waiters<V>>,
+    pub(crate) pending: HashMap<K, Waiters<W>>,
     /// Keys asked for while the pending batch was full, and who waits for
     /// each: they fill the next batches, in [`order`](Self::order).
-    later: HashMap<K, Waiters<V>>,
+    later: HashMap<K, Waiters<W>>,
     /// `later`'s keys in the order they were first asked for, with when.
     order: VecDeque<(K, Instant)>,
     /// How much earlier than a caller queued before it a caller behind the
@@ -50,16 +48,16 @@ pub(crate) struct Lane<S, K, V> {
     /// When the pending batch's first key was asked for: the flush delay
     /// counts from here.
     pub(crate) first_at: Option<Instant>,
-    /// Which running load of this scope has each key, and the latest stamp
-    /// of its stamped requests; kept only where running loads are joined.
-    pub(crate) in_flight: HashMap<K, (task::Id, Option<Stamp>)>,
+    /// Which running load of this scope has each key, and the latest tag
+    /// of its tagged requests; kept only where running loads are joined.
+    pub(crate) in_flight: HashMap<K, (LoadId, Option<W::Tag>)>,
     /// Loads of this scope running.
     pub(crate) loads: usize,
     /// Whether the lane is in [`Lanes::turns`].
     queued: bool,
 }
 
-impl<S, K: Eq + Hash, V> Lane<S, K, V> {
+impl<S, K: Eq + Hash, W: Request> Lane<S, K, W> {
     /// Moves the keys behind the pending batch into it, first asked for
     /// first, until it holds `batch_size` keys.
     fn fill(&mut self, batch_size: usize) {
@@ -74,9 +72,7 @@ impl<S, K: Eq + Hash, V> Lane<S, K, V> {
             if let Some(w) = waiters.first() {
                 // `order` is in time order only to within `skew`: the
                 // earliest, to be exact.
-                let at = self
-                    .first_at
-                    .map_or(w.enqueued_at, |f| f.min(w.enqueued_at));
+                let at = self.first_at.map_or(w.asked_at(), |f| f.min(w.asked_at()));
                 self.first_at = Some(at);
             }
             self.pending.insert(key, waiters);
@@ -110,7 +106,7 @@ impl<S, K: Eq + Hash, V> Lane<S, K, V> {
     pub(crate) fn sweep_later(
         &mut self,
         due: impl Fn(Instant) -> bool,
-        mut sweep: impl FnMut(&mut Waiters<V>),
+        mut sweep: impl FnMut(&mut Waiters<W>),
     ) -> Option<Instant> {
         let skew = self.skew;
         let earliest = |at: Instant| at.checked_sub(skew).unwrap_or(at);
@@ -158,14 +154,14 @@ impl<S, K: Eq + Hash, V> Lane<S, K, V> {
 pub(crate) enum Added {
     /// A new key of the pending batch, or behind it when it is full.
     New,
-    /// Joined its key's waiters; `stamped` if one of them is an observer's
-    /// request.
-    Joined { stamped: bool },
+    /// Joined its key's waiters; `tagged` if one of them carries a tag (an
+    /// observer's request).
+    Joined { tagged: bool },
 }
 
 /// Every scope's lane, by index (stable while the lane lives).
-pub(crate) struct Lanes<S, K, V> {
-    slots: Vec<Option<Lane<S, K, V>>>,
+pub(crate) struct Lanes<S, K, W: Request> {
+    slots: Vec<Option<Lane<S, K, W>>>,
     index: HashMap<S, usize>,
     free: Vec<usize>,
     /// Lanes with pending keys, front first.
@@ -179,10 +175,11 @@ pub(crate) struct Lanes<S, K, V> {
     batch_size: usize,
 }
 
-impl<S, K, V> Lanes<S, K, V>
+impl<S, K, W> Lanes<S, K, W>
 where
     S: Clone + Eq + Hash,
     K: Clone + Eq + Hash,
+    W: Request,
 {
     pub(crate) fn new(batch_size: usize) -> Self {
         Self {
@@ -235,24 +232,24 @@ where
         i
     }
 
-    pub(crate) fn get(&self, i: usize) -> &Lane<S, K, V> {
+    pub(crate) fn get(&self, i: usize) -> &Lane<S, K, W> {
         self.slots[i].as_ref().expect("a live lane")
     }
 
-    pub(crate) fn get_mut(&mut self, i: usize) -> &mut Lane<S, K, V> {
+    pub(crate) fn get_mut(&mut self, i: usize) -> &mut Lane<S, K, W> {
         self.slots[i].as_mut().expect("a live lane")
     }
 
     /// Adds a caller waiting for `key` to lane `i`: to the key's waiters,
     /// as a new key of the pending batch, or behind it when it is full (or
     /// keys already wait behind it, whose turn comes first).
-    pub(crate) fn add(&mut self, i: usize, key: K, waiter: Waiter<V>) -> Added {
-        let at = waiter.enqueued_at;
+    pub(crate) fn add(&mut self, i: usize, key: K, waiter: W) -> Added {
+        let at = waiter.asked_at();
         let lane = self.slots[i].as_mut().expect("a live lane");
-        let joined = |waiters: &mut Waiters<V>, waiter| {
-            let stamped = waiters.iter().any(|w| w.stamp.is_some());
+        let joined = |waiters: &mut Waiters<W>, waiter| {
+            let tagged = waiters.iter().any(|w| w.tag().is_some());
             waiters.push(waiter);
-            Added::Joined { stamped }
+            Added::Joined { tagged }
         };
         if lane.pending.len() < self.batch_size && lane.later.is_empty() {
             match lane.pending.entry(key) {
@@ -307,7 +304,7 @@ where
     /// it (first asked for first, so a key is not passed over until it
     /// times out), and passes the lane's turn on: to the back if keys still
     /// wait.
-    pub(crate) fn take(&mut self, i: usize) -> HashMap<K, Waiters<V>> {
+    pub(crate) fn take(&mut self, i: usize) -> HashMap<K, Waiters<W>> {
         let lane = self.slots[i].as_mut().expect("a live lane");
         let room = if lane.later.is_empty() {
             lane.pending.len()
@@ -334,7 +331,7 @@ where
     /// Runs `f` over every lane with pending keys (to expire some), fills
     /// the batches that lost keys from the keys behind them, and counts
     /// what is left.
-    pub(crate) fn sweep_pending(&mut self, mut f: impl FnMut(&mut Lane<S, K, V>)) {
+    pub(crate) fn sweep_pending(&mut self, mut f: impl FnMut(&mut Lane<S, K, W>)) {
         let mut keys = 0;
         for &i in &self.turns {
             let lane = self.slots[i].as_mut().expect("a live lane");
@@ -376,21 +373,17 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    fn waiter(at: Instant) -> Waiter<u32> {
-        let (tx, _rx) = tokio::sync::oneshot::channel();
-        Waiter {
-            tx,
-            enqueued_at: at,
-            span: tracing::Span::none(),
-            stamp: None,
-        }
+    use crate::batcher::ledger::tests::Asked;
+
+    fn waiter(at: Instant) -> Asked {
+        Asked::at(at)
     }
 
     /// Sweeps the keys behind every lane's batch as if the callers who
     /// asked before `before` timed out: the number of waiters of each key
     /// looked at, and what `sweep_later` returned.
     fn sweep_before(
-        lanes: &mut Lanes<&'static str, u32, u32>,
+        lanes: &mut Lanes<&'static str, u32, Asked>,
         before: Instant,
     ) -> (Vec<usize>, Option<Instant>) {
         let mut swept = Vec::new();
@@ -400,7 +393,7 @@ mod tests {
                 |first| first < before,
                 |waiters| {
                     swept.push(waiters.len());
-                    waiters.retain(|w| w.enqueued_at >= before);
+                    waiters.retain(|w| w.asked_at() >= before);
                 },
             );
         });
@@ -408,7 +401,7 @@ mod tests {
     }
 
     fn add(
-        lanes: &mut Lanes<&'static str, u32, u32>,
+        lanes: &mut Lanes<&'static str, u32, Asked>,
         scope: &'static str,
         key: u32,
         at: Instant,
@@ -466,7 +459,7 @@ mod tests {
             assert_eq!(add(&mut lanes, "a", k, at(k)), Added::New, "key {k}");
         }
         // A key of the pending batch joins it, even with keys behind it...
-        let joined = Added::Joined { stamped: false };
+        let joined = Added::Joined { tagged: false };
         assert_eq!(add(&mut lanes, "a", 2, at(10)), joined);
         // ...and one behind it joins there: still one load for both.
         assert_eq!(add(&mut lanes, "a", 5, at(11)), joined);
@@ -526,7 +519,7 @@ mod tests {
                 |first| first < at(4),
                 |waiters| {
                     swept.push(waiters.len());
-                    waiters.retain(|w| w.enqueued_at >= at(4));
+                    waiters.retain(|w| w.asked_at() >= at(4));
                 },
             );
         });

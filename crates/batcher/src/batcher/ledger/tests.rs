@@ -1,0 +1,279 @@
+//! The ledger's unit tests, and the request type the ledger's tests use.
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use tokio::time::Instant;
+
+use super::Request;
+
+/// A request as the tests make them: when it was asked, its tag, and a
+/// flag the test sets when its caller goes away.
+#[derive(Debug, Clone)]
+pub(crate) struct Asked {
+    pub(crate) at: Instant,
+    pub(crate) tag: Option<u64>,
+    pub(crate) gone: Rc<Cell<bool>>,
+    /// Who asked, for the simulation's bookkeeping.
+    pub(crate) id: u64,
+}
+
+impl Asked {
+    pub(crate) fn at(at: Instant) -> Self {
+        Self {
+            at,
+            tag: None,
+            gone: Rc::default(),
+            id: 0,
+        }
+    }
+}
+
+impl Request for Asked {
+    type Tag = u64;
+
+    fn asked_at(&self) -> Instant {
+        self.at
+    }
+
+    fn tag(&self) -> Option<u64> {
+        self.tag
+    }
+
+    fn is_gone(&self) -> bool {
+        self.gone.get()
+    }
+}
+
+mod ledger {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::super::{loads_directly, Idle, JoinRule, Ledger, Placed, Took};
+    use super::Asked;
+    use crate::batcher::config::{Concurrency, Config, FlushPolicy};
+    use crate::error::Waited;
+
+    fn config(batch: usize) -> Config {
+        Config {
+            max_batch_size: batch,
+            concurrency: Concurrency::Fixed(4),
+            ..Config::default()
+        }
+    }
+
+    fn rule() -> JoinRule<u64> {
+        Box::new(|request, load: Option<u64>| match request {
+            Some(tag) => load.is_some_and(|l| l >= tag),
+            None => false,
+        })
+    }
+
+    fn asked(at: Instant, id: u64) -> Asked {
+        Asked {
+            id,
+            ..Asked::at(at)
+        }
+    }
+
+    fn tagged(at: Instant, id: u64, tag: u64) -> Asked {
+        Asked {
+            id,
+            tag: Some(tag),
+            ..Asked::at(at)
+        }
+    }
+
+    /// The scopes and sorted keys of a load.
+    fn groups(took: &Took<&'static str, u32, u64>) -> Vec<(&'static str, Vec<u32>)> {
+        let Took::Load { groups, .. } = took else {
+            return Vec::new();
+        };
+        groups
+            .iter()
+            .map(|g| {
+                let mut keys = g.keys.clone();
+                keys.sort_unstable();
+                (g.scope, keys)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_load_fills_from_several_scopes_in_turn_up_to_the_batch() {
+        let t = Instant::now();
+        let mut ledger = Ledger::new(config(4), 8, rule(), t);
+        for (i, (scope, key)) in [("a", 1), ("b", 2), ("a", 3), ("c", 4), ("d", 5), ("d", 6)]
+            .into_iter()
+            .enumerate()
+        {
+            ledger.request(scope, key, asked(t, i as u64));
+        }
+        assert!(ledger.due(t, 0, 4));
+        let first = ledger.start(t);
+        // d's two keys do not fit beside a's two, b's and c's: d waits
+        // for the next load rather than be split.
+        assert_eq!(
+            groups(&first),
+            [("a", vec![1, 3]), ("b", vec![2]), ("c", vec![4])]
+        );
+        assert_eq!(groups(&ledger.start(t)), [("d", vec![5, 6])]);
+        assert_eq!(ledger.pending_keys(), 0);
+        let Took::Load { id, .. } = first else {
+            unreachable!()
+        };
+        let finished = ledger.finished(id, t, true).expect("running");
+        let ids: Vec<Vec<u64>> = finished
+            .groups
+            .iter()
+            .map(|g| {
+                let mut ids: Vec<u64> = g.values().flatten().map(|w| w.id).collect();
+                ids.sort_unstable();
+                ids
+            })
+            .collect();
+        assert_eq!(
+            ids,
+            [vec![0, 2], vec![1], vec![3]],
+            "each group its own waiters"
+        );
+    }
+
+    #[test]
+    fn one_scope_per_load_unless_the_loader_allows_more() {
+        let t = Instant::now();
+        let mut ledger = Ledger::new(config(4), 1, rule(), t);
+        ledger.request("a", 1, asked(t, 0));
+        ledger.request("b", 2, asked(t, 1));
+        assert_eq!(groups(&ledger.start(t)), [("a", vec![1])]);
+        assert_eq!(groups(&ledger.start(t)), [("b", vec![2])]);
+    }
+
+    #[test]
+    fn a_tagged_request_joins_a_running_load_only_as_the_rule_says() {
+        let t = Instant::now();
+        let mut ledger = Ledger::new(config(4), 1, rule(), t);
+        // Nothing to join or wait for: handed back, to answer from a store.
+        let Placed::Unheld(scope, key, w) = ledger.request("a", 1, tagged(t, 0, 5)) else {
+            panic!("handed back")
+        };
+        assert!(matches!(ledger.queue(scope, key, w), Placed::New));
+        let Took::Load { groups, .. } = ledger.start(t) else {
+            panic!("a load")
+        };
+        assert_eq!(groups[0].tagged, [(1, 5)]);
+        assert!(matches!(
+            ledger.request("a", 1, tagged(t, 1, 5)),
+            Placed::Running
+        ));
+        assert!(matches!(
+            ledger.request("a", 1, tagged(t, 2, 4)),
+            Placed::Running
+        ));
+        // Invalidated since the load started: it may not join.
+        assert!(matches!(
+            ledger.request("a", 1, tagged(t, 3, 6)),
+            Placed::Unheld(..)
+        ));
+        // Plain requests do not join unless the rule says so.
+        assert!(matches!(ledger.request("a", 1, asked(t, 4)), Placed::New));
+        assert!(matches!(
+            ledger.request("a", 1, tagged(t, 5, 6)),
+            Placed::Joined { tagged: false }
+        ));
+    }
+
+    #[test]
+    fn expiry_says_where_each_caller_waited() {
+        let t = Instant::now();
+        let c = Config {
+            timeout: Some(Duration::from_millis(10)),
+            ..config(1)
+        };
+        let mut ledger = Ledger::new(c, 1, rule(), t);
+        ledger.request("a", 1, asked(t, 0));
+        let Took::Load { id, .. } = ledger.start(t) else {
+            panic!("a load")
+        };
+        ledger.request("a", 2, asked(t + Duration::from_millis(1), 1));
+        assert_eq!(ledger.expiry_at(), Some(t + Duration::from_millis(10)));
+        assert!(ledger.expire(t + Duration::from_millis(9)).is_empty());
+        let expired = ledger.expire(t + Duration::from_millis(11));
+        let waited: Vec<(u64, Waited)> = expired.iter().map(|(w, d)| (w.id, *d)).collect();
+        assert_eq!(
+            waited,
+            [
+                (1, Waited::ForALoad),
+                (0, Waited::InALoad(Duration::from_millis(11)))
+            ]
+        );
+        assert_eq!(ledger.held(), 0);
+        let finished = ledger
+            .finished(id, t + Duration::from_millis(12), true)
+            .unwrap();
+        assert!(
+            finished.groups[0][&1].is_empty(),
+            "its key stays, with no waiter"
+        );
+        // A lane whose keys all expired is let go at the next look at
+        // whose turn it is (the worker looks after every event).
+        assert!(!ledger.due(t + Duration::from_millis(12), 0, 4));
+        assert!(ledger.is_idle() && ledger.scopes() == 0);
+    }
+
+    #[test]
+    fn a_gone_caller_is_not_loaded_for() {
+        let t = Instant::now();
+        let mut ledger = Ledger::new(config(4), 4, rule(), t);
+        let a = asked(t, 0);
+        let gone = a.gone.clone();
+        ledger.request("a", 1, a);
+        ledger.request("b", 2, asked(t, 1));
+        gone.set(true);
+        let took = ledger.start(t);
+        assert_eq!(groups(&took), [("b", vec![2])]);
+        assert!(matches!(took, Took::Load { abandoned: 1, .. }));
+        assert_eq!(ledger.held(), 1);
+    }
+
+    #[test]
+    fn the_flush_delay_is_timed_from_the_oldest_request() {
+        let t = Instant::now();
+        let c = Config {
+            policy: FlushPolicy::FixedDelay,
+            max_delay: Duration::from_micros(500),
+            ..config(4)
+        };
+        let mut ledger = Ledger::new(c, 1, rule(), t);
+        ledger.request("a", 1, asked(t, 0));
+        let at = t + Duration::from_micros(500);
+        assert_eq!(ledger.flush_at(t), Some(at));
+        assert!(!ledger.due(at - Duration::from_micros(1), 0, 4));
+        assert!(ledger.due(at, 0, 4), "due when its delay ends");
+        assert_eq!(ledger.flush_at(at), None, "and not timed again");
+    }
+
+    #[test]
+    fn a_caller_loads_directly_only_when_all_is_idle() {
+        let c = config(4);
+        let idle = Idle {
+            serving: true,
+            waiting: 0,
+        };
+        assert!(loads_directly(&c, 0, || idle));
+        assert!(!loads_directly(&c, 1, || panic!(
+            "not read while a load runs"
+        )));
+        assert!(!loads_directly(&c, 0, || Idle { waiting: 1, ..idle }));
+        assert!(!loads_directly(&c, 0, || Idle {
+            serving: false,
+            ..idle
+        }));
+        let off = Config {
+            direct_when_idle: false,
+            ..c
+        };
+        assert!(!loads_directly(&off, 0, || idle));
+    }
+}
