@@ -6,6 +6,8 @@ use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
 
+use futures_util::FutureExt as _;
+
 use super::loaded::Loaded;
 
 /// Loads many keys at once, for example with one
@@ -86,15 +88,18 @@ pub trait ScopedLoader<S, K, V>: Send + Sync + 'static {
 
     /// Loads several scopes' batches in one call: each scope's keys as that
     /// scope, one result per scope in the order given. A scope that fails
-    /// (its role refused, say) fails its own keys alone. Called only with
-    /// two scopes or more, at most [`scopes_per_load`](Self::scopes_per_load).
+    /// (its role refused, say) fails its own keys alone; an error of the
+    /// whole call (no connection to be had) fails every scope's. Called
+    /// only with two scopes or more, at most
+    /// [`scopes_per_load`](Self::scopes_per_load).
     ///
     /// By default each scope's [`load`](Self::load), run concurrently in
     /// the load's task.
+    #[allow(clippy::type_complexity)] // one result per scope, and the call's
     fn load_scopes(
         &self,
         batches: Vec<(S, Vec<K>)>,
-    ) -> impl Future<Output = Vec<Result<Loaded<K, V>, Self::Error>>> + Send
+    ) -> impl Future<Output = Result<Vec<Result<Loaded<K, V>, Self::Error>>, Self::Error>> + Send
     where
         S: Send + Sync,
         K: Send,
@@ -103,7 +108,7 @@ pub trait ScopedLoader<S, K, V>: Send + Sync + 'static {
         let loads = batches
             .into_iter()
             .map(|(scope, keys)| async move { self.load(&scope, keys).await });
-        futures_util::future::join_all(loads)
+        futures_util::future::join_all(loads).map(Ok)
     }
 
     /// As [`Loader::is_absent`].

@@ -86,12 +86,14 @@ where
         }
         Box::pin(async move {
             let asked = groups.len();
-            let mut answers: Vec<_> = loader
-                .load_scopes(groups)
-                .await
-                .into_iter()
-                .map(|r| r.map_err(shared))
-                .collect();
+            let mut answers: Vec<_> = match loader.load_scopes(groups).await {
+                Ok(answers) => answers.into_iter().map(|r| r.map_err(shared)).collect(),
+                Err(e) => {
+                    // The whole call failed: every scope gets its error.
+                    let e = shared(e);
+                    return (0..asked).map(|_| Err(Arc::clone(&e))).collect();
+                }
+            };
             if answers.len() != asked {
                 // Never another group's answer: a loader that miscounts
                 // fails every group it did not answer in order.

@@ -38,7 +38,8 @@ use crate::stats::Stats;
 /// over so you can run it yourself.
 ///
 /// Dropping a `Worker` without running it (or aborting its task) answers
-/// every waiting caller with [`Error::Closed`]: no caller ever hangs.
+/// every waiting caller with [`Error::Closed`](crate::Error::Closed): no
+/// caller ever hangs.
 #[must_use = "the batcher answers nothing until the worker runs"]
 pub struct Worker<K, V, S = ()> {
     rx: Receiver<Message<S, K, V>>,

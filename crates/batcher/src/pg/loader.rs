@@ -12,10 +12,7 @@ use tokio_postgres::Row;
 
 use super::error::DbErrorKind;
 use super::statements::{Sql, Start, Statements};
-use crate::db::{
-    again_if_lost, gather_lists, gather_pages, BadRows, Classify, List, Page, PageError, PageKey,
-    PageSql, Paged, ScopeError, Single,
-};
+use crate::db::{again_if_lost, Classify, List, Page, PageKey, PageSql, Paged, ScopeError, Single};
 use crate::error::Chain;
 use crate::{Loaded, Loader};
 
@@ -441,67 +438,6 @@ impl<Q: BatchQuery> PgLoader<Q> {
             None => Ok(None),
         }
     }
-
-    /// Runs the batch statement for `keys` (the single-key one for one
-    /// key), in a scope's transaction if `start` is given, and maps each
-    /// row. A row that does not map fails its own key if
-    /// [`row_key`](BatchQuery::row_key) can read it, else the keys left
-    /// without a value: not the batch, and never a key read as missing
-    /// that had a row.
-    pub(super) async fn load_keys(
-        &self,
-        keys: Vec<Q::Key>,
-        start: Option<Start<'_>>,
-    ) -> Result<Loaded<Q::Key, Q::Value>, PgError> {
-        let q = &*self.query;
-        let rows = self.rows_of(&keys, start).await?;
-        let mut loaded = Loaded::with_capacity(rows.len());
-        let mut bad = BadRows::default();
-        for row in &rows {
-            match q.query.map_row(row) {
-                Ok((key, value)) => {
-                    loaded.insert(key, value);
-                }
-                Err(e) => bad.add(&mut loaded, q.query.row_key(row), e),
-            }
-        }
-        bad.settle(&mut loaded, PgError::Query);
-        Ok(loaded)
-    }
-}
-
-impl<Q: BatchQuery, R> PgLoader<Q, R> {
-    /// The rows of the batch statement for `keys` (the single-key one for
-    /// one key), in a scope's transaction if `start` is given.
-    async fn rows_of(
-        &self,
-        keys: &[Q::Key],
-        start: Option<Start<'_>>,
-    ) -> Result<Vec<Row>, PgError> {
-        let q = &*self.query;
-        let (sql, params) = match keys {
-            [key] => (&q.single, q.query.single_params(key)),
-            _ => (&q.batch, q.query.batch_params(keys)),
-        };
-        self.run(sql, &as_refs(&params), start).await
-    }
-}
-
-impl<Q: BatchQuery> PgLoader<Q, List> {
-    /// Each key's list: every row of it, in the statement's order.
-    pub(super) async fn load_lists(
-        &self,
-        keys: Vec<Q::Key>,
-        start: Option<Start<'_>>,
-    ) -> Result<Loaded<Q::Key, Vec<Q::Value>>, PgError> {
-        let q = &self.query.query;
-        let rows = self.rows_of(&keys, start).await?;
-        let rows = rows.iter().map(|row| {
-            q.map_row(row)
-                .map_err(|e| (q.row_key(row), PgError::Query(e)))
-        });
-        Ok(gather_lists(&keys, rows))
-    }
 }
 
 impl<Q: PageQuery> PgLoader<Q, Paged> {
@@ -523,72 +459,51 @@ impl<Q: PageQuery> PgLoader<Q, Paged> {
     /// Each key's page. A key another page statement made fails alone
     /// ([`PageError::OtherStatement`]). A load whose statement the
     /// database refuses as a data error (a forged cursor whose value does
-    /// not cast) is run again key by key, so only that key fails.
+    /// not cast) is run again key by key, so only that key fails; each
+    /// such key's error as `shown` makes it (a scope's withheld).
     pub(super) async fn load_pages(
         &self,
         keys: Vec<PageKey<Q::Parent>>,
         start: Option<Start<'_>>,
+        shown: impl Fn(PgError) -> PgError,
     ) -> Result<Loaded<PageKey<Q::Parent>, Page<Q::Value>>, PgError> {
-        let page = self.query.query.page_sql();
-        let (ours, others): (Vec<_>, Vec<_>) = keys.into_iter().partition(|k| page.made(k));
-        let mut loaded = match self.pages_at_once(ours.clone(), start).await {
-            Err(e) if ours.len() > 1 && e.kind() == DbErrorKind::OtherRowFault => {
-                let mut loaded = Loaded::with_capacity(ours.len());
-                for key in ours {
-                    match self.pages_at_once(vec![key.clone()], start).await {
-                        Ok(mut one) => match one.take(&key) {
-                            Ok(Some(page)) => {
-                                loaded.insert(key, page);
-                            }
-                            Ok(None) => {}
-                            Err(e) => loaded.fail_shared(key, e),
-                        },
-                        Err(e) => loaded.fail(key, e),
-                    }
-                }
-                loaded
+        match self.load_with(keys.clone(), start).await {
+            Err(e) if self.is_data_fault(&e, &keys) => {
+                Ok(self.pages_one_by_one(keys, start, shown).await)
             }
-            done => done?,
-        };
-        for key in others {
-            loaded.fail(key, PageError::OtherStatement);
+            done => done.map_err(shown),
         }
-        Ok(loaded)
     }
 
-    /// `keys`' pages, in one statement.
-    async fn pages_at_once(
+    /// Whether a load of `keys` failed as a data error another load of
+    /// fewer of them may not meet.
+    pub(super) fn is_data_fault(&self, e: &PgError, keys: &[PageKey<Q::Parent>]) -> bool {
+        let page = self.query.query.page_sql();
+        e.kind() == DbErrorKind::OtherRowFault && keys.iter().filter(|k| page.made(k)).count() > 1
+    }
+
+    /// `keys`' pages, each in a statement of its own: only a key at fault
+    /// fails, with its error as `shown` makes it.
+    pub(super) async fn pages_one_by_one(
         &self,
         keys: Vec<PageKey<Q::Parent>>,
         start: Option<Start<'_>>,
-    ) -> Result<Loaded<PageKey<Q::Parent>, Page<Q::Value>>, PgError> {
-        if keys.is_empty() {
-            return Ok(Loaded::new());
+        shown: impl Fn(PgError) -> PgError,
+    ) -> Loaded<PageKey<Q::Parent>, Page<Q::Value>> {
+        let mut loaded = Loaded::with_capacity(keys.len());
+        for key in keys {
+            match self.load_with(vec![key.clone()], start).await {
+                Ok(mut one) => match one.take(&key) {
+                    Ok(Some(page)) => {
+                        loaded.insert(key, page);
+                    }
+                    Ok(None) => {}
+                    Err(e) => loaded.fail_shared(key, e),
+                },
+                Err(e) => loaded.fail(key, shown(e)),
+            }
         }
-        let q = &*self.query;
-        let page = q.query.page_sql();
-        let parents: Vec<Q::Parent> = keys.iter().map(|k| k.parent().clone()).collect();
-        let (limits, afters) = page.bounds(&keys);
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&parents, &limits];
-        params.extend(afters.iter().map(|a| a as &(dyn ToSql + Sync)));
-        let rows = self.run(&q.batch, &params, start).await?;
-        let at = page.value_columns();
-        let mut read = Vec::with_capacity(rows.len());
-        for row in &rows {
-            // The key's position first: a row whose value does not map
-            // still fails its own key.
-            let position: i64 = row.try_get(at)?;
-            // `None` if an order column is NULL: the key then fails.
-            let order: Option<Vec<String>> = (0..page.order_columns())
-                .map(|i| row.try_get::<_, Option<String>>(at + 1 + i))
-                .collect::<Result<Vec<_>, _>>()?
-                .into_iter()
-                .collect();
-            let value = q.query.map_row(row).map_err(PgError::Query);
-            let index = usize::try_from(position - 1).unwrap_or(usize::MAX);
-            read.push((index, order, value));
-        }
-        Ok(gather_pages(keys, read))
+        loaded
     }
 }
 
@@ -604,6 +519,11 @@ impl<Q, R> PgLoader<Q, R> {
             }),
             rows: PhantomData,
         }
+    }
+
+    /// Its query, its batch statement and its single-key one.
+    pub(super) fn queries(&self) -> (&Q, &Sql, &Sql) {
+        (&self.query.query, &self.query.batch, &self.query.single)
     }
 
     /// How this loader sends its statements.
@@ -673,7 +593,7 @@ impl<Q: BatchQuery> Loader<Q::Key, Q::Value> for PgLoader<Q> {
     /// that does not map fails the keys left without a value, not the
     /// batch: the others get their values.
     async fn load(&self, keys: Vec<Q::Key>) -> Result<Loaded<Q::Key, Q::Value>, PgError> {
-        self.load_keys(keys, None).await
+        self.load_with(keys, None).await
     }
 
     fn is_absent(&self, value: &Q::Value) -> bool {
@@ -686,7 +606,7 @@ impl<Q: BatchQuery> Loader<Q::Key, Vec<Q::Value>> for PgLoader<Q, List> {
     type Error = PgError;
 
     async fn load(&self, keys: Vec<Q::Key>) -> Result<Loaded<Q::Key, Vec<Q::Value>>, PgError> {
-        self.load_lists(keys, None).await
+        self.load_with(keys, None).await
     }
 
     /// An empty list counts as "not found" in the statistics.
@@ -703,7 +623,7 @@ impl<Q: PageQuery> Loader<PageKey<Q::Parent>, Page<Q::Value>> for PgLoader<Q, Pa
         &self,
         keys: Vec<PageKey<Q::Parent>>,
     ) -> Result<Loaded<PageKey<Q::Parent>, Page<Q::Value>>, PgError> {
-        self.load_pages(keys, None).await
+        self.load_pages(keys, None, |e| e).await
     }
 
     /// An empty page counts as "not found" in the statistics.

@@ -11,6 +11,7 @@ use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 use tokio_postgres::Row;
 
 use super::loader::{BatchQuery, PageQuery, PgError, PgLoader, Withheld};
+use super::pipelined::Pipelined;
 use super::statements::{Sql, Start, Statements};
 use crate::db::{
     judge_role, CheckedRoles, List, Page, PageKey, Paged, Prologue, Scope, ScopeError, Single,
@@ -32,6 +33,15 @@ use crate::{Loaded, ScopedLoader};
 /// of a scope appears in SQL text, and nothing of the scope is left on the
 /// connection.
 ///
+/// A load may serve several scopes (up to
+/// [`scopes_per_load`](Self::scopes_per_load), 32 by default): the batcher
+/// then fills it from several tenants' waiting keys, and every scope's
+/// transaction goes out on one connection in one round trip, one after
+/// another. Each scope's keys are read from its own transaction only; a
+/// scope whose role is refused or whose statement fails aborts its own
+/// transaction, whose `COMMIT` rolls back, and the next starts clean. So
+/// a thousand tenants with a key or two each still share round trips.
+///
 /// Before a role's first load, the loader checks it (one statement, once
 /// per role): a role that is a superuser, has `BYPASSRLS`, or owns a table
 /// whose row-level security is not forced is refused
@@ -40,9 +50,15 @@ use crate::{Loaded, ScopedLoader};
 /// Every way to load here takes a scope: there is no unscoped load on a
 /// scoped loader.
 pub struct ScopedPgLoader<Q, R = Single> {
-    loader: PgLoader<Q, R>,
+    pub(super) loader: PgLoader<Q, R>,
     scoping: Arc<Scoping>,
+    /// How many scopes one load may serve, pipelined on one connection.
+    scopes_per_load: usize,
 }
+
+/// Scopes one load serves at most, by default: a load's transactions run
+/// one after another on one connection, so more of them make it longer.
+const DEFAULT_SCOPES_PER_LOAD: usize = 32;
 
 /// What every load of one scoped loader shares: its prologue, the role
 /// check, and the roles checked.
@@ -59,6 +75,7 @@ impl<Q, R> Clone for ScopedPgLoader<Q, R> {
         Self {
             loader: self.loader.clone(),
             scoping: Arc::clone(&self.scoping),
+            scopes_per_load: self.scopes_per_load,
         }
     }
 }
@@ -100,6 +117,7 @@ impl<Q, R> PgLoader<Q, R> {
         Ok(ScopedPgLoader {
             loader: self,
             scoping: Arc::new(Scoping::new(Prologue::new(settings)?)),
+            scopes_per_load: DEFAULT_SCOPES_PER_LOAD,
         })
     }
 }
@@ -112,7 +130,18 @@ impl<Q, R> ScopedPgLoader<Q, R> {
         Self {
             loader: self.loader.with_pool(pool),
             scoping: Arc::new(Scoping::new(self.scoping.prologue.clone())),
+            scopes_per_load: self.scopes_per_load,
         }
+    }
+
+    /// Lets one load serve up to `n` scopes (at least 1): their
+    /// transactions go out together on one connection, one after another,
+    /// in one round trip (see [`ScopedLoader::load_scopes`]). 1 gives each
+    /// scope loads of its own. Default 32.
+    #[must_use]
+    pub fn scopes_per_load(mut self, n: usize) -> Self {
+        self.scopes_per_load = n.max(1);
+        self
     }
 
     /// The pool the loader draws connections from.
@@ -159,7 +188,7 @@ impl<Q, R> ScopedPgLoader<Q, R> {
     /// The prologue's parameters for `scope`, once its role is checked
     /// (the first time only). A failure of the work they start goes
     /// through [`withhold`].
-    async fn prepare<'s>(&self, scope: &'s Scope) -> Result<Vec<Secret<'s>>, PgError> {
+    pub(super) async fn prepare<'s>(&self, scope: &'s Scope) -> Result<Vec<Secret<'s>>, PgError> {
         let values = self
             .scoping
             .prologue
@@ -171,7 +200,7 @@ impl<Q, R> ScopedPgLoader<Q, R> {
 
     /// The start of a scope's transaction with `params` (from
     /// [`prepare`](Self::prepare)).
-    fn start<'a>(&'a self, params: &'a [&'a (dyn ToSql + Sync)]) -> Start<'a> {
+    pub(super) fn start<'a>(&'a self, params: &'a [&'a (dyn ToSql + Sync)]) -> Start<'a> {
         Start {
             sql: &self.scoping.start,
             params,
@@ -225,13 +254,13 @@ impl Scoping {
 }
 
 /// The prologue's parameters as a statement takes them.
-fn as_params<'a>(values: &'a [Secret<'_>]) -> Vec<&'a (dyn ToSql + Sync)> {
+pub(super) fn as_params<'a>(values: &'a [Secret<'_>]) -> Vec<&'a (dyn ToSql + Sync)> {
     values.iter().map(|v| v as &(dyn ToSql + Sync)).collect()
 }
 
 /// `e` as a scope's callers may see it: a database report is [`Withheld`]
 /// (its message too, if it quotes a value of `scope`).
-fn withhold(e: PgError, scope: &Scope) -> PgError {
+pub(super) fn withhold(e: PgError, scope: &Scope) -> PgError {
     match e {
         PgError::Query(error) if error.as_db_error().is_some() => {
             let message_shown = error
@@ -249,7 +278,7 @@ fn withhold(e: PgError, scope: &Scope) -> PgError {
 /// A scope's value as a statement parameter: sent as text, shown by
 /// `Debug` as a placeholder, since tokio-postgres logs a prepared
 /// statement's parameters at debug level.
-struct Secret<'a>(&'a str);
+pub(super) struct Secret<'a>(&'a str);
 
 impl fmt::Debug for Secret<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -274,7 +303,8 @@ impl ToSql for Secret<'_> {
 }
 
 /// A scoped load: the statement in a transaction of its own that runs as
-/// the [`Scope`] (see [`ScopedPgLoader`]).
+/// the [`Scope`] (see [`ScopedPgLoader`]); several scopes' transactions in
+/// one round trip.
 impl<Q: BatchQuery> ScopedLoader<Scope, Q::Key, Q::Value> for ScopedPgLoader<Q> {
     type Error = PgError;
 
@@ -283,11 +313,15 @@ impl<Q: BatchQuery> ScopedLoader<Scope, Q::Key, Q::Value> for ScopedPgLoader<Q> 
         scope: &Scope,
         keys: Vec<Q::Key>,
     ) -> Result<Loaded<Q::Key, Q::Value>, PgError> {
-        let values = self.prepare(scope).await?;
-        let params = as_params(&values);
-        let start = self.start(&params);
-        let loaded = self.loader.load_keys(keys, Some(start)).await;
-        loaded.map_err(|e| withhold(e, scope))
+        self.load_scope(scope, keys).await
+    }
+
+    fn scopes_per_load(&self) -> usize {
+        self.scopes_per_load
+    }
+
+    async fn load_scopes(&self, batches: Vec<(Scope, Vec<Q::Key>)>) -> Pipelined<Q::Key, Q::Value> {
+        self.load_each(batches).await
     }
 
     fn is_absent(&self, value: &Q::Value) -> bool {
@@ -308,11 +342,18 @@ impl<Q: BatchQuery> ScopedLoader<Scope, Q::Key, Vec<Q::Value>> for ScopedPgLoade
         scope: &Scope,
         keys: Vec<Q::Key>,
     ) -> Result<Loaded<Q::Key, Vec<Q::Value>>, PgError> {
-        let values = self.prepare(scope).await?;
-        let params = as_params(&values);
-        let start = self.start(&params);
-        let loaded = self.loader.load_lists(keys, Some(start)).await;
-        loaded.map_err(|e| withhold(e, scope))
+        self.load_scope(scope, keys).await
+    }
+
+    fn scopes_per_load(&self) -> usize {
+        self.scopes_per_load
+    }
+
+    async fn load_scopes(
+        &self,
+        batches: Vec<(Scope, Vec<Q::Key>)>,
+    ) -> Pipelined<Q::Key, Vec<Q::Value>> {
+        self.load_each(batches).await
     }
 
     fn is_absent(&self, value: &Vec<Q::Value>) -> bool {
@@ -338,8 +379,19 @@ impl<Q: PageQuery> ScopedLoader<Scope, PageKey<Q::Parent>, Page<Q::Value>>
         let values = self.prepare(scope).await?;
         let params = as_params(&values);
         let start = self.start(&params);
-        let loaded = self.loader.load_pages(keys, Some(start)).await;
-        loaded.map_err(|e| withhold(e, scope))
+        let shown = |e| withhold(e, scope);
+        self.loader.load_pages(keys, Some(start), shown).await
+    }
+
+    fn scopes_per_load(&self) -> usize {
+        self.scopes_per_load
+    }
+
+    async fn load_scopes(
+        &self,
+        batches: Vec<(Scope, Vec<PageKey<Q::Parent>>)>,
+    ) -> Pipelined<PageKey<Q::Parent>, Page<Q::Value>> {
+        self.load_each_page(batches).await
     }
 
     fn is_absent(&self, value: &Page<Q::Value>) -> bool {

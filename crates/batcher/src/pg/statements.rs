@@ -4,10 +4,13 @@
 //! where a session setting would not stick.
 
 use std::fmt;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::Duration;
 
 use deadpool_postgres::{ClientWrapper as Client, Transaction};
-use futures_util::future::join4;
+use futures_util::future::{join4, maybe_done, MaybeDone};
 use tokio::sync::OnceCell;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
@@ -159,6 +162,80 @@ impl Sql {
     }
 }
 
+/// What starts a transaction: `BEGIN`, the statement timeout where the
+/// settings set one, and for a scope's, the clean start (before its
+/// prologue: nothing of the connection's own session settings decides
+/// what the scope reads).
+fn begin(timeout: Option<String>, scoped: bool) -> String {
+    let mut begin = String::from("BEGIN");
+    if let Some(set) = timeout {
+        begin.push_str("; ");
+        begin.push_str(&set);
+    }
+    if scoped {
+        begin.push_str("; ");
+        begin.push_str(CLEAN_START);
+    }
+    begin
+}
+
+/// Runs `query` in a transaction begun by `begin`, after `prologue`.
+/// `join4` polls in order, and each sends its request on its first poll,
+/// so all four go out at once, in this order: a caller that stops waiting
+/// cannot leave the connection inside the transaction, since `COMMIT` is
+/// already on its way. A failed statement aborts the transaction, and its
+/// `COMMIT` then rolls back.
+async fn transaction(
+    client: &Client,
+    begin: &str,
+    prologue: Option<Ready<'_>>,
+    query: Ready<'_>,
+) -> Result<Vec<Row>, tokio_postgres::Error> {
+    let (begun, set, rows, committed) = join4(
+        client.batch_execute(begin),
+        async {
+            match prologue {
+                Some(prologue) => prologue.run(client).await.map(drop),
+                None => Ok(()),
+            }
+        },
+        query.run(client),
+        client.batch_execute("COMMIT"),
+    )
+    .await;
+    begun?;
+    set?;
+    let rows = rows?;
+    committed?;
+    Ok(rows)
+}
+
+/// Awaits every future, polling them in order each time: each sends its
+/// requests on its first poll, so they reach the connection in this order,
+/// one transaction after another. Written here rather than taken from
+/// `futures`: its `join_all` polls through `FuturesOrdered` past 30
+/// futures, whose order of first polls it does not promise, and an
+/// interleaving would run one scope's statements inside another's
+/// transaction.
+async fn in_order<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut all: Vec<Pin<Box<MaybeDone<F>>>> = futures.map(|f| Box::pin(maybe_done(f))).collect();
+    poll_fn(|cx| {
+        let mut pending = false;
+        for f in &mut all {
+            pending |= f.as_mut().poll(cx).is_pending();
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    all.iter_mut()
+        .map(|f| f.as_mut().take_output().expect("every future is done"))
+        .collect()
+}
+
 fn typed<'a>(
     params: &'a [&'a (dyn ToSql + Sync)],
     types: &[Type],
@@ -170,6 +247,14 @@ fn typed<'a>(
 /// and its parameters (the role and the settings' values).
 #[derive(Clone, Copy)]
 pub(crate) struct Start<'a> {
+    pub(crate) sql: &'a Sql,
+    pub(crate) params: &'a [&'a (dyn ToSql + Sync)],
+}
+
+/// One scope's part of a load of several (see
+/// [`Statements::query_each_as`]): its statement, after its prologue.
+pub(crate) struct Part<'a> {
+    pub(crate) start: Start<'a>,
     pub(crate) sql: &'a Sql,
     pub(crate) params: &'a [&'a (dyn ToSql + Sync)],
 }
@@ -243,48 +328,53 @@ impl Statements {
                 client.query_typed(&sql.text, &typed(params, types)).await
             }
             (_, timeout, start) => {
-                let mut begin = String::from("BEGIN");
-                if let Some(set) = timeout {
-                    begin.push_str("; ");
-                    begin.push_str(&set);
-                }
-                if start.is_some() {
-                    // Before the prologue: nothing of the connection's own
-                    // session settings decides what the scope reads.
-                    begin.push_str("; ");
-                    begin.push_str(CLEAN_START);
-                }
+                let begin = begin(timeout, start.is_some());
                 let prologue = match start {
                     Some(start) => Some(self.statement(client, start.sql, start.params).await?),
                     None => None,
                 };
                 let query = self.statement(client, sql, params).await?;
-                let client: &Client = client;
-                // `join4` polls in order, and each sends its request on its
-                // first poll, so all four go out at once, in this order: a
-                // caller that stops waiting cannot leave the connection
-                // inside the transaction, since COMMIT is already on its
-                // way. A failed statement aborts the transaction, and its
-                // COMMIT then rolls back.
-                let (begun, set, rows, committed) = join4(
-                    client.batch_execute(&begin),
-                    async {
-                        match prologue {
-                            Some(prologue) => prologue.run(client).await.map(drop),
-                            None => Ok(()),
-                        }
-                    },
-                    query.run(client),
-                    client.batch_execute("COMMIT"),
-                )
-                .await;
-                begun?;
-                set?;
-                let rows = rows?;
-                committed?;
-                Ok(rows)
+                transaction(client, &begin, prologue, query).await
             }
         }
+    }
+
+    /// Runs each part as its scope, each in a transaction of its own (as
+    /// [`query_as`](Self::query_as) does one), all of them sent at once on
+    /// `client`, one transaction after another: `BEGIN` and the clean
+    /// start, the prologue, the statement, `COMMIT`, then the next part's.
+    /// A part that fails (its role refused, its statement) aborts its own
+    /// transaction only, whose `COMMIT` then rolls back, so the next part
+    /// starts clean. Each part's rows, or its error, in order.
+    pub(crate) async fn query_each_as(
+        &self,
+        client: &mut Client,
+        parts: &[Part<'_>],
+    ) -> Vec<Result<Vec<Row>, tokio_postgres::Error>> {
+        let begin = begin(self.set_local(), true);
+        // Prepared (or their types learned) before anything is sent: a
+        // part whose statement cannot be prepared sends nothing.
+        let mut ready = Vec::with_capacity(parts.len());
+        for part in parts {
+            let prologue = self
+                .statement(client, part.start.sql, part.start.params)
+                .await;
+            let query = match prologue {
+                Ok(prologue) => self
+                    .statement(client, part.sql, part.params)
+                    .await
+                    .map(|q| (prologue, q)),
+                Err(e) => Err(e),
+            };
+            ready.push(query);
+        }
+        let client: &Client = client;
+        let begin = &begin;
+        let transactions = ready.into_iter().map(|ready| async move {
+            let (prologue, query) = ready?;
+            transaction(client, begin, Some(prologue), query).await
+        });
+        in_order(transactions).await
     }
 
     /// `sql` with `params`, ready to send on `client` as this mode says:

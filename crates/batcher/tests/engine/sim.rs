@@ -273,13 +273,13 @@ impl ScopedLoader<u64, u64, (u64, u64)> for Shared {
     async fn load_scopes(
         &self,
         batches: Vec<(u64, Vec<u64>)>,
-    ) -> Vec<Result<Loaded<u64, (u64, u64)>, Failed>> {
+    ) -> Result<Vec<Result<Loaded<u64, (u64, u64)>, Failed>>, Failed> {
         let groups: Vec<(u64, &[u64])> = batches.iter().map(|(s, k)| (*s, k.as_slice())).collect();
         let _running = self.0.begin(&groups);
         let loads = batches
             .iter()
             .map(|(scope, keys)| self.0.group(*scope, keys.clone()));
-        futures_util::future::join_all(loads).await
+        Ok(futures_util::future::join_all(loads).await)
     }
 }
 

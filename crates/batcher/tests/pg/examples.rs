@@ -150,8 +150,9 @@ async fn tenants_reads_each_tenants_view_with_no_leak() {
     let [reads, notes, _, loads, wrong] = numbers(&out, "public notes: ");
     assert_eq!(wrong, 0, "{out}");
     // One scope for every tenant's public reads: a load carries many of
-    // them, and the cache answers the rest.
-    assert!(loads <= 2 * notes && reads >= 100 * loads, "{out}");
+    // them, and the cache answers the rest (a note is loaded at most
+    // twice: the cache's admission may pass over its first value).
+    assert!(loads <= 2 * notes && reads >= 80 * loads, "{out}");
 }
 
 #[tokio::test]

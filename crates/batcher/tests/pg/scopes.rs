@@ -18,7 +18,7 @@ use std::time::Duration;
 use embedded_pg::pgbouncer::{PgBouncer, PoolMode};
 use pgbatch::cache::{Admission, Cache};
 use pgbatch::db::Scope;
-use pgbatch::{Batcher, BatcherBuilder, Concurrency, Error};
+use pgbatch::{Batcher, BatcherBuilder, Concurrency, Error, FlushPolicy};
 use proptest::prelude::*;
 use tokio_postgres::NoTls;
 
@@ -140,6 +140,8 @@ enum Sql {
     Notes,
     /// The same, half a second late.
     Slow,
+    /// The same, a tenth of a second late.
+    Brief,
     /// The same, with a NULL body (which does not map) for ids ending in 17.
     Nulls,
     /// The same, the body in capitals.
@@ -151,6 +153,7 @@ impl Sql {
         match self {
             Sql::Notes => "SELECT id, body FROM notes WHERE id = ANY($1)",
             Sql::Slow => "SELECT id, body FROM notes, pg_sleep(0.5) WHERE id = ANY($1)",
+            Sql::Brief => "SELECT id, body FROM notes, pg_sleep(0.1) WHERE id = ANY($1)",
             Sql::Nulls => {
                 "SELECT id, CASE WHEN id % 100 = 17 THEN NULL ELSE body END FROM notes WHERE id = ANY($1)"
             }
@@ -163,6 +166,8 @@ impl Sql {
 /// next connection carries.
 trait Driver: Sized + Send + Sync + 'static {
     const NAME: &'static str;
+    /// How many scopes one load serves at most (the loader's default).
+    const SCOPES_PER_LOAD: u64;
 
     /// A pool of `size` connections for `config`, sending unnamed
     /// statements if `unnamed`, and a scoped batcher running `sql` on it.
@@ -219,6 +224,7 @@ mod tokio_pg {
 
     impl Driver for TokioPostgres {
         const NAME: &'static str = "tokio-postgres";
+        const SCOPES_PER_LOAD: u64 = 32;
 
         async fn open(
             config: &tokio_postgres::Config,
@@ -294,6 +300,7 @@ mod sqlx_pg {
 
     impl Driver for Sqlx {
         const NAME: &'static str = "sqlx";
+        const SCOPES_PER_LOAD: u64 = 4;
 
         async fn open(
             config: &tokio_postgres::Config,
@@ -671,6 +678,42 @@ async fn nothing_survives_behind_the_pooler<D: Driver>(bouncer: &PgBouncer, rls:
     );
 }
 
+/// Ten tenants and a refused role in one load through the pooler (one
+/// server connection, unnamed statements): each reads its own view, and
+/// the server connection is left clean for the next client.
+async fn several_scopes_in_one_load_behind_the_pooler<D: Driver>(bouncer: &PgBouncer, rls: &Rls) {
+    let through = bouncer.config("postgres");
+    let (probe, batcher) = D::open(
+        &through,
+        2,
+        true,
+        Sql::Notes,
+        one_load(Duration::from_millis(200)),
+    )
+    .await;
+    let mut asks: Asks = (0..TENANTS)
+        .map(|t| {
+            (
+                rls.tenant(t),
+                vec![(40 + i64::from(t), Ok(view(t, 40 + i64::from(t))))],
+            )
+        })
+        .collect();
+    // The pooler logs in as the superuser, who may become any role: the
+    // failing scope here is a tenant the policy cannot cast.
+    asks.push((
+        rls.scope(&rls.tenant_role, "x"),
+        vec![(1, Err("SQLSTATE 22P02"))],
+    ));
+    ask_all(D::NAME, &batcher, asks).await;
+    let loads = 11u64.div_ceil(D::SCOPES_PER_LOAD);
+    assert_eq!(batcher.stats().batches, loads, "{}", D::NAME);
+    for _ in 0..3 {
+        let session = probe.session().await;
+        assert!(is_clean(&session, "postgres"), "{}: {session:?}", D::NAME);
+    }
+}
+
 /// Both behind one pooler, which a private cluster and PgBouncer take
 /// seconds to start.
 #[tokio::test]
@@ -684,6 +727,8 @@ async fn nothing_of_a_scope_survives_and_no_statement_collides_behind_a_transact
         .expect("PgBouncer (scripts/ensure-pgbouncer.sh installs it)");
     nothing_survives_behind_the_pooler::<TokioPostgres>(&bouncer, &rls).await;
     nothing_survives_behind_the_pooler::<Sqlx>(&bouncer, &rls).await;
+    several_scopes_in_one_load_behind_the_pooler::<TokioPostgres>(&bouncer, &rls).await;
+    several_scopes_in_one_load_behind_the_pooler::<Sqlx>(&bouncer, &rls).await;
     statements_do_not_collide_behind_the_pooler::<TokioPostgres>(&bouncer, &rls).await;
     statements_do_not_collide_behind_the_pooler::<Sqlx>(&bouncer, &rls).await;
     bouncer.stop();
@@ -1088,4 +1133,198 @@ async fn statements_do_not_collide_behind_the_pooler<D: Driver>(bouncer: &PgBoun
             D::NAME
         );
     }
+}
+
+/// A batcher that gathers every request of the next `wait` into one load
+/// on one connection: loads of several scopes, whatever the machine's
+/// speed.
+fn one_load(wait: Duration) -> BatcherBuilder<i64, String> {
+    Batcher::builder()
+        .policy(FlushPolicy::FixedDelay)
+        .max_delay(wait)
+        .max_batch_size(64)
+        .concurrency(Concurrency::Fixed(1))
+        .direct_when_idle(false)
+}
+
+/// How many transactions of the login role are open (idle in one).
+async fn open_transactions(rls: &Rls) -> i64 {
+    let (client, conn) = rls.admin.connect(NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE usename = $1 AND state LIKE 'idle in transaction%'",
+            &[&rls.auth_role],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Every scope's reads at once: its scope, and what each read must get
+/// (the note's text, or a piece of the error).
+type Asks = Vec<(Scope, Vec<(i64, Result<Option<String>, &'static str>)>)>;
+
+/// Runs `asks` all at once, each read on its own task, and checks each
+/// answer against what it must get.
+async fn ask_all(ctx: &str, batcher: &Batcher<i64, String, Scope>, asks: Asks) {
+    let reads: Vec<_> = asks
+        .into_iter()
+        .flat_map(|(scope, reads)| reads.into_iter().map(move |r| (scope.clone(), r)))
+        .map(|(scope, (id, want))| {
+            let batcher = batcher.clone();
+            tokio::spawn(async move { (scope.name(), id, want, batcher.load_as(&scope, id).await) })
+        })
+        .collect();
+    for read in reads {
+        let (name, id, want, got) = read.await.unwrap();
+        match (want, got) {
+            (Ok(want), Ok(got)) => assert_eq!(got, want, "{ctx}: {name} note {id}"),
+            (Err(text), Err(e)) => {
+                assert!(e.to_string().contains(text), "{ctx}: {name} note {id}: {e}");
+            }
+            (want, got) => panic!("{ctx}: {name} note {id}: {got:?}, not {want:?}"),
+        }
+    }
+}
+
+/// Ten tenants, a refused role and a failing statement in as few loads as
+/// the loader allows (one round trip on tokio-postgres; sqlx's in series):
+/// each tenant reads its own view, the two bad scopes fail alone, and
+/// nothing is left on the one connection.
+async fn several_scopes_in_one_load<D: Driver>(rls: &Rls) {
+    let (probe, batcher) = D::open(
+        &rls.auth,
+        1,
+        false,
+        Sql::Notes,
+        one_load(Duration::from_millis(200)),
+    )
+    .await;
+    let mut asks: Asks = (0..TENANTS)
+        .map(|t| {
+            (
+                rls.tenant(t),
+                (1..=3)
+                    .map(|i| (i * 10 + i64::from(t), Ok(view(t, i * 10 + i64::from(t)))))
+                    .collect(),
+            )
+        })
+        .collect();
+    // Another tenant's note reads as missing.
+    asks[0].1.push((11, Ok(None)));
+    asks.push((
+        rls.scope(&rls.stranger_role, "3"),
+        vec![(13, Err("permission denied to set role"))],
+    ));
+    asks.push((
+        rls.scope(&rls.tenant_role, "x"),
+        vec![(1, Err("SQLSTATE 22P02"))],
+    ));
+    ask_all(D::NAME, &batcher, asks).await;
+    let stats = batcher.stats();
+    let loads = 12u64.div_ceil(D::SCOPES_PER_LOAD);
+    assert_eq!(stats.batches, loads, "{}: {stats:?}", D::NAME);
+    let session = probe.session().await;
+    assert!(
+        is_clean(&session, &rls.auth_role),
+        "{}: {session:?}",
+        D::NAME
+    );
+    assert_eq!(open_transactions(rls).await, 0, "{}", D::NAME);
+}
+
+#[tokio::test]
+async fn several_scopes_share_one_load_and_fail_alone() {
+    let rls = rls_database().await;
+    several_scopes_in_one_load::<TokioPostgres>(&rls).await;
+    several_scopes_in_one_load::<Sqlx>(&rls).await;
+}
+
+/// A load of five scopes whose connection is killed while its statements
+/// run: the load runs again on a new connection, and every tenant reads
+/// its own view.
+async fn a_load_of_several_scopes_survives_a_killed_connection<D: Driver>(rls: &Rls) {
+    let (probe, batcher) = D::open(
+        &rls.auth,
+        1,
+        false,
+        Sql::Brief,
+        one_load(Duration::from_millis(50)),
+    )
+    .await;
+    let asks: Asks = (0..5)
+        .map(|t| {
+            (
+                rls.tenant(t),
+                vec![(20 + i64::from(t), Ok(view(t, 20 + i64::from(t))))],
+            )
+        })
+        .collect();
+    let (admin, login) = (rls.admin.clone(), rls.auth_role.clone());
+    let kill = tokio::spawn(async move {
+        // The load starts at 50 ms; its second transaction sleeps from
+        // about 150 ms.
+        tokio::time::sleep(Duration::from_millis(220)).await;
+        kill_sessions_of(&admin, &login).await;
+    });
+    ask_all(D::NAME, &batcher, asks).await;
+    kill.await.unwrap();
+    let session = probe.session().await;
+    assert!(
+        is_clean(&session, &rls.auth_role),
+        "{}: {session:?}",
+        D::NAME
+    );
+}
+
+#[tokio::test]
+async fn a_load_of_several_scopes_runs_again_after_its_connection_is_killed() {
+    let rls = rls_database().await;
+    a_load_of_several_scopes_survives_a_killed_connection::<TokioPostgres>(&rls).await;
+    a_load_of_several_scopes_survives_a_killed_connection::<Sqlx>(&rls).await;
+}
+
+/// A caller of a load of several scopes gives up while it runs: the
+/// others get their answers, and the connection is left clean.
+async fn a_cancelled_caller_of_several_scopes<D: Driver>(rls: &Rls) {
+    let (probe, batcher) = D::open(
+        &rls.auth,
+        1,
+        false,
+        Sql::Brief,
+        one_load(Duration::from_millis(50)),
+    )
+    .await;
+    let quitter = {
+        let (batcher, scope) = (batcher.clone(), rls.tenant(9));
+        tokio::spawn(async move {
+            tokio::time::timeout(Duration::from_millis(120), batcher.load_as(&scope, 19)).await
+        })
+    };
+    let asks: Asks = (0..4)
+        .map(|t| {
+            (
+                rls.tenant(t),
+                vec![(30 + i64::from(t), Ok(view(t, 30 + i64::from(t))))],
+            )
+        })
+        .collect();
+    ask_all(D::NAME, &batcher, asks).await;
+    assert!(quitter.await.unwrap().is_err(), "{}: gave up", D::NAME);
+    let session = probe.session().await;
+    assert!(
+        is_clean(&session, &rls.auth_role),
+        "{}: {session:?}",
+        D::NAME
+    );
+    assert_eq!(open_transactions(rls).await, 0, "{}", D::NAME);
+}
+
+#[tokio::test]
+async fn a_caller_that_gives_up_leaves_the_other_scopes_of_its_load_their_answers() {
+    let rls = rls_database().await;
+    a_cancelled_caller_of_several_scopes::<TokioPostgres>(&rls).await;
+    a_cancelled_caller_of_several_scopes::<Sqlx>(&rls).await;
 }
