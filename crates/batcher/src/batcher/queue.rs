@@ -131,7 +131,6 @@ impl<T> Receiver<T> {
     }
 
     /// How many items wait to be taken.
-    #[cfg(feature = "metrics")]
     pub(crate) fn len(&self) -> usize {
         self.queue.lock().items.len()
     }

@@ -11,13 +11,10 @@ use tokio_postgres::Row;
 
 use super::loader::{as_refs, PageQuery, PgError, PgLoader};
 use super::reads::Reads;
-use super::scoped::{as_params, withhold, ScopedPgLoader};
+use super::scoped::{as_params, withhold, Pipelined, ScopedPgLoader};
 use super::statements::Part;
 use crate::db::{Page, PageKey, Paged, Scope};
 use crate::Loaded;
-
-/// Each scope's answers, or the error of the whole load (no connection).
-pub(super) type Pipelined<K, V> = Result<Vec<Result<Loaded<K, V>, PgError>>, PgError>;
 
 impl<Q, R> ScopedPgLoader<Q, R> {
     /// Loads `keys` as `scope`, in a transaction of its own.

@@ -11,7 +11,6 @@ use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 use tokio_postgres::Row;
 
 use super::loader::{BatchQuery, PageQuery, PgError, PgLoader, Withheld};
-use super::pipelined::Pipelined;
 use super::statements::{Sql, Start, Statements};
 use crate::db::{
     judge_role, CheckedRoles, List, Page, PageKey, Paged, Prologue, Scope, ScopeError, Single,
@@ -252,6 +251,9 @@ impl Scoping {
         }
     }
 }
+
+/// Each scope's answers, or the error of the whole load (no connection).
+pub(super) type Pipelined<K, V> = Result<Vec<Result<Loaded<K, V>, PgError>>, PgError>;
 
 /// The prologue's parameters as a statement takes them.
 pub(super) fn as_params<'a>(values: &'a [Secret<'_>]) -> Vec<&'a (dyn ToSql + Sync)> {
