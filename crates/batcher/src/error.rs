@@ -210,23 +210,9 @@ fn retryable_db_error(e: &(dyn std::error::Error + 'static)) -> Option<bool> {
     if let Some(e) = e.downcast_ref::<Error>() {
         return Some(e.is_retryable());
     }
-    #[cfg(feature = "postgres")]
-    {
-        if let Some(e) = e.downcast_ref::<crate::pg::PgError>() {
-            return Some(e.is_retryable());
-        }
-        if let Some(e) = e.downcast_ref::<tokio_postgres::Error>() {
-            return Some(crate::pg::classify(e).is_retryable());
-        }
-        if let Some(e) = e.downcast_ref::<deadpool_postgres::PoolError>() {
-            return Some(crate::pg::pool_error_is_retryable(e));
-        }
-    }
-    #[cfg(feature = "sqlx")]
-    {
-        if let Some(e) = e.downcast_ref::<::sqlx::Error>() {
-            return Some(crate::sqlx::is_retryable(e));
-        }
+    #[cfg(any(feature = "postgres", feature = "sqlx"))]
+    if let Some(e) = crate::db::classified(e) {
+        return Some(e.is_retryable());
     }
     None
 }

@@ -230,6 +230,7 @@ pub use crate::db::{
     Cursor, DbErrorKind, List, Page, PageError, PageKey, PageSql, PageSqlBuilder, Paged, Scope,
     ScopeBuilder, ScopeError, Single, StatementMode, UnmappedRow, WriteRequest, Written,
 };
+pub(crate) use error::classified;
 pub use error::{classify, is_pool_timeout, is_retryable};
 pub use loader::{BatchQuery, PageQuery, PgQuery, SqlxLoader, DEFAULT_ACQUIRE_TIMEOUT};
 pub use scoped::ScopedSqlxLoader;

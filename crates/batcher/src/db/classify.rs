@@ -18,6 +18,21 @@ pub(crate) trait Classify {
     }
 }
 
+/// `e` as an error the crate sorts, of whichever driver it came from: how
+/// [`Error::is_retryable`](crate::Error::is_retryable) reads a loader's
+/// error without naming each driver's types.
+pub(crate) fn classified<'e>(e: &'e (dyn std::error::Error + 'static)) -> Option<&'e dyn Classify> {
+    #[cfg(feature = "postgres")]
+    if let Some(c) = crate::pg::classified(e) {
+        return Some(c);
+    }
+    #[cfg(feature = "sqlx")]
+    if let Some(c) = crate::sqlx::classified(e) {
+        return Some(c);
+    }
+    None
+}
+
 /// Runs `attempt`, and once more if it failed because its connection or
 /// node was lost ([`DbErrorKind::Unavailable`]) and `repeatable` says the
 /// work may run twice (a read, an idempotent write). Both drivers'

@@ -34,7 +34,7 @@ mod sqlstate;
 mod statement;
 mod write;
 
-pub(crate) use classify::{again_if_lost, Classify};
+pub(crate) use classify::{again_if_lost, classified, Classify};
 pub(crate) use import::{
     copy_sql, merge_sql, temp_table_sql, NumberedRow, Progress, IMPORT_TABLE, ROW_NUMBER,
 };

@@ -31,6 +31,35 @@ impl Classify for tokio_postgres::Error {
     }
 }
 
+impl Classify for deadpool_postgres::PoolError {
+    fn kind(&self) -> DbErrorKind {
+        use deadpool_postgres::{PoolError, TimeoutType};
+        match self {
+            PoolError::Backend(e) => classify(e),
+            // Waiting for a connection: the pool is saturated, not gone.
+            PoolError::Timeout(TimeoutType::Wait) => DbErrorKind::Other,
+            PoolError::Timeout(_) => DbErrorKind::Unavailable,
+            _ => DbErrorKind::Other,
+        }
+    }
+
+    fn is_retryable(&self) -> bool {
+        super::pool_error_is_retryable(self)
+    }
+}
+
+/// `e` as an error of this driver the crate sorts, if it is one.
+pub(crate) fn classified<'e>(e: &'e (dyn std::error::Error + 'static)) -> Option<&'e dyn Classify> {
+    if let Some(e) = e.downcast_ref::<super::PgError>() {
+        return Some(e);
+    }
+    if let Some(e) = e.downcast_ref::<tokio_postgres::Error>() {
+        return Some(e);
+    }
+    e.downcast_ref::<deadpool_postgres::PoolError>()
+        .map(|e| e as &dyn Classify)
+}
+
 /// Whether `e` says the connection's node is gone or no longer fits.
 pub(crate) fn is_unavailable(e: &tokio_postgres::Error) -> bool {
     classify(e) == DbErrorKind::Unavailable

@@ -75,6 +75,7 @@ pub use connect::{
     parse_config, ConfigError, Connector, TargetSessionAttrs, UnknownTargetSessionAttrs,
     DEFAULT_HOST_TIMEOUT,
 };
+pub(crate) use error::classified;
 pub use error::{classify, DbErrorKind};
 pub(crate) use loader::pool_error_is_retryable;
 pub use loader::{BatchQuery, PageQuery, Params, PgError, PgLoader, Withheld};

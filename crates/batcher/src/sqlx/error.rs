@@ -66,6 +66,12 @@ impl Classify for ::sqlx::Error {
     }
 }
 
+/// `e` as an error of this driver the crate sorts, if it is one.
+pub(crate) fn classified<'e>(e: &'e (dyn std::error::Error + 'static)) -> Option<&'e dyn Classify> {
+    e.downcast_ref::<::sqlx::Error>()
+        .map(|e| e as &dyn Classify)
+}
+
 #[cfg(test)]
 mod tests {
     use std::io;
