@@ -49,13 +49,62 @@ pub struct CpuUse {
     pub idle: Option<f64>,
 }
 
+/// The Postgres server whose CPU a run counts: an embedded cluster, or a
+/// server of this machine found from one of its connections.
+#[derive(Debug, Clone, Copy)]
+pub enum Postgres<'a> {
+    /// An embedded cluster's processes.
+    Cluster(&'a embedded_pg::Cluster),
+    /// The postmaster's PID.
+    Postmaster(i32),
+}
+
+impl Postgres<'_> {
+    /// The server `client` is connected to, if it runs on this machine
+    /// (its backend's process is here, a `postgres` child of a `postgres`
+    /// postmaster): a `DATABASE_URL` server's CPU counts too. `None` for
+    /// one elsewhere (a container's own PIDs, another host).
+    pub async fn of_connection(client: &tokio_postgres::Client) -> Option<Postgres<'static>> {
+        let row = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .ok()?;
+        let backend: i32 = row.get(0);
+        let (name, parent) = name_and_parent(backend)?;
+        let (postmaster_name, _) = name_and_parent(parent)?;
+        (name == "postgres" && postmaster_name == "postgres")
+            .then_some(Postgres::Postmaster(parent))
+    }
+
+    fn processes(self) -> Option<Vec<i32>> {
+        match self {
+            Postgres::Cluster(c) => c.processes().ok(),
+            Postgres::Postmaster(pid) => Some(embedded_pg::processes_of(pid)),
+        }
+    }
+}
+
+/// A process's command name and its parent's PID, from `/proc/<pid>/stat`.
+fn name_and_parent(pid: i32) -> Option<(String, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (head, rest) = stat.rsplit_once(')')?;
+    let name = head.split_once('(')?.1.to_owned();
+    let parent = rest.split_whitespace().nth(1)?.parse().ok()?;
+    Some((name, parent))
+}
+
 impl CpuSnapshot {
     /// CPU times now, the Postgres processes' read from `cluster`'s.
     pub fn take(cluster: Option<&embedded_pg::Cluster>) -> Self {
+        Self::take_of(cluster.map(Postgres::Cluster))
+    }
+
+    /// CPU times now, the Postgres processes' read from `postgres`'s.
+    pub fn take_of(postgres: Option<Postgres<'_>>) -> Self {
         Self {
             server: usage(UsageWho::RUSAGE_SELF),
             children: usage(UsageWho::RUSAGE_CHILDREN),
-            postgres: cluster.and_then(|c| c.processes().ok()).map(|pids| {
+            postgres: postgres.and_then(Postgres::processes).map(|pids| {
                 pids.into_iter()
                     .filter_map(|pid| {
                         let (start, cpu) = process_cpu(pid)?;

@@ -39,7 +39,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_graphql::dataloader::{DataLoader, Loader as DataLoaderLoader};
-use benches::cpu::CpuSnapshot;
+use benches::cpu::{CpuSnapshot, Postgres};
 use benches::reads::{key, TableArgs};
 use benches::rounds::{median, spread, WarmRoundArgs};
 use benches::{closed_loop_warm, print_markdown, Align, ReadSample, RunReport};
@@ -69,6 +69,10 @@ struct Args {
     /// Connections in the pool every contender uses.
     #[arg(long, default_value_t = 16)]
     pool_size: usize,
+    /// Scopes one scoped load may serve, their transactions pipelined on
+    /// one connection (1: a load per scope).
+    #[arg(long, default_value_t = 32)]
+    scopes_per_load: usize,
 }
 
 /// The role every scope runs as; the policy applies to it.
@@ -224,7 +228,7 @@ async fn create_policy(db: &Database) -> anyhow::Result<()> {
 
 async fn run(
     args: &Args,
-    db: &Database,
+    postgres: Option<Postgres<'_>>,
     pool: &pg::Pool,
     scopes: &Arc<Scopes>,
     who: Contender,
@@ -236,13 +240,14 @@ async fn run(
     let rows = args.table.rows;
     let cpu_at_start = async {
         tokio::time::sleep(warmup).await;
-        CpuSnapshot::take(db.cluster.as_ref())
+        CpuSnapshot::take_of(postgres)
     };
     let plain = PgLoader::new(pool.clone(), KvQuery);
     let loader = plain
         .clone()
         .scoped(["app.tenant"])
-        .expect("a settable name");
+        .expect("a settable name")
+        .scopes_per_load(args.scopes_per_load);
     let loads = Arc::new(AtomicU64::new(0));
     let (report, before, batcher_loads): (RunReport, _, Option<f64>) = match who {
         Contender::Scoped | Contender::ScopedOpen => {
@@ -331,7 +336,7 @@ async fn run(
             (report, before, Some(1.0))
         }
     };
-    let cpu = CpuSnapshot::take(db.cluster.as_ref()).since(&before);
+    let cpu = CpuSnapshot::take_of(postgres).since(&before);
     ReadSample::new(&report, batcher_loads.unwrap_or(f64::NAN), &cpu)
 }
 
@@ -341,6 +346,15 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
         db.config.clone(),
         &PoolOptions::with_max_size(args.pool_size),
     )?;
+    // The server's CPU, an embedded cluster's or a `DATABASE_URL` one's
+    // on this machine.
+    let postgres = match &db.cluster {
+        Some(cluster) => Some(Postgres::Cluster(cluster)),
+        None => {
+            let client = pool.get().await?;
+            Postgres::of_connection(&client).await
+        }
+    };
     println!(
         "{} callers, pool of {}, {} rows under a row-level-security policy; \
          {} s runs after {} s warm-up, {} interleaved rounds per scope count\n",
@@ -368,7 +382,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
         for round in 0..args.runs.rounds {
             for i in 0..contenders.len() {
                 let c = (i + round) % contenders.len();
-                samples[c].push(run(args, db, &pool, &scopes, contenders[c]).await);
+                samples[c].push(run(args, postgres, &pool, &scopes, contenders[c]).await);
             }
         }
         let ratio = |who: usize, of: usize, f: fn(&ReadSample) -> f64| -> String {

@@ -578,11 +578,7 @@ impl Cluster {
     ///
     /// When the postmaster's PID cannot be read from `postmaster.pid`.
     pub fn processes(&self) -> Result<Vec<i32>, Error> {
-        let postmaster = self.postmaster_pid()?;
-        // Children first: `freeze` relies on the order.
-        let mut pids = children_of(postmaster);
-        pids.push(postmaster);
-        Ok(pids)
+        Ok(processes_of(self.postmaster_pid()?))
     }
 
     fn postmaster_pid(&self) -> Result<i32, Error> {
@@ -828,6 +824,15 @@ impl Drop for Frozen {
 
 /// The processes whose parent is `parent`, from `/proc` (Linux only; the
 /// project's machines are).
+/// The processes of the server whose postmaster is `postmaster` (one of
+/// this machine's, a cluster's or not): its children, then itself.
+pub fn processes_of(postmaster: i32) -> Vec<i32> {
+    // Children first: `freeze` relies on the order.
+    let mut pids = children_of(postmaster);
+    pids.push(postmaster);
+    pids
+}
+
 fn children_of(parent: i32) -> Vec<i32> {
     let Ok(entries) = fs::read_dir("/proc") else {
         return Vec::new();

@@ -26,7 +26,7 @@ mod cluster;
 pub mod pgbouncer;
 pub mod testing;
 
-pub use cluster::{Cluster, ClusterOptions, Frozen, Running};
+pub use cluster::{processes_of, Cluster, ClusterOptions, Frozen, Running};
 
 use std::path::PathBuf;
 
