@@ -37,15 +37,16 @@
 //! worker    Worker: the async shell over the ledger: receives, times,
 //!           runs each load in a task, answers
 //! intake    a request into the ledger; what it hands back answered
-//! run       one load: timeout, panic capture, Outcome, its statistics
-//! ledger    every decision, no I/O: lanes, running loads, deadlines,
-//!           which keys of which scopes a load takes (and its lanes,
-//!           running loads)
+//! alarm     a timer polled only while set
+//! run       one load, whoever runs it: its start, timeout, panic capture,
+//!           Outcome, its statistics, its answers
+//! message   what travels from a handle to the worker
+//! ledger    every decision, no I/O: lanes, running loads, deadlines, which
+//!           keys of which scopes a load takes
 //! policy    the flush policy's decisions, as pure functions
 //! limit     the automatic concurrency limit: the search, as arithmetic
 //! shared    state of the handles and the worker; the LoadSlot guard
 //! queue     the bounded queue from the handles to the worker
-//! message   what travels from a handle to the worker
 //! observer  what a load tells whoever watches it (a cache built over it)
 //! config    the validated settings and their defaults
 //! loader    the Loader and ScopedLoader traits, loader_fn, scoped_loader_fn
