@@ -59,8 +59,10 @@ pub trait Loader<K, V>: Send + Sync + 'static {
 /// transactions pipelined on one connection, say) says how many with
 /// [`scopes_per_load`](Self::scopes_per_load) and does it in
 /// [`load_scopes`](Self::load_scopes): the batcher then fills a load from
-/// several scopes' waiting keys, taking turns, and answers each key from
-/// its own scope's result only. By default a load serves one scope.
+/// several scopes' waiting keys, taking turns, while the load holds fewer
+/// than 16 keys (past that, a scope's batch already spreads the cost of
+/// its own transaction), and answers each key from its own scope's result
+/// only. By default a load serves one scope.
 ///
 /// Otherwise as [`Loader`]: distinct keys, at most
 /// [`max_batch_size`](crate::BatcherBuilder::max_batch_size) of them, each

@@ -224,7 +224,7 @@ mod tokio_pg {
 
     impl Driver for TokioPostgres {
         const NAME: &'static str = "tokio-postgres";
-        const SCOPES_PER_LOAD: u64 = 32;
+        const SCOPES_PER_LOAD: u64 = 4;
 
         async fn open(
             config: &tokio_postgres::Config,

@@ -141,6 +141,39 @@ mod ledger {
     }
 
     #[test]
+    fn a_load_that_holds_enough_keys_takes_no_other_scope() {
+        let t = Instant::now();
+        let mut ledger = Ledger::new(config(64), 8, rule(), t);
+        let mut id = 0;
+        let mut ask = |ledger: &mut Ledger<_, _, _>, scope, keys: std::ops::Range<u32>| {
+            for key in keys {
+                ledger.request(scope, key, asked(t, id));
+                id += 1;
+            }
+        };
+        let filled = u32::try_from(super::super::loads::FILLED).unwrap();
+        ask(&mut ledger, "a", 0..filled);
+        ask(&mut ledger, "b", 100..101);
+        ask(&mut ledger, "c", 200..201);
+        // a's batch alone spreads a transaction over enough keys.
+        assert_eq!(groups(&ledger.start(t)), [("a", (0..filled).collect())]);
+        // b's and c's are thin: one load takes both.
+        assert_eq!(
+            groups(&ledger.start(t)),
+            [("b", vec![100]), ("c", vec![200])]
+        );
+        // A thin batch first, then the load fills until it holds enough.
+        ask(&mut ledger, "d", 300..301);
+        ask(&mut ledger, "e", 400..400 + filled);
+        ask(&mut ledger, "f", 500..501);
+        assert_eq!(
+            groups(&ledger.start(t)),
+            [("d", vec![300]), ("e", (400..400 + filled).collect())]
+        );
+        assert_eq!(groups(&ledger.start(t)), [("f", vec![500])]);
+    }
+
+    #[test]
     fn one_scope_per_load_unless_the_loader_allows_more() {
         let t = Instant::now();
         let mut ledger = Ledger::new(config(4), 1, rule(), t);
