@@ -70,9 +70,10 @@ struct Args {
     #[arg(long, default_value_t = 16)]
     pool_size: usize,
     /// Scopes one scoped load may serve, their transactions pipelined on
-    /// one connection (1: a load per scope).
-    #[arg(long, default_value_t = 32)]
-    scopes_per_load: usize,
+    /// one connection (1: a load per scope); the loader's default if not
+    /// given.
+    #[arg(long)]
+    scopes_per_load: Option<usize>,
 }
 
 /// The role every scope runs as; the policy applies to it.
@@ -88,6 +89,9 @@ enum Contender {
     DataLoaderPerRequest,
     Unscoped,
     ScopedOpen,
+    /// Scoped, each load serving one scope: what several scopes a load
+    /// buy, measured in the same run.
+    ScopedOnePerLoad,
 }
 
 impl Contender {
@@ -98,6 +102,7 @@ impl Contender {
             Contender::DataLoaderPerRequest => "DataLoader per request",
             Contender::Unscoped => "pgbatch unscoped (bypasses the policy)",
             Contender::ScopedOpen => "pgbatch scoped, a policy admitting every row",
+            Contender::ScopedOnePerLoad => "pgbatch scoped, one scope a load",
         }
     }
 }
@@ -243,14 +248,18 @@ async fn run(
         CpuSnapshot::take_of(postgres)
     };
     let plain = PgLoader::new(pool.clone(), KvQuery);
-    let loader = plain
+    let mut loader = plain
         .clone()
         .scoped(["app.tenant"])
-        .expect("a settable name")
-        .scopes_per_load(args.scopes_per_load);
+        .expect("a settable name");
+    if who == Contender::ScopedOnePerLoad {
+        loader = loader.scopes_per_load(1);
+    } else if let Some(n) = args.scopes_per_load {
+        loader = loader.scopes_per_load(n);
+    }
     let loads = Arc::new(AtomicU64::new(0));
     let (report, before, batcher_loads): (RunReport, _, Option<f64>) = match who {
-        Contender::Scoped | Contender::ScopedOpen => {
+        Contender::Scoped | Contender::ScopedOpen | Contender::ScopedOnePerLoad => {
             let batcher: Batcher<String, String, Scope> =
                 Batcher::builder().build_scoped(loader).expect("defaults");
             let (b, scopes) = (batcher.clone(), Arc::clone(scopes));
@@ -258,10 +267,10 @@ async fn run(
                 closed_loop_warm(args.callers, warmup, seconds, rows, move |k| {
                     let (b, scopes) = (b.clone(), Arc::clone(&scopes));
                     async move {
-                        let (scope, key) = if who == Contender::Scoped {
-                            scopes.request(k, rows)
-                        } else {
+                        let (scope, key) = if who == Contender::ScopedOpen {
                             scopes.request_open(k, rows)
+                        } else {
+                            scopes.request(k, rows)
                         };
                         match b.load_as(scope, key).await {
                             Ok(Some(_)) => {}
@@ -376,6 +385,8 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
         ];
         if count == 1 {
             contenders.push(Contender::ScopedOpen);
+        } else if args.scopes_per_load != Some(1) {
+            contenders.push(Contender::ScopedOnePerLoad);
         }
         let scopes = Arc::new(Scopes::new(count)?);
         let mut samples: Vec<Vec<ReadSample>> = vec![Vec::new(); contenders.len()];

@@ -822,8 +822,6 @@ impl Drop for Frozen {
     }
 }
 
-/// The processes whose parent is `parent`, from `/proc` (Linux only; the
-/// project's machines are).
 /// The processes of the server whose postmaster is `postmaster` (one of
 /// this machine's, a cluster's or not): its children, then itself.
 pub fn processes_of(postmaster: i32) -> Vec<i32> {
@@ -833,6 +831,8 @@ pub fn processes_of(postmaster: i32) -> Vec<i32> {
     pids
 }
 
+/// The processes whose parent is `parent`, from `/proc` (Linux only; the
+/// project's machines are).
 fn children_of(parent: i32) -> Vec<i32> {
     let Ok(entries) = fs::read_dir("/proc") else {
         return Vec::new();
