@@ -545,6 +545,13 @@ impl Sim {
                 continue;
             };
             let waiting = self.waiting_scopes();
+            let keys: usize = groups.iter().map(|g| g.keys.len()).sum();
+            if keys > self.setup.config.max_batch_size {
+                return Err(format!("a load of {keys} keys, past the batch"));
+            }
+            if groups.len() > self.setup.groups_per_load {
+                return Err(format!("a load of {} scopes", groups.len()));
+            }
             let mut loaded = Vec::new();
             for g in &groups {
                 if loaded.iter().any(|(s, _)| *s == g.scope) {
