@@ -49,6 +49,16 @@ pub struct WarmRoundArgs {
     pub warmup: f64,
 }
 
+impl WarmRoundArgs {
+    /// The runs of a smoke run (CI's proof that a tool works): one round
+    /// of 0.3 s after 0.1 s of warm-up.
+    pub fn smoke(&mut self) {
+        self.rounds = 1;
+        self.seconds = 0.3;
+        self.warmup = 0.1;
+    }
+}
+
 /// The median of `v` (the upper one of an even count); NaN when empty.
 pub fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();

@@ -68,9 +68,7 @@ async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
     args.table.apply_smoke("dataloader");
     if args.table.smoke {
-        args.runs.rounds = 1;
-        args.runs.seconds = 0.3;
-        args.runs.warmup = 0.1;
+        args.runs.smoke();
         args.sweep_seconds = 0.2;
         args.resolvers = 64;
     }

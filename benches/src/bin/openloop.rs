@@ -168,9 +168,7 @@ async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
     args.table.apply_smoke("openloop");
     if args.table.smoke {
-        args.runs.rounds = 1;
-        args.runs.seconds = 0.3;
-        args.runs.warmup = 0.1;
+        args.runs.smoke();
         args.initiators = 64;
         args.loads = vec![25, 90];
         args.minimal_connections = vec![2];

@@ -490,9 +490,7 @@ async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
     args.table.apply_smoke("pages");
     if args.table.smoke {
-        args.runs.rounds = 1;
-        args.runs.seconds = 0.3;
-        args.runs.warmup = 0.1;
+        args.runs.smoke();
         args.callers = 32;
         args.parents = 100;
         args.children = 50;

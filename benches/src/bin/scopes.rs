@@ -191,9 +191,7 @@ async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
     args.table.apply_smoke("scopes");
     if args.table.smoke {
-        args.runs.rounds = 1;
-        args.runs.seconds = 0.3;
-        args.runs.warmup = 0.1;
+        args.runs.smoke();
         args.callers = 32;
         args.scopes = vec![1, 10];
     }

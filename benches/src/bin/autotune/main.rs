@@ -194,9 +194,7 @@ async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
     args.table.apply_smoke("autotune");
     if args.table.smoke {
-        args.runs.rounds = 1;
-        args.runs.seconds = 0.3;
-        args.runs.warmup = 0.1;
+        args.runs.smoke();
         args.initiators = vec![1, 32];
         args.rtt_ms = vec![0.0, 1.0];
         args.fixed = vec![2, 4];
