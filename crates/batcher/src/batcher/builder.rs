@@ -86,8 +86,18 @@ where
         self
     }
 
-    /// The most distinct keys in one loader call. Must be at least 1.
-    /// Default [`defaults::MAX_BATCH_SIZE`](crate::defaults::MAX_BATCH_SIZE).
+    /// The most distinct keys in one loader call, never exceeded. Must be
+    /// at least 1. Default
+    /// [`defaults::MAX_BATCH_SIZE`](crate::defaults::MAX_BATCH_SIZE), 1024.
+    ///
+    /// Loads hold fewer until they must: while another load slot is free,
+    /// a load takes at most
+    /// [`defaults::SPREAD_BATCH_SIZE`](crate::defaults::SPREAD_BATCH_SIZE)
+    /// (64) keys, so a burst goes out as parallel loads; the load that
+    /// takes the last free slot takes its share of the keys waiting (what
+    /// waits divided among the slots), at least 64 and at most this. So a
+    /// load grows past 64 keys only under a backlog, where a bigger batch
+    /// serves the keys sooner than a wait for another slot.
     pub fn max_batch_size(mut self, n: usize) -> Self {
         self.config.max_batch_size = n;
         self

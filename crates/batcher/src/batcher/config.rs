@@ -97,9 +97,20 @@ pub mod defaults {
     use std::time::Duration;
 
     /// Default [`max_batch_size`](crate::BatcherBuilder::max_batch_size):
-    /// 64 keys. lakeFS saw gains flatten past 16-32 keys on Postgres; 64
-    /// leaves headroom for bursts and costs nothing when batches are smaller.
-    pub const MAX_BATCH_SIZE: usize = 64;
+    /// 1024 keys. A load reaches it only under a backlog: while another
+    /// load slot is free, a load takes at most [`SPREAD_BATCH_SIZE`] keys,
+    /// so a burst is spread over parallel loads; the load that takes the
+    /// last free slot takes what waits, up to this. So when keys arrive
+    /// faster than loads of 64 serve them, batches grow with the backlog
+    /// instead of the backlog growing (at a fixed arrival rate, loads
+    /// capped at 64 keys fell behind where loads of 400 kept up; see
+    /// BENCHMARKS.md).
+    pub const MAX_BATCH_SIZE: usize = 1024;
+    /// The most keys a load takes while another load slot stays free after
+    /// it, below [`max_batch_size`](crate::BatcherBuilder::max_batch_size):
+    /// 64. lakeFS saw gains flatten past 16-32 keys on Postgres; past
+    /// that, a free connection serves the keys sooner than a bigger batch.
+    pub const SPREAD_BATCH_SIZE: usize = 64;
     /// Default [`max_delay`](crate::BatcherBuilder::max_delay): 0.5 ms, as in
     /// lakeFS.
     pub const MAX_DELAY: Duration = Duration::from_micros(500);
@@ -126,6 +137,10 @@ pub mod defaults {
 pub(crate) struct Config {
     pub(crate) name: Cow<'static, str>,
     pub(crate) max_batch_size: usize,
+    /// The most keys a load takes while another slot stays free (see
+    /// [`defaults::SPREAD_BATCH_SIZE`]); fixed, but varied by the ledger's
+    /// simulation.
+    pub(crate) spread_batch_size: usize,
     pub(crate) max_delay: Duration,
     pub(crate) concurrency: Concurrency,
     pub(crate) channel_capacity: usize,
@@ -154,6 +169,7 @@ impl Default for Config {
         Self {
             name: Cow::Borrowed("batcher"),
             max_batch_size: defaults::MAX_BATCH_SIZE,
+            spread_batch_size: defaults::SPREAD_BATCH_SIZE,
             max_delay: defaults::MAX_DELAY,
             concurrency: defaults::CONCURRENCY,
             channel_capacity: defaults::CHANNEL_CAPACITY,

@@ -17,7 +17,8 @@
 //!   to a bound you set near the number of database connections the
 //!   loader may use.
 //! - [`max_batch_size`](BatcherBuilder::max_batch_size) caps the keys per
-//!   load.
+//!   load. Loads hold at most 64 keys while another slot is free, and grow
+//!   past that only under a backlog, toward this cap.
 //! - [`channel_capacity`](BatcherBuilder::channel_capacity) bounds the queue;
 //!   with the default [`Overflow::Reject`], a full queue fails requests at
 //!   once with [`Error::Overloaded`](crate::Error::Overloaded), so overload is

@@ -32,6 +32,25 @@ pub(crate) fn is_due(config: &Config, pending: Pending, running: usize, limit: u
     at_once || pending.keys >= config.max_batch_size || pending.deadline_passed || pending.draining
 }
 
+/// The most keys the next load may take, with `running` loads of the
+/// `limit` that may run now and `waiting` keys pending. Where a slot stays
+/// free after it, at most the spread size, so a burst goes out as parallel
+/// loads. The load that takes the last free slot takes its share of the
+/// backlog, what waits divided among every slot, but never less than the
+/// spread size: so batches stay as they are until the backlog outgrows a
+/// batch for every slot, and from there grow with it (up to
+/// `max_batch_size`) instead of the backlog growing.
+pub(crate) fn load_cap(config: &Config, running: usize, limit: usize, waiting: usize) -> usize {
+    let spread = config.spread_batch_size.min(config.max_batch_size);
+    if running.saturating_add(1) < limit {
+        spread
+    } else {
+        waiting
+            .div_ceil(limit.max(1))
+            .clamp(spread, config.max_batch_size)
+    }
+}
+
 /// Whether keys are waiting because of the `limit` in force: every slot
 /// is taken, or (adaptive) enough loads run that the policy lets the batch
 /// fill instead of sending it. The automatic limit learns only from
@@ -282,5 +301,34 @@ mod tests {
             ..c
         };
         assert_eq!(held_limit(&huge), usize::MAX, "saturates, never wraps");
+    }
+
+    #[test]
+    fn a_load_spreads_while_a_slot_stays_free_and_grows_at_the_last() {
+        let c = Config {
+            max_batch_size: 100,
+            spread_batch_size: 8,
+            ..config(FlushPolicy::Eager)
+        };
+        assert_eq!(load_cap(&c, 0, 4, 200), 8, "three slots free after it");
+        assert_eq!(load_cap(&c, 2, 4, 200), 8, "one slot free after it");
+        assert_eq!(load_cap(&c, 3, 4, 20), 8, "a backlog within a batch a slot");
+        assert_eq!(
+            load_cap(&c, 3, 4, 33),
+            9,
+            "its share of a backlog past that"
+        );
+        assert_eq!(load_cap(&c, 3, 4, 1_000), 100, "never past max_batch_size");
+        assert_eq!(load_cap(&c, 0, 1, 50), 50, "one slot: the whole backlog");
+        let small = Config {
+            max_batch_size: 4,
+            ..c
+        };
+        assert_eq!(
+            load_cap(&small, 0, 4, 200),
+            4,
+            "spread within max_batch_size"
+        );
+        assert_eq!(load_cap(&small, 3, 4, 200), 4);
     }
 }

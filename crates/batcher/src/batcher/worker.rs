@@ -24,6 +24,7 @@ use super::intake;
 use super::ledger::{self, Finished, JoinRule, LoadId, Request, Took};
 use super::message::{Message, Waiter};
 use super::observer::{ObserverSlot, Stamp};
+use super::policy;
 use super::queue::Receiver;
 use super::run::{self, LoadFn, Outcome};
 use super::shared::{LoadSlot, Shared};
@@ -165,14 +166,17 @@ where
     /// Starts loads while one is due and a slot is free (slots are shared
     /// with callers that load directly when idle).
     fn flush(&mut self, now: Instant) {
-        while self
-            .ledger
-            .due(now, self.shared.running_loads(), self.shared.limit())
-        {
+        loop {
+            let (running, limit) = (self.shared.running_loads(), self.shared.limit());
+            if !self.ledger.due(now, running, limit) {
+                return;
+            }
+            let waiting = self.ledger.pending_keys();
+            let cap = policy::load_cap(&self.shared.config, running, limit, waiting);
             let Some(slot) = LoadSlot::try_take(&self.shared) else {
                 return;
             };
-            let (id, groups, abandoned) = match self.ledger.start(now) {
+            let (id, groups, abandoned) = match self.ledger.start(now, cap) {
                 Took::Load {
                     id,
                     groups,

@@ -25,6 +25,11 @@ use tokio::time::Instant;
 
 use super::{LoadId, Request, Waiters};
 
+/// Room made for a batch before its keys come: batches may hold up to
+/// 1024 keys by default, but most hold a few, and a lane is made for each
+/// scope that asks.
+const SMALL_BATCH: usize = 64;
+
 /// One scope's keys.
 pub(crate) struct Lane<S, K, W: Request> {
     pub(crate) scope: S,
@@ -205,7 +210,7 @@ where
             Entry::Vacant(e) => {
                 let lane = Lane {
                     scope: e.key().clone(),
-                    pending: HashMap::with_capacity(self.batch_size),
+                    pending: HashMap::with_capacity(self.batch_size.min(SMALL_BATCH)),
                     later: HashMap::new(),
                     order: VecDeque::new(),
                     skew: Duration::ZERO,
@@ -300,19 +305,31 @@ where
         None
     }
 
-    /// Takes lane `i`'s pending batch, fills the next from the keys behind
-    /// it (first asked for first, so a key is not passed over until it
-    /// times out), and passes the lane's turn on: to the back if keys still
-    /// wait.
-    pub(crate) fn take(&mut self, i: usize) -> HashMap<K, Waiters<W>> {
+    /// Takes lane `i`'s pending batch, or `most` of its keys, fills the
+    /// next from the keys behind it (first asked for first, so a key is
+    /// not passed over until it times out), and passes the lane's turn on:
+    /// to the back if keys still wait.
+    pub(crate) fn take(&mut self, i: usize, most: usize) -> HashMap<K, Waiters<W>> {
         let lane = self.slots[i].as_mut().expect("a live lane");
-        let room = if lane.later.is_empty() {
-            lane.pending.len()
+        let batch = if lane.pending.len() > most {
+            // Part of the batch, to spread a burst over free slots: the
+            // keys left keep the batch's `first_at`, no later than their
+            // own.
+            // (`HashMap::extract_if` would do it in place, but is newer
+            // than the crate's minimum Rust.)
+            let mut keys = mem::take(&mut lane.pending).into_iter();
+            let batch: HashMap<_, _> = keys.by_ref().take(most).collect();
+            lane.pending = keys.collect();
+            batch
         } else {
-            self.batch_size
+            let room = if lane.later.is_empty() {
+                lane.pending.len()
+            } else {
+                self.batch_size.min(SMALL_BATCH)
+            };
+            lane.first_at = None;
+            mem::replace(&mut lane.pending, HashMap::with_capacity(room))
         };
-        let batch = mem::replace(&mut lane.pending, HashMap::with_capacity(room));
-        lane.first_at = None;
         lane.fill(self.batch_size);
         self.pending_keys -= batch.len();
         if self.turns.front() == Some(&i) {
@@ -423,7 +440,7 @@ mod tests {
         let mut served = Vec::new();
         while let Some(i) = lanes.next() {
             let scope = lanes.get(i).scope;
-            let batch = lanes.take(i);
+            let batch = lanes.take(i, usize::MAX);
             served.push((scope, batch.len()));
             lanes.release_if_idle(i);
         }
@@ -438,7 +455,7 @@ mod tests {
         let mut lanes = Lanes::new(4);
         add(&mut lanes, "a", 1, t);
         let a = lanes.next().unwrap();
-        let _ = lanes.take(a);
+        let _ = lanes.take(a, usize::MAX);
         lanes.get_mut(a).loads += 1;
         lanes.release_if_idle(a);
         assert_eq!(lanes.len(), 1, "a load still runs");
@@ -467,7 +484,7 @@ mod tests {
         let i = lanes.lane_of("a");
         let mut batches = Vec::new();
         while lanes.next().is_some() {
-            let batch = lanes.take(i);
+            let batch = lanes.take(i, usize::MAX);
             let mut keys: Vec<(u32, usize)> = batch.iter().map(|(k, w)| (*k, w.len())).collect();
             keys.sort_unstable();
             batches.push(keys);
@@ -497,7 +514,7 @@ mod tests {
         add(&mut lanes, "a", 4, at(7));
         let i = lanes.lane_of("a");
         assert_eq!(lanes.get(i).first_at, Some(at(0)));
-        let _ = lanes.take(i);
+        let _ = lanes.take(i, usize::MAX);
         assert_eq!(lanes.get(i).first_at, Some(at(7)));
     }
 
@@ -579,9 +596,9 @@ mod tests {
         assert_eq!(next, Some(at(15)), "a bound, allowing for the skew");
         assert_eq!(lanes.pending_keys(), 3, "0 pending, 1 and 3 behind");
         let i = lanes.lane_of("a");
-        let _ = lanes.take(i);
-        let _ = lanes.take(i);
-        let _ = lanes.take(i);
+        let _ = lanes.take(i, usize::MAX);
+        let _ = lanes.take(i, usize::MAX);
+        let _ = lanes.take(i, usize::MAX);
         assert_eq!(
             lanes.get(i).skew,
             Duration::ZERO,

@@ -32,16 +32,18 @@ where
         self.running.waiters(id)
     }
 
-    /// Takes the next load: the batch of the scope whose turn it is, and,
-    /// where a load may serve several scopes, the batches of the scopes
-    /// after it while they fit in one batch and the load holds fewer than
-    /// [`FILLED`] keys. [`waiters`](Self::waiters)
-    /// then lists whom the load serves.
-    pub(crate) fn start(&mut self, now: Instant) -> Took<S, K, W::Tag> {
+    /// Takes the next load, of at most `cap` keys
+    /// ([`policy::load_cap`](super::policy::load_cap)): the batch of the
+    /// scope whose turn it is (or `cap` of its keys), and, where a load may
+    /// serve several scopes, the batches of the scopes after it while they
+    /// fit and the load holds fewer than [`FILLED`] keys.
+    /// [`waiters`](Self::waiters) then lists whom the load serves.
+    pub(crate) fn start(&mut self, now: Instant, cap: usize) -> Took<S, K, W::Tag> {
+        let cap = cap.clamp(1, self.config.max_batch_size);
         let expiry = self.pending_expiry;
         let (mut taken, mut seen, mut keys, mut abandoned) = (Vec::new(), Vec::new(), 0, 0);
         while let Some(i) = self.lanes.next() {
-            let room = self.config.max_batch_size - keys;
+            let room = cap - keys;
             let fits = self.lanes.get(i).pending.len() <= room;
             if seen.contains(&i) || (!seen.is_empty() && !fits) {
                 break;
@@ -53,7 +55,7 @@ where
             // over for it.
             let mut batch = HashMap::new();
             while batch.is_empty() && !self.lanes.get(i).pending.is_empty() {
-                batch = self.lanes.take(i);
+                batch = self.lanes.take(i, room);
                 batch.retain(|_, waiters| {
                     let before = waiters.len();
                     waiters.retain(|w| !w.is_gone());
@@ -70,7 +72,7 @@ where
             // One scope per load: a batch whose callers all went leaves
             // the slot unused, and the next scope waits for its own turn
             // to be due.
-            let full = taken.len() >= self.groups_per_load || keys >= self.config.max_batch_size;
+            let full = taken.len() >= self.groups_per_load || keys >= cap;
             if full || self.groups_per_load == 1 || keys >= FILLED {
                 break;
             }

@@ -187,7 +187,9 @@ where
             AutoLimit::new(
                 policy::min_auto_limit(&config),
                 config.concurrency.max(),
-                config.max_batch_size,
+                // Loads past the spread size are full: they grew because
+                // keys waited for a slot.
+                config.spread_batch_size.min(config.max_batch_size),
                 now,
             )
         });

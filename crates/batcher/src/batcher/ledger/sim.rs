@@ -123,6 +123,7 @@ impl World {
         let us = Duration::from_micros;
         let mut config = Config {
             max_batch_size: rng.range(1, 8) as usize,
+            spread_batch_size: rng.range(1, 6) as usize,
             max_delay: us(rng.range(1, 500)),
             concurrency: Concurrency::Fixed(rng.range(1, 4) as usize),
             channel_capacity: rng.range(4, 64) as usize,
@@ -159,8 +160,9 @@ impl World {
                 };
             }
             World::Backlog => {
-                config.max_batch_size = rng.range(1, 3) as usize;
-                config.concurrency = Concurrency::Fixed(1);
+                config.max_batch_size = rng.range(1, 6) as usize;
+                config.spread_batch_size = rng.range(1, 2) as usize;
+                config.concurrency = Concurrency::Fixed(rng.range(1, 2) as usize);
                 config.policy =
                     [FlushPolicy::Eager, FlushPolicy::FixedDelay][rng.range(0, 1) as usize];
                 setup.keys = rng.range(4, 40);
@@ -541,13 +543,22 @@ impl Sim {
             if self.ledger.loads() >= self.limit {
                 break; // no slot free
             }
-            let Took::Load { id, groups, .. } = self.ledger.start(self.now) else {
+            let cap = policy::load_cap(
+                &self.setup.config,
+                self.ledger.loads(),
+                self.limit,
+                self.ledger.pending_keys(),
+            );
+            let Took::Load { id, groups, .. } = self.ledger.start(self.now, cap) else {
                 continue;
             };
             let waiting = self.waiting_scopes();
             let keys: usize = groups.iter().map(|g| g.keys.len()).sum();
             if keys > self.setup.config.max_batch_size {
                 return Err(format!("a load of {keys} keys, past the batch"));
+            }
+            if keys > cap {
+                return Err(format!("a load of {keys} keys, past its cap of {cap}"));
             }
             if groups.len() > self.setup.groups_per_load {
                 return Err(format!("a load of {} scopes", groups.len()));

@@ -129,6 +129,55 @@ mod ledger {
     }
 
     #[test]
+    fn a_burst_is_spread_over_free_slots_and_a_backlog_grows_the_loads() {
+        use crate::batcher::policy::load_cap;
+        let t = Instant::now();
+        let c = Config {
+            spread_batch_size: 3,
+            ..config(10)
+        };
+        let mut ledger = Ledger::new(c.clone(), 1, rule(), t);
+        // Fourteen keys: ten fill the batch, four wait behind it.
+        for key in 0..14 {
+            ledger.request("a", key, asked(t, u64::from(key)));
+        }
+        let mut sizes = Vec::new();
+        let mut seen = Vec::new();
+        let mut running = 0;
+        while ledger.due(t, running, 4) {
+            let took = ledger.start(t, load_cap(&c, running, 4, ledger.pending_keys()));
+            let [(_, keys)] = &groups(&took)[..] else {
+                panic!("one group a load: {took:?}");
+            };
+            sizes.push(keys.len());
+            seen.extend(keys.iter().copied());
+            running += 1;
+            if running == 4 {
+                break;
+            }
+        }
+        // Loads of three while slots stay free after them, and the one
+        // that takes the last slot too: the five waiting are within a
+        // batch of three for every slot. Two keys wait for a slot.
+        assert_eq!(sizes, [3, 3, 3, 3]);
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 12, "each key once");
+        assert_eq!(ledger.pending_keys(), 2);
+        // A backlog of 25 (a batch and the keys behind it) in four slots:
+        // the last takes its share, 7, past the spread size; 40 keys
+        // would take 10, the most a batch holds.
+        let mut ledger = Ledger::new(c.clone(), 1, rule(), t);
+        for key in 0..25 {
+            ledger.request("a", key, asked(t, u64::from(key)));
+        }
+        let cap = load_cap(&c, 3, 4, ledger.pending_keys());
+        assert_eq!(groups(&ledger.start(t, cap))[0].1.len(), 7);
+        assert_eq!(ledger.pending_keys(), 18);
+        assert_eq!(load_cap(&c, 3, 4, 40), 10);
+    }
+
+    #[test]
     fn a_load_fills_from_several_scopes_in_turn_up_to_the_batch() {
         let t = Instant::now();
         let mut ledger = Ledger::new(config(4), 8, rule(), t);
@@ -139,14 +188,14 @@ mod ledger {
             ledger.request(scope, key, asked(t, i as u64));
         }
         assert!(ledger.due(t, 0, 4));
-        let first = ledger.start(t);
+        let first = ledger.start(t, usize::MAX);
         // d's two keys do not fit beside a's two, b's and c's: d waits
         // for the next load rather than be split.
         assert_eq!(
             groups(&first),
             [("a", vec![1, 3]), ("b", vec![2]), ("c", vec![4])]
         );
-        assert_eq!(groups(&ledger.start(t)), [("d", vec![5, 6])]);
+        assert_eq!(groups(&ledger.start(t, usize::MAX)), [("d", vec![5, 6])]);
         assert_eq!(ledger.pending_keys(), 0);
         let Took::Load { id, .. } = first else {
             unreachable!()
@@ -184,10 +233,13 @@ mod ledger {
         ask(&mut ledger, "b", 100..101);
         ask(&mut ledger, "c", 200..201);
         // a's batch alone spreads a transaction over enough keys.
-        assert_eq!(groups(&ledger.start(t)), [("a", (0..filled).collect())]);
+        assert_eq!(
+            groups(&ledger.start(t, usize::MAX)),
+            [("a", (0..filled).collect())]
+        );
         // b's and c's are thin: one load takes both.
         assert_eq!(
-            groups(&ledger.start(t)),
+            groups(&ledger.start(t, usize::MAX)),
             [("b", vec![100]), ("c", vec![200])]
         );
         // A thin batch first, then the load fills until it holds enough.
@@ -195,10 +247,10 @@ mod ledger {
         ask(&mut ledger, "e", 400..400 + filled);
         ask(&mut ledger, "f", 500..501);
         assert_eq!(
-            groups(&ledger.start(t)),
+            groups(&ledger.start(t, usize::MAX)),
             [("d", vec![300]), ("e", (400..400 + filled).collect())]
         );
-        assert_eq!(groups(&ledger.start(t)), [("f", vec![500])]);
+        assert_eq!(groups(&ledger.start(t, usize::MAX)), [("f", vec![500])]);
     }
 
     #[test]
@@ -245,7 +297,7 @@ mod ledger {
         let t = Instant::now();
         let mut ledger = Ledger::new(config(4), 1, rule(), t);
         ledger.request("a", 1, asked(t, 0));
-        let Took::Load { id, .. } = ledger.start(t) else {
+        let Took::Load { id, .. } = ledger.start(t, usize::MAX) else {
             panic!("a load")
         };
         let served: Vec<u64> = ledger.waiters(id).map(|w| w.id).collect();
@@ -254,7 +306,7 @@ mod ledger {
         assert_eq!(ledger.scopes(), 1);
         ledger.finished(id, t, true).expect("running");
         assert_eq!(ledger.scopes(), 1, "key 2 still waits");
-        assert_eq!(groups(&ledger.start(t)), [("a", vec![2])]);
+        assert_eq!(groups(&ledger.start(t, usize::MAX)), [("a", vec![2])]);
     }
 
     #[test]
@@ -278,8 +330,8 @@ mod ledger {
         let mut ledger = Ledger::new(config(4), 1, rule(), t);
         ledger.request("a", 1, asked(t, 0));
         ledger.request("b", 2, asked(t, 1));
-        assert_eq!(groups(&ledger.start(t)), [("a", vec![1])]);
-        assert_eq!(groups(&ledger.start(t)), [("b", vec![2])]);
+        assert_eq!(groups(&ledger.start(t, usize::MAX)), [("a", vec![1])]);
+        assert_eq!(groups(&ledger.start(t, usize::MAX)), [("b", vec![2])]);
     }
 
     #[test]
@@ -291,7 +343,7 @@ mod ledger {
             panic!("handed back")
         };
         assert!(matches!(ledger.queue(scope, key, w), Placed::New));
-        let Took::Load { groups, .. } = ledger.start(t) else {
+        let Took::Load { groups, .. } = ledger.start(t, usize::MAX) else {
             panic!("a load")
         };
         assert_eq!(groups[0].tagged, [(1, 5)]);
@@ -325,7 +377,7 @@ mod ledger {
         };
         let mut ledger = Ledger::new(c, 1, rule(), t);
         ledger.request("a", 1, asked(t, 0));
-        let Took::Load { id, .. } = ledger.start(t) else {
+        let Took::Load { id, .. } = ledger.start(t, usize::MAX) else {
             panic!("a load")
         };
         ledger.request("a", 2, asked(t + Duration::from_millis(1), 1));
@@ -363,7 +415,7 @@ mod ledger {
         ledger.request("a", 1, a);
         ledger.request("b", 2, asked(t, 1));
         gone.set(true);
-        let took = ledger.start(t);
+        let took = ledger.start(t, usize::MAX);
         assert_eq!(groups(&took), [("b", vec![2])]);
         assert!(matches!(took, Took::Load { abandoned: 1, .. }));
         assert_eq!(ledger.held(), 1);
