@@ -5,7 +5,7 @@ use std::fmt;
 
 use async_graphql::dataloader::DataLoader;
 use pgbatch::pg::PgLoader;
-use pgbatch::{Batcher, Concurrency};
+use pgbatch::{Batcher, Concurrency, FlushPolicy};
 use server::db::queries::kv::KvQuery;
 use server::db::Database;
 
@@ -19,6 +19,10 @@ pub enum Contender {
     Defaults,
     /// The defaults but a fixed number of loads at once.
     Fixed(usize),
+    /// The defaults but the adaptive flush policy (eager while fewer than
+    /// half the loads it may run are running, a delay of up to 0.5 ms
+    /// above that).
+    Adaptive,
     /// The minimal batcher, with batches of up to 64.
     Minimal {
         /// Its connections, each with a worker of its own.
@@ -28,6 +32,9 @@ pub enum Contender {
     DataLoader(DlSetting),
     /// The single-key statement on a pooled connection.
     OnePerRead,
+    /// No database: every read answered at once, so what it measures is
+    /// the load generator's own latency and CPU.
+    NoDatabase,
 }
 
 impl Contender {
@@ -36,12 +43,14 @@ impl Contender {
         match self {
             Self::Defaults => "pgbatch, defaults".to_owned(),
             Self::Fixed(n) => format!("pgbatch, fixed {n} loads"),
+            Self::Adaptive => "pgbatch, adaptive flush".to_owned(),
             Self::Minimal { connections } => {
                 format!("minimal batcher, {connections} connections, batches ≤ 64")
             }
             Self::DataLoader(s) if s == DlSetting::DEFAULT => "DataLoader, defaults".to_owned(),
             Self::DataLoader(s) => format!("DataLoader, {}", s.describe()),
             Self::OnePerRead => "one statement per read".to_owned(),
+            Self::NoDatabase => "no database (the generator alone)".to_owned(),
         }
     }
 }
@@ -54,6 +63,7 @@ enum Started {
     Minimal(MinimalBatcher),
     DataLoader(DataLoader<SameLoader>, LoadCounts),
     OnePerRead(PgLoader<KvQuery>),
+    NoDatabase,
 }
 
 impl fmt::Debug for Reader {
@@ -77,6 +87,11 @@ impl Reader {
                     .concurrency(Concurrency::Fixed(n))
                     .build(loader.clone())?,
             ),
+            Contender::Adaptive => Started::Pgbatch(
+                Batcher::builder()
+                    .policy(FlushPolicy::Adaptive)
+                    .build(loader.clone())?,
+            ),
             Contender::Minimal { connections } => {
                 Started::Minimal(MinimalBatcher::start(&db.config, connections, 64).await?)
             }
@@ -85,6 +100,7 @@ impl Reader {
                 Started::DataLoader(dl, counts)
             }
             Contender::OnePerRead => Started::OnePerRead(loader.clone()),
+            Contender::NoDatabase => Started::NoDatabase,
         }))
     }
 
@@ -100,6 +116,7 @@ impl Reader {
                 .await
                 .map(drop)
                 .map_err(|e| e.to_string()),
+            Started::NoDatabase => Ok(()),
         }
     }
 
@@ -110,6 +127,7 @@ impl Reader {
             Started::Minimal(m) => m.mean_batch(),
             Started::DataLoader(_, counts) => counts.mean_batch(),
             Started::OnePerRead(_) => 1.0,
+            Started::NoDatabase => f64::NAN,
         }
     }
 
@@ -118,7 +136,7 @@ impl Reader {
         match self.0 {
             Started::Pgbatch(b) => b.shutdown().await,
             Started::Minimal(m) => m.shutdown().await,
-            Started::DataLoader(..) | Started::OnePerRead(_) => {}
+            Started::DataLoader(..) | Started::OnePerRead(_) | Started::NoDatabase => {}
         }
     }
 }

@@ -1,21 +1,30 @@
 //! Latency at a given load, and what each read costs the database. Each
 //! contender's capacity is measured in a closed loop; then reads arrive at
-//! fixed rates, 25, 50, 75 and 90% of it (an open loop), and each read's
-//! latency counts from when it was meant to start, so a stall counts for
-//! every read it held up (coordinated omission corrected).
+//! fixed rates (an open loop), by default the same for every contender,
+//! from 10% to 110% of the fastest one's capacity, and each read's latency
+//! counts from when it was meant to start, so a stall counts for every
+//! read it held up (coordinated omission corrected). For each contender it
+//! reports its *capacity within a target*: the highest rate it serves,
+//! with every lower rate, answering every read with a p99 of at most 5 ms,
+//! or 10 ms. A contender with no database (every read answered at once)
+//! shows what the generator itself adds.
 //!
 //! The contenders read `random_read_test` through one `PgLoader` (the
 //! batched `= ANY($1)` statement, the single-key one for a batch of one)
 //! on one pool of `--pool-size` connections:
 //!
-//! - pgbatch at its defaults (`Batcher::new`);
+//! - pgbatch at its defaults (`Batcher::new`), and with the adaptive flush
+//!   policy (`FlushPolicy::Adaptive`), which trades a delay under load
+//!   for fuller loads;
 //! - the minimal batcher (`benches::minimal`, connections and a worker of
 //!   its own each, batches of 64) at its best setting: the one of
 //!   `--minimal-connections` that served most in the capacity runs;
 //! - async-graphql's `DataLoader` at its defaults, and at its best setting
 //!   of a sweep over its delay and batch size, by capacity too;
 //! - one statement per read, the single-key statement on a pooled
-//!   connection.
+//!   connection;
+//! - no database: the generator's own latency and CPU, offered the same
+//!   rates.
 //!
 //! In interleaved rounds, each load and contender is run after a warm-up:
 //! reads/s answered, p50, p99 and p99.9, and the CPU per read of
@@ -39,7 +48,7 @@ use benches::cpu::{CpuSnapshot, CpuUse};
 use benches::dataloader::DlSetting;
 use benches::open_loop::{open_loop, OpenLoopReport};
 use benches::reads::{key, TableArgs};
-use benches::rounds::{median, WarmRoundArgs};
+use benches::rounds::{median, median_by, WarmRoundArgs};
 use benches::{closed_loop_warm, print_markdown, Align};
 use clap::Parser;
 use pgbatch::pg::{self, PgLoader, PoolOptions};
@@ -62,14 +71,15 @@ struct Args {
     initiators: usize,
     #[command(flatten)]
     runs: WarmRoundArgs,
-    /// Loads to offer, in percent of capacity.
-    #[arg(long, value_delimiter = ',', default_value = "25,50,75,90")]
+    /// Loads to offer, in percent of capacity (up to 200).
+    #[arg(long, value_delimiter = ',', default_value = "10,25,50,75,90,100,110")]
     loads: Vec<u32>,
-    /// Whose capacity the loads are shares of: each contender's own (the
-    /// latency a user gets at that share of what it serves), or pgbatch's
-    /// defaults' (every contender at the same rates; one past its
-    /// capacity falls behind and is marked).
-    #[arg(long, value_enum, default_value = "own")]
+    /// Whose capacity the loads are shares of: the fastest contender's
+    /// (every contender at the same rates; one past its capacity falls
+    /// behind and is marked), pgbatch's defaults' (the same, and two
+    /// builds compare at one load with `--capacity`), or each contender's
+    /// own (the latency a user gets at that share of what it serves).
+    #[arg(long, value_enum, default_value = "fastest")]
     rates_of: RatesOf,
     /// pgbatch's defaults' capacity in reads/s, given instead of measured:
     /// with `--rates-of defaults`, every contender and every build is
@@ -105,28 +115,36 @@ struct Args {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Who {
     Defaults,
+    Adaptive,
     Minimal,
     DataloaderDefaults,
     DataloaderBest,
     OnePerRead,
+    NoDatabase,
 }
 
 impl Who {
-    const ALL: [Self; 5] = [
+    const ALL: [Self; 7] = [
         Self::Defaults,
+        Self::Adaptive,
         Self::Minimal,
         Self::DataloaderDefaults,
         Self::DataloaderBest,
         Self::OnePerRead,
+        Self::NoDatabase,
     ];
 }
 
 /// See [`Args::rates_of`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum RatesOf {
+    Fastest,
     Own,
     Defaults,
 }
+
+/// The p99 targets capacity is reported within, in milliseconds.
+const TARGETS_MS: [f64; 2] = [5.0, 10.0];
 
 /// One open-loop run's figures.
 #[derive(Debug, Clone, Copy)]
@@ -170,15 +188,17 @@ async fn main() -> anyhow::Result<()> {
     if args.table.smoke {
         args.runs.smoke();
         args.initiators = 64;
-        args.loads = vec![25, 90];
+        args.loads = vec![25, 110];
         args.minimal_connections = vec![2];
         args.dataloader_delays_us = vec![0];
         args.dataloader_batches = vec![64];
     }
     anyhow::ensure!(
-        args.loads.iter().all(|&l| (1..=100).contains(&l)),
-        "--loads are percentages of capacity, from 1 to 100"
+        args.loads.iter().all(|&l| (1..=200).contains(&l)),
+        "--loads are percentages of capacity, from 1 to 200"
     );
+    args.loads.sort_unstable();
+    args.loads.dedup();
     args.table
         .with_table(|o| o, async |db| measure(&args, db).await)
         .await
@@ -302,6 +322,9 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
             contenders.push(defaults);
         }
     }
+    if wanted(Who::Adaptive) {
+        contenders.push(best_of(args, db, &loader, [Contender::Adaptive]).await?);
+    }
     if wanted(Who::Minimal) {
         let settings = args
             .minimal_connections
@@ -327,6 +350,22 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     if wanted(Who::OnePerRead) {
         contenders.push(best_of(args, db, &loader, [Contender::OnePerRead]).await?);
     }
+    // The fastest database contender's capacity; the generator alone is
+    // offered it too, whatever the rates are shares of.
+    let fastest = contenders.iter().map(|c| c.1).fold(f64::NAN, f64::max);
+    if wanted(Who::NoDatabase) {
+        let cap = if fastest.is_nan() {
+            capacity(args, db, &loader, Contender::NoDatabase).await?
+        } else {
+            fastest
+        };
+        contenders.push((Contender::NoDatabase, cap));
+    }
+    let fastest = if fastest.is_nan() {
+        contenders.iter().map(|c| c.1).fold(f64::NAN, f64::max)
+    } else {
+        fastest
+    };
     println!();
 
     let n = contenders.len();
@@ -340,7 +379,8 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
                 let c = (i + round) % n;
                 let (who, own) = contenders[c];
                 let of = match args.rates_of {
-                    RatesOf::Own => own,
+                    RatesOf::Own if who != Contender::NoDatabase => own,
+                    RatesOf::Own | RatesOf::Fastest => fastest,
                     RatesOf::Defaults => {
                         defaults_capacity.context("the defaults' capacity is measured above")?
                     }
@@ -400,7 +440,8 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
         }),
     );
     println!();
-    verdict(args, &contenders, &samples);
+    let within = within_targets(&contenders, &samples);
+    verdict(args, &contenders, &samples, &within, fastest);
     append_csv(args, &contenders, &samples)?;
     plot(&args.svg, args, &contenders, &samples)?;
     eprintln!(
@@ -411,34 +452,164 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Whether the defaults' median p99 and Postgres CPU per read are at most
-/// every other contender's at every load, and where not.
-fn verdict(args: &Args, contenders: &[(Contender, f64)], samples: &[Vec<Vec<Sample>>]) {
-    if !args.only.contains(&Who::Defaults) || contenders.len() < 2 {
-        return; // nothing to compare the defaults with
-    }
-    let med = |v: &[Sample], f: fn(&Sample) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
-    let mut missed = Vec::new();
-    for (l, load) in args.loads.iter().enumerate() {
-        let ours = &samples[l][0];
-        for (c, (who, _)) in contenders.iter().enumerate().skip(1) {
-            for (what, f) in [
-                ("p99", (|s: &Sample| s.p99_ms) as fn(&Sample) -> f64),
-                ("Postgres CPU per read", |s: &Sample| s.postgres_us),
-            ] {
-                let ratio = med(ours, f) / med(&samples[l][c], f);
-                if ratio > 1.0 {
-                    missed.push(format!("{what} {ratio:.2}x {} at {load}%", who.describe()));
-                }
-            }
+/// Each contender's capacity within each of [`TARGETS_MS`]: the highest
+/// offered rate at which, and at every lower one, it answered every read
+/// (at least 99% of the rate, never fell behind) with a median p99 within
+/// the target; 0 where none. Printed as a table.
+fn within_targets(contenders: &[(Contender, f64)], samples: &[Vec<Vec<Sample>>]) -> Vec<[f64; 2]> {
+    let within: Vec<[f64; 2]> = (0..contenders.len())
+        .map(|c| {
+            let by_rate: Vec<&[Sample]> = samples.iter().map(|l| &l[c][..]).collect();
+            TARGETS_MS.map(|target| capacity_within(&by_rate, target))
+        })
+        .collect();
+    print_markdown(
+        &[
+            ("contender", Align::Left),
+            ("closed-loop capacity reads/s", Align::Right),
+            ("capacity within p99 ≤ 5 ms", Align::Right),
+            ("capacity within p99 ≤ 10 ms", Align::Right),
+            ("≤ 10 ms ÷ closed loop", Align::Right),
+        ],
+        contenders.iter().zip(&within).map(|((who, cap), w)| {
+            // The generator alone is offered the others' rates; it has no
+            // capacity of its own to compare with.
+            let alone = *who == Contender::NoDatabase;
+            let or_dash = |cell: String| if alone { "–".to_owned() } else { cell };
+            vec![
+                who.describe(),
+                or_dash(format!("{cap:.0}")),
+                format!("{:.0}", w[0]),
+                format!("{:.0}", w[1]),
+                or_dash(format!("{:.2}", w[1] / cap)),
+            ]
+        }),
+    );
+    println!();
+    within
+}
+
+/// The highest offered rate of `by_rate` (one contender's rounds at each
+/// rate, rates rising) at which, and at every lower rate, the contender
+/// answered at least 99% of the rate, never fell behind, and had a median
+/// p99 of at most `target_ms`; 0 where the lowest rate misses.
+fn capacity_within(by_rate: &[&[Sample]], target_ms: f64) -> f64 {
+    let mut best = 0.0;
+    for v in by_rate {
+        let offered = median_by(v, |s| s.offered);
+        let served = !v.iter().any(|s| s.fell_behind)
+            && median_by(v, |s| s.per_sec) >= 0.99 * offered
+            && median_by(v, |s| s.p99_ms) <= target_ms;
+        if !served {
+            break;
         }
+        best = offered;
     }
-    if missed.is_empty() {
-        println!("target: at every load, the defaults' p99 and Postgres CPU per read at most every contender's: met");
-    } else {
-        println!(
-            "target: at every load, the defaults' p99 and Postgres CPU per read at most every contender's: MISSED ({})",
-            missed.join("; ")
+    best
+}
+
+/// The targets of the defaults against the others, met or missed: capacity
+/// within p99 ≤ 10 ms at least 1.2x the best of the minimal batcher and the
+/// DataLoader and 0.9x their own closed-loop capacity; every read answered
+/// at every rate up to the fastest contender's capacity; at 25% load,
+/// Postgres CPU per read at most 1.1x the lowest and p99 at most every
+/// contender's.
+fn verdict(
+    args: &Args,
+    contenders: &[(Contender, f64)],
+    samples: &[Vec<Vec<Sample>>],
+    within: &[[f64; 2]],
+    fastest: f64,
+) {
+    if contenders
+        .first()
+        .is_none_or(|c| c.0 != Contender::Defaults)
+    {
+        return; // nothing to judge
+    }
+    let say = |what: &str, met: bool, detail: String| {
+        let verdict = if met { "met" } else { "MISSED" };
+        println!("target: {what}: {verdict} ({detail})");
+    };
+    let ours = within[0][1];
+    let peers: Vec<(usize, f64)> = contenders
+        .iter()
+        .enumerate()
+        .filter(|(_, (who, _))| matches!(who, Contender::Minimal { .. } | Contender::DataLoader(_)))
+        .map(|(c, _)| (c, within[c][1]))
+        .collect();
+    if let Some(&(c, best)) = peers.iter().max_by(|a, b| a.1.total_cmp(&b.1)) {
+        say(
+            "capacity within p99 ≤ 10 ms at least 1.2x the best of the minimal batcher and the DataLoader",
+            ours >= 1.2 * best,
+            format!(
+                "{ours:.0} against {best:.0} for {}: {:.2}x",
+                contenders[c].0.describe(),
+                ours / best
+            ),
+        );
+    }
+    say(
+        "capacity within p99 ≤ 10 ms at least 0.9x the defaults' closed-loop capacity",
+        ours >= 0.9 * contenders[0].1,
+        format!("{:.2}x", ours / contenders[0].1),
+    );
+    let behind: Vec<String> = args
+        .loads
+        .iter()
+        .enumerate()
+        .filter(|(l, _)| {
+            let v = &samples[*l][0];
+            median_by(v, |s| s.offered) <= fastest
+                && (v.iter().any(|s| s.fell_behind)
+                    || median_by(v, |s| s.per_sec) < 0.99 * median_by(v, |s| s.offered))
+        })
+        .map(|(_, load)| format!("{load}%"))
+        .collect();
+    say(
+        "every read answered at every rate up to the fastest contender's capacity",
+        behind.is_empty(),
+        if behind.is_empty() {
+            "none fell behind".to_owned()
+        } else {
+            format!("fell behind at {}", behind.join(", "))
+        },
+    );
+    if let Some(l) = args.loads.iter().position(|&load| load == 25) {
+        let databases: Vec<usize> = (1..contenders.len())
+            .filter(|&c| contenders[c].0 != Contender::NoDatabase)
+            .collect();
+        let med = |c: usize, f: fn(&Sample) -> f64| median_by(&samples[l][c], f);
+        let lowest = databases
+            .iter()
+            .map(|&c| med(c, |s| s.postgres_us))
+            .fold(f64::INFINITY, f64::min);
+        let cpu = med(0, |s| s.postgres_us);
+        say(
+            "at 25%, Postgres CPU per read at most 1.1x the lowest contender's",
+            cpu <= 1.1 * lowest,
+            format!("{cpu:.1} µs against {lowest:.1}: {:.2}x", cpu / lowest),
+        );
+        let p99 = med(0, |s| s.p99_ms);
+        let slower: Vec<String> = databases
+            .iter()
+            .filter(|&&c| med(c, |s| s.p99_ms) < p99)
+            .map(|&c| {
+                format!(
+                    "{} {:.2} ms",
+                    contenders[c].0.describe(),
+                    med(c, |s| s.p99_ms)
+                )
+            })
+            .collect();
+        say(
+            "at 25%, p99 at most every contender's",
+            slower.is_empty(),
+            if slower.is_empty() {
+                format!("{p99:.2} ms")
+            } else {
+                format!("{p99:.2} ms against {}", slower.join(", "))
+            },
         );
     }
 }
@@ -482,7 +653,8 @@ fn append_csv(
 type Metric = fn(&Sample) -> f64;
 
 /// Two panels: the median p99, and the median Postgres CPU per read, each
-/// against load, a line per contender.
+/// against the median offered rate, a line per contender, on log scales
+/// (p99 spans a millisecond to seconds past capacity).
 fn plot(
     path: &Path,
     args: &Args,
@@ -505,32 +677,38 @@ fn plot(
             s.postgres_us
         }),
     ];
-    let colors = [BLUE, RED, GREEN, MAGENTA, BLACK];
+    let colors = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
     for (area, title, y_desc, f) in panels {
         let series: Vec<Vec<(f64, f64)>> = (0..contenders.len())
             .map(|c| {
-                args.loads
-                    .iter()
-                    .enumerate()
-                    .map(|(l, &load)| {
-                        let xs: Vec<f64> = samples[l][c].iter().map(f).collect();
-                        (f64::from(load), median(&xs))
+                (0..args.loads.len())
+                    .map(|l| {
+                        let v = &samples[l][c];
+                        (median_by(v, |s| s.offered) / 1e3, median_by(v, f))
                     })
-                    .filter(|p| p.1.is_finite())
+                    .filter(|p| p.1.is_finite() && p.1 > 0.0)
                     .collect()
             })
             .collect();
-        let y_max = series.iter().flatten().map(|p| p.1).fold(0.0, f64::max) * 1.1;
+        let points = || series.iter().flatten();
+        let x_max = points().map(|p| p.0).fold(0.0, f64::max) * 1.05;
+        let y_max = points().map(|p| p.1).fold(0.0, f64::max) * 1.5;
+        let y_min = points().map(|p| p.1).fold(f64::INFINITY, f64::min) / 1.5;
+        let (y_min, y_max) = if y_min.is_finite() {
+            (y_min, y_max)
+        } else {
+            (0.1, 1.0)
+        };
         let mut chart = ChartBuilder::on(area)
             .caption(title, ("sans-serif", 20))
             .margin(15)
             .x_label_area_size(40)
             .y_label_area_size(70)
-            .build_cartesian_2d(0f64..100f64, 0f64..y_max.max(0.1))
+            .build_cartesian_2d(0f64..x_max.max(1.0), (y_min..y_max).log_scale())
             .map_err(|e| err(&e))?;
         chart
             .configure_mesh()
-            .x_desc("offered load, % of capacity")
+            .x_desc("offered reads/s, thousands")
             .y_desc(y_desc)
             .draw()
             .map_err(|e| err(&e))?;
@@ -562,9 +740,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn loads_default_to_a_quarter_to_nine_tenths_of_capacity() {
+    fn every_contender_is_offered_a_tenth_to_past_the_fastest_capacity() {
         let args = Args::try_parse_from(["openloop"]).expect("the defaults parse");
-        assert_eq!(args.loads, [25, 50, 75, 90]);
-        assert_eq!(args.rates_of, RatesOf::Own);
+        assert_eq!(args.loads, [10, 25, 50, 75, 90, 100, 110]);
+        assert_eq!(args.rates_of, RatesOf::Fastest);
+        assert!(args.only.contains(&Who::NoDatabase));
+    }
+
+    fn sample(offered: f64, per_sec: f64, p99_ms: f64, fell_behind: bool) -> Sample {
+        Sample {
+            offered,
+            per_sec,
+            p50_ms: p99_ms / 4.0,
+            p99_ms,
+            p999_ms: p99_ms,
+            postgres_us: 10.0,
+            client_us: 10.0,
+            mean_batch: 1.0,
+            fell_behind,
+        }
+    }
+
+    #[test]
+    fn capacity_within_a_target_ends_at_the_first_rate_that_misses_it() {
+        let ok = |rate| vec![sample(rate, rate, 2.0, false); 3];
+        let slow = |rate| vec![sample(rate, rate, 12.0, false); 3];
+        // Rates 10k-50k served within 5 ms, 60k at 12 ms, 70k within 5
+        // ms again: the curve's first crossing counts, not a lucky rate
+        // after it.
+        let rates = [ok(10e3), ok(30e3), ok(50e3), slow(60e3), ok(70e3)];
+        let by_rate: Vec<&[Sample]> = rates.iter().map(|v| &v[..]).collect();
+        assert_eq!(capacity_within(&by_rate, 5.0), 50e3);
+        assert_eq!(capacity_within(&by_rate, 15.0), 70e3);
+        // Falling behind in one round, or answering less than the rate,
+        // is not serving it, whatever the p99 of the reads answered.
+        let mut behind = ok(60e3);
+        behind[1].fell_behind = true;
+        let short = vec![sample(60e3, 50e3, 2.0, false); 3];
+        for miss in [behind, short] {
+            let rates = [ok(10e3), miss, ok(70e3)];
+            let by_rate: Vec<&[Sample]> = rates.iter().map(|v| &v[..]).collect();
+            assert_eq!(capacity_within(&by_rate, 15.0), 10e3);
+        }
+        let rates = [slow(10e3)];
+        assert_eq!(capacity_within(&[&rates[0][..]], 5.0), 0.0);
     }
 }
