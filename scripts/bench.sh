@@ -13,7 +13,7 @@
 #   ./scripts/bench.sh            # everything
 #   ./scripts/bench.sh loadgen    # only the named parts: criterion, loadgen,
 #                                 # autotune, latency, http, randomread, pooler,
-#                                 # dataloader, openloop, scopes, pages,
+#                                 # dataloader, openloop, bulk, scopes, pages,
 #                                 # coherence, replicas
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +34,7 @@ fi
 ./scripts/ensure-pgbouncer.sh
 
 parts=("$@")
-[[ ${#parts[@]} -gt 0 ]] || parts=(criterion loadgen autotune latency http randomread pooler dataloader openloop scopes pages coherence replicas)
+[[ ${#parts[@]} -gt 0 ]] || parts=(criterion loadgen autotune latency http randomread pooler dataloader openloop bulk scopes pages coherence replicas)
 cargo build --release -p benches --bins
 for part in "${parts[@]}"; do
     echo "=== $part" >&2
@@ -45,6 +45,7 @@ for part in "${parts[@]}"; do
     pooler) ./target/release/pooler ;;
     dataloader) ./target/release/dataloader ;;
     openloop) ./target/release/openloop ;;
+    bulk) ./target/release/bulk ;;
     scopes) ./target/release/scopes ;;
     pages) ./target/release/pages ;;
     randomread) ./target/release/randomread ;;
@@ -53,7 +54,7 @@ for part in "${parts[@]}"; do
     coherence) ./target/release/coherence ;;
     replicas) ./target/release/replicas ;;
     *)
-        echo "unknown part '$part' (criterion, loadgen, autotune, latency, http, randomread, pooler, dataloader, openloop, scopes, pages, coherence, replicas)" >&2
+        echo "unknown part '$part' (criterion, loadgen, autotune, latency, http, randomread, pooler, dataloader, openloop, bulk, scopes, pages, coherence, replicas)" >&2
         exit 2
         ;;
     esac

@@ -1,7 +1,7 @@
 //! Latency at a given load, and what each read costs the database. Each
 //! contender's capacity is measured in a closed loop; then reads arrive at
 //! fixed rates (an open loop), by default the same for every contender,
-//! from 10% to 110% of the fastest one's capacity, and each read's latency
+//! from 10% to 110% of the fastest one's capacity (finer from 50%), and each read's latency
 //! counts from when it was meant to start, so a stall counts for every
 //! read it held up (coordinated omission corrected). For each contender it
 //! reports its *capacity within a target*: the highest rate it serves,
@@ -72,7 +72,11 @@ struct Args {
     #[command(flatten)]
     runs: WarmRoundArgs,
     /// Loads to offer, in percent of capacity (up to 200).
-    #[arg(long, value_delimiter = ',', default_value = "10,25,50,75,90,100,110")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "10,25,50,60,70,80,90,100,110"
+    )]
     loads: Vec<u32>,
     /// Whose capacity the loads are shares of: the fastest contender's
     /// (every contender at the same rates; one past its capacity falls
@@ -170,10 +174,15 @@ impl Sample {
             p50_ms: report.quantile_ms(0.5),
             p99_ms: report.quantile_ms(0.99),
             p999_ms: report.quantile_ms(0.999),
+            // None answered (the run stopped in its warm-up): no figure.
             postgres_us: cpu
                 .postgres
+                .filter(|_| report.completed > 0)
                 .map_or(f64::NAN, |pg| CpuUse::per_request_us(pg, report.completed)),
-            client_us: CpuUse::per_request_us(cpu.server, report.completed),
+            client_us: match report.completed {
+                0 => f64::NAN,
+                n => CpuUse::per_request_us(cpu.server, n),
+            },
             mean_batch,
             fell_behind: report.fell_behind || report.failed > 0,
         }
@@ -742,7 +751,7 @@ mod tests {
     #[test]
     fn every_contender_is_offered_a_tenth_to_past_the_fastest_capacity() {
         let args = Args::try_parse_from(["openloop"]).expect("the defaults parse");
-        assert_eq!(args.loads, [10, 25, 50, 75, 90, 100, 110]);
+        assert_eq!(args.loads, [10, 25, 50, 60, 70, 80, 90, 100, 110]);
         assert_eq!(args.rates_of, RatesOf::Fastest);
         assert!(args.only.contains(&Who::NoDatabase));
     }
