@@ -90,14 +90,16 @@ where
     /// at least 1. Default
     /// [`defaults::MAX_BATCH_SIZE`](crate::defaults::MAX_BATCH_SIZE), 1024.
     ///
-    /// Loads hold fewer until they must: while another load slot is free,
-    /// a load takes at most
+    /// With the eager policy (the default), loads hold fewer until they
+    /// must: while another load slot is free, a load takes at most
     /// [`defaults::SPREAD_BATCH_SIZE`](crate::defaults::SPREAD_BATCH_SIZE)
     /// (64) keys, so a burst goes out as parallel loads; the load that
     /// takes the last free slot takes its share of the keys waiting (what
     /// waits divided among the slots), at least 64 and at most this. So a
     /// load grows past 64 keys only under a backlog, where a bigger batch
-    /// serves the keys sooner than a wait for another slot.
+    /// serves the keys sooner than a wait for another slot. The policies
+    /// that wait for a batch to fill ([`FlushPolicy::FixedDelay`],
+    /// [`FlushPolicy::Adaptive`]) fill batches up to this whole.
     pub fn max_batch_size(mut self, n: usize) -> Self {
         self.config.max_batch_size = n;
         self

@@ -97,19 +97,22 @@ pub mod defaults {
     use std::time::Duration;
 
     /// Default [`max_batch_size`](crate::BatcherBuilder::max_batch_size):
-    /// 1024 keys. A load reaches it only under a backlog: while another
-    /// load slot is free, a load takes at most [`SPREAD_BATCH_SIZE`] keys,
-    /// so a burst is spread over parallel loads; the load that takes the
-    /// last free slot takes what waits, up to this. So when keys arrive
-    /// faster than loads of 64 serve them, batches grow with the backlog
-    /// instead of the backlog growing (at a fixed arrival rate, loads
-    /// capped at 64 keys fell behind where loads of 400 kept up; see
+    /// 1024 keys. An eager batcher's load reaches it only under a backlog:
+    /// while another load slot is free, a load takes at most
+    /// [`SPREAD_BATCH_SIZE`] keys, so a burst is spread over parallel
+    /// loads; the load that takes the last free slot takes its share of
+    /// what waits (divided among the slots, at least 64), up to this. So
+    /// when keys arrive faster than loads of 64 serve them, batches grow
+    /// instead of the backlog (at a fixed arrival rate, loads capped at 64
+    /// keys fell behind where a DataLoader's loads of 400 kept up; see
     /// BENCHMARKS.md).
     pub const MAX_BATCH_SIZE: usize = 1024;
-    /// The most keys a load takes while another load slot stays free after
-    /// it, below [`max_batch_size`](crate::BatcherBuilder::max_batch_size):
-    /// 64. lakeFS saw gains flatten past 16-32 keys on Postgres; past
-    /// that, a free connection serves the keys sooner than a bigger batch.
+    /// The most keys an eager batcher's load takes while another load slot
+    /// stays free after it, below
+    /// [`max_batch_size`](crate::BatcherBuilder::max_batch_size): 64.
+    /// lakeFS saw gains flatten past 16-32 keys on Postgres; past that, a
+    /// free connection serves the keys sooner than a bigger batch. The
+    /// policies that wait for a batch to fill never split one.
     pub const SPREAD_BATCH_SIZE: usize = 64;
     /// Default [`max_delay`](crate::BatcherBuilder::max_delay): 0.5 ms, as in
     /// lakeFS.

@@ -33,16 +33,21 @@ pub(crate) fn is_due(config: &Config, pending: Pending, running: usize, limit: u
 }
 
 /// The most keys the next load may take, with `running` loads of the
-/// `limit` that may run now and `waiting` keys pending. Where a slot stays
-/// free after it, at most the spread size, so a burst goes out as parallel
-/// loads. The load that takes the last free slot takes its share of the
-/// backlog, what waits divided among every slot, but never less than the
-/// spread size: so batches stay as they are until the backlog outgrows a
-/// batch for every slot, and from there grow with it (up to
-/// `max_batch_size`) instead of the backlog growing.
+/// `limit` that may run now and `waiting` keys pending. Eager, where a
+/// slot stays free after it, at most the spread size, so a burst goes out
+/// as parallel loads. The load that takes the last free slot takes its
+/// share of the backlog, what waits divided among every slot, but never
+/// less than the spread size: so batches stay as they are until the
+/// backlog outgrows a batch for every slot, and from there grow with it
+/// (up to `max_batch_size`) instead of the backlog growing. The policies
+/// that wait for a batch to fill promise batches of up to
+/// `max_batch_size` (one statement for a GraphQL query's level), so they
+/// never spread.
 pub(crate) fn load_cap(config: &Config, running: usize, limit: usize, waiting: usize) -> usize {
     let spread = config.spread_batch_size.min(config.max_batch_size);
-    if running.saturating_add(1) < limit {
+    if config.policy != FlushPolicy::Eager {
+        config.max_batch_size
+    } else if running.saturating_add(1) < limit {
         spread
     } else {
         waiting
@@ -322,7 +327,7 @@ mod tests {
         assert_eq!(load_cap(&c, 0, 1, 50), 50, "one slot: the whole backlog");
         let small = Config {
             max_batch_size: 4,
-            ..c
+            ..c.clone()
         };
         assert_eq!(
             load_cap(&small, 0, 4, 200),
@@ -330,5 +335,16 @@ mod tests {
             "spread within max_batch_size"
         );
         assert_eq!(load_cap(&small, 3, 4, 200), 4);
+        for waits in [FlushPolicy::FixedDelay, FlushPolicy::Adaptive] {
+            let c = Config {
+                policy: waits,
+                ..c.clone()
+            };
+            assert_eq!(
+                load_cap(&c, 0, 4, 200),
+                100,
+                "{waits:?} fills batches whole"
+            );
+        }
     }
 }
