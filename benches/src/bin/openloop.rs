@@ -96,6 +96,10 @@ struct Args {
     /// The minimal batcher's connections tried by the capacity runs.
     #[arg(long, value_delimiter = ',', default_value = "2,3,4,6")]
     minimal_connections: Vec<usize>,
+    /// Also pgbatch's defaults at these fixed numbers of loads at once
+    /// (none by default): where the automatic limit's search costs latency.
+    #[arg(long, value_delimiter = ',')]
+    fixed_loads: Vec<usize>,
     /// The DataLoader's delays, in µs, tried by the capacity runs...
     #[arg(long, value_delimiter = ',', default_value = "0,100,500")]
     dataloader_delays_us: Vec<u64>,
@@ -333,6 +337,9 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
     }
     if wanted(Who::Adaptive) {
         contenders.push(best_of(args, db, &loader, [Contender::Adaptive]).await?);
+    }
+    for &n in &args.fixed_loads {
+        contenders.push(best_of(args, db, &loader, [Contender::Fixed(n)]).await?);
     }
     if wanted(Who::Minimal) {
         let settings = args
