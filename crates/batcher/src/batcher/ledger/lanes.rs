@@ -516,6 +516,12 @@ mod tests {
         assert_eq!(lanes.get(i).first_at, Some(at(0)));
         let _ = lanes.take(i, usize::MAX);
         assert_eq!(lanes.get(i).first_at, Some(at(7)));
+        // A take of exactly the batch is a whole one too: the next batch
+        // waits from its own oldest request, not the one before.
+        add(&mut lanes, "a", 5, at(20));
+        assert_eq!(lanes.get(i).pending.len(), 2, "3 and 4 filled the batch");
+        let _ = lanes.take(i, 2);
+        assert_eq!(lanes.get(i).first_at, Some(at(20)));
     }
 
     #[tokio::test(start_paused = true)]
