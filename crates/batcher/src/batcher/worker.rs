@@ -24,7 +24,6 @@ use super::intake;
 use super::ledger::{self, Finished, JoinRule, LoadId, Request, Took};
 use super::message::{Message, Waiter};
 use super::observer::{ObserverSlot, Stamp};
-use super::policy;
 use super::queue::Receiver;
 use super::run::{self, LoadFn, Outcome};
 use super::shared::{LoadSlot, Shared};
@@ -171,12 +170,10 @@ where
             if !self.ledger.due(now, running, limit) {
                 return;
             }
-            let waiting = self.ledger.pending_keys();
-            let cap = policy::load_cap(&self.shared.config, running, limit, waiting);
             let Some(slot) = LoadSlot::try_take(&self.shared) else {
                 return;
             };
-            let (id, groups, abandoned) = match self.ledger.start(now, cap) {
+            let (id, groups, abandoned) = match self.ledger.start(now, running, limit) {
                 Took::Load {
                     id,
                     groups,

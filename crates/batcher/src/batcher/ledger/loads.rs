@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{earliest, Finished, Group, Ledger, LoadId, Request, Took, Waiters};
+use super::{earliest, policy, Finished, Group, Ledger, LoadId, Request, Took, Waiters};
 
 /// Keys past which a load takes no other scope's batch. Each scope of a
 /// load costs the loader a transaction of its own (for Postgres, about what
@@ -32,14 +32,19 @@ where
         self.running.waiters(id)
     }
 
-    /// Takes the next load, of at most `cap` keys
-    /// ([`policy::load_cap`](super::policy::load_cap)): the batch of the
-    /// scope whose turn it is (or `cap` of its keys), and, where a load may
+    /// Takes the next load, with `running` loads of the `limit` that may
+    /// run, of at most [`policy::load_cap`] keys: the batch of the scope
+    /// whose turn it is (or as many of its keys), and, where a load may
     /// serve several scopes, the batches of the scopes after it while they
     /// fit and the load holds fewer than [`FILLED`] keys.
     /// [`waiters`](Self::waiters) then lists whom the load serves.
-    pub(crate) fn start(&mut self, now: Instant, cap: usize) -> Took<S, K, W::Tag> {
-        let cap = cap.clamp(1, self.config.max_batch_size);
+    pub(crate) fn start(
+        &mut self,
+        now: Instant,
+        running: usize,
+        limit: usize,
+    ) -> Took<S, K, W::Tag> {
+        let cap = policy::load_cap(&self.config, running, limit, self.pending_keys());
         let expiry = self.pending_expiry;
         let (mut taken, mut seen, mut keys, mut abandoned) = (Vec::new(), Vec::new(), 0, 0);
         while let Some(i) = self.lanes.next() {

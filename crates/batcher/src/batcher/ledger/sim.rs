@@ -543,13 +543,16 @@ impl Sim {
             if self.ledger.loads() >= self.limit {
                 break; // no slot free
             }
+            // The cap the ledger is to keep, from what it holds before.
             let cap = policy::load_cap(
                 &self.setup.config,
                 self.ledger.loads(),
                 self.limit,
                 self.ledger.pending_keys(),
             );
-            let Took::Load { id, groups, .. } = self.ledger.start(self.now, cap) else {
+            let Took::Load { id, groups, .. } =
+                self.ledger.start(self.now, self.ledger.loads(), self.limit)
+            else {
                 continue;
             };
             let waiting = self.waiting_scopes();

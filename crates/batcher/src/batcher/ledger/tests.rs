@@ -156,7 +156,7 @@ mod ledger {
         let mut seen = Vec::new();
         let mut running = 0;
         while ledger.due(t, running, 4) {
-            let took = ledger.start(t, load_cap(&c, running, 4, ledger.pending_keys()));
+            let took = ledger.start(t, running, 4);
             let [(_, keys)] = &groups(&took)[..] else {
                 panic!("one group a load: {took:?}");
             };
@@ -182,8 +182,7 @@ mod ledger {
         for key in 0..25 {
             ledger.request("a", key, asked(t, u64::from(key)));
         }
-        let cap = load_cap(&c, 3, 4, ledger.pending_keys());
-        assert_eq!(groups(&ledger.start(t, cap))[0].1.len(), 7);
+        assert_eq!(groups(&ledger.start(t, 3, 4))[0].1.len(), 7);
         assert_eq!(ledger.pending_keys(), 18);
         assert_eq!(load_cap(&c, 3, 4, 40), 10);
     }
@@ -199,14 +198,14 @@ mod ledger {
             ledger.request(scope, key, asked(t, i as u64));
         }
         assert!(ledger.due(t, 0, 4));
-        let first = ledger.start(t, usize::MAX);
+        let first = ledger.start(t, 0, 1);
         // d's two keys do not fit beside a's two, b's and c's: d waits
         // for the next load rather than be split.
         assert_eq!(
             groups(&first),
             [("a", vec![1, 3]), ("b", vec![2]), ("c", vec![4])]
         );
-        assert_eq!(groups(&ledger.start(t, usize::MAX)), [("d", vec![5, 6])]);
+        assert_eq!(groups(&ledger.start(t, 0, 1)), [("d", vec![5, 6])]);
         assert_eq!(ledger.pending_keys(), 0);
         let Took::Load { id, .. } = first else {
             unreachable!()
@@ -245,12 +244,12 @@ mod ledger {
         ask(&mut ledger, "c", 200..201);
         // a's batch alone spreads a transaction over enough keys.
         assert_eq!(
-            groups(&ledger.start(t, usize::MAX)),
+            groups(&ledger.start(t, 0, 1)),
             [("a", (0..filled).collect())]
         );
         // b's and c's are thin: one load takes both.
         assert_eq!(
-            groups(&ledger.start(t, usize::MAX)),
+            groups(&ledger.start(t, 0, 1)),
             [("b", vec![100]), ("c", vec![200])]
         );
         // A thin batch first, then the load fills until it holds enough.
@@ -258,10 +257,10 @@ mod ledger {
         ask(&mut ledger, "e", 400..400 + filled);
         ask(&mut ledger, "f", 500..501);
         assert_eq!(
-            groups(&ledger.start(t, usize::MAX)),
+            groups(&ledger.start(t, 0, 1)),
             [("d", vec![300]), ("e", (400..400 + filled).collect())]
         );
-        assert_eq!(groups(&ledger.start(t, usize::MAX)), [("f", vec![500])]);
+        assert_eq!(groups(&ledger.start(t, 0, 1)), [("f", vec![500])]);
     }
 
     #[test]
@@ -308,7 +307,7 @@ mod ledger {
         let t = Instant::now();
         let mut ledger = Ledger::new(config(4), 1, rule(), t);
         ledger.request("a", 1, asked(t, 0));
-        let Took::Load { id, .. } = ledger.start(t, usize::MAX) else {
+        let Took::Load { id, .. } = ledger.start(t, 0, 1) else {
             panic!("a load")
         };
         let served: Vec<u64> = ledger.waiters(id).map(|w| w.id).collect();
@@ -317,7 +316,7 @@ mod ledger {
         assert_eq!(ledger.scopes(), 1);
         ledger.finished(id, t, true).expect("running");
         assert_eq!(ledger.scopes(), 1, "key 2 still waits");
-        assert_eq!(groups(&ledger.start(t, usize::MAX)), [("a", vec![2])]);
+        assert_eq!(groups(&ledger.start(t, 0, 1)), [("a", vec![2])]);
     }
 
     #[test]
@@ -341,8 +340,8 @@ mod ledger {
         let mut ledger = Ledger::new(config(4), 1, rule(), t);
         ledger.request("a", 1, asked(t, 0));
         ledger.request("b", 2, asked(t, 1));
-        assert_eq!(groups(&ledger.start(t, usize::MAX)), [("a", vec![1])]);
-        assert_eq!(groups(&ledger.start(t, usize::MAX)), [("b", vec![2])]);
+        assert_eq!(groups(&ledger.start(t, 0, 1)), [("a", vec![1])]);
+        assert_eq!(groups(&ledger.start(t, 0, 1)), [("b", vec![2])]);
     }
 
     #[test]
@@ -354,7 +353,7 @@ mod ledger {
             panic!("handed back")
         };
         assert!(matches!(ledger.queue(scope, key, w), Placed::New));
-        let Took::Load { groups, .. } = ledger.start(t, usize::MAX) else {
+        let Took::Load { groups, .. } = ledger.start(t, 0, 1) else {
             panic!("a load")
         };
         assert_eq!(groups[0].tagged, [(1, 5)]);
@@ -388,7 +387,7 @@ mod ledger {
         };
         let mut ledger = Ledger::new(c, 1, rule(), t);
         ledger.request("a", 1, asked(t, 0));
-        let Took::Load { id, .. } = ledger.start(t, usize::MAX) else {
+        let Took::Load { id, .. } = ledger.start(t, 0, 1) else {
             panic!("a load")
         };
         ledger.request("a", 2, asked(t + Duration::from_millis(1), 1));
@@ -426,7 +425,7 @@ mod ledger {
         ledger.request("a", 1, a);
         ledger.request("b", 2, asked(t, 1));
         gone.set(true);
-        let took = ledger.start(t, usize::MAX);
+        let took = ledger.start(t, 0, 1);
         assert_eq!(groups(&took), [("b", vec![2])]);
         assert!(matches!(took, Took::Load { abandoned: 1, .. }));
         assert_eq!(ledger.held(), 1);
