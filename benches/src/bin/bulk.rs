@@ -19,12 +19,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use benches::reads::{key, TableArgs};
-use benches::rounds::{median_by, range_by, WarmRoundArgs};
+use benches::rounds::{median_by, spread, WarmRoundArgs};
 use benches::{closed_loop_warm, print_markdown, Align, KeyStream, RunReport};
 use clap::Parser;
 use pgbatch::pg::{self, PgLoader, PoolOptions};
 use pgbatch::{Batcher, Error};
-
 use server::db::queries::kv::KvQuery;
 use server::db::Database;
 
@@ -75,6 +74,8 @@ struct Beside {
 struct Round {
     alone_p50_ms: f64,
     alone_p99_ms: f64,
+    /// Single reads that failed alone.
+    alone_failed: u64,
     beside: Beside,
 }
 
@@ -115,14 +116,7 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
         rounds.push(round(args, &loader).await);
     }
     let cell = |f: &dyn Fn(&Round) -> f64, digits: usize| {
-        let (lo, hi) = range_by(&rounds, f);
-        format!(
-            "{:.*} ({lo:.*}-{hi:.*})",
-            digits,
-            median_by(&rounds, f),
-            digits,
-            digits
-        )
+        spread(&rounds.iter().map(f).collect::<Vec<_>>(), digits)
     };
     let mut rows = vec![vec![
         "alone".to_owned(),
@@ -132,18 +126,22 @@ async fn measure(args: &Args, db: &Database) -> anyhow::Result<()> {
         "–".to_owned(),
         "–".to_owned(),
     ]];
-    let failed: u64 = rounds
+    let singles_failed: u64 = rounds
         .iter()
-        .map(|r| r.beside.singles_failed + r.beside.bulk_failed)
+        .map(|r| r.alone_failed + r.beside.singles_failed)
         .sum();
+    let bulk_failed: u64 = rounds.iter().map(|r| r.beside.bulk_failed).sum();
     rows.push(vec![
         format!("beside {} bulk callers", args.bulk_callers),
         cell(&|r| r.beside.p50_ms, 2),
         cell(&|r| r.beside.p99_ms, 2),
         cell(&|r| r.beside.p99_ms / r.alone_p99_ms, 2),
-        cell(&|r| r.beside.singles_per_sec, 0),
         format!(
-            "{} ({failed} failed)",
+            "{} ({singles_failed} failed, alone or beside)",
+            cell(&|r| r.beside.singles_per_sec, 0)
+        ),
+        format!(
+            "{} ({bulk_failed} failed)",
             cell(&|r| r.beside.bulk_keys_per_sec, 0)
         ),
     ]);
@@ -180,6 +178,7 @@ async fn round(args: &Args, loader: &PgLoader<KvQuery>) -> Round {
     Round {
         alone_p50_ms: ms(0.5),
         alone_p99_ms: ms(0.99),
+        alone_failed: failed.load(Relaxed),
         beside: beside_bulk(args, &Batcher::new(loader.clone()), warmup, seconds).await,
     }
 }
